@@ -1,0 +1,120 @@
+"""``kvgate backend``: run the reference model server (simulated runner for now)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from aiohttp import web
+
+from backends.engine.block_manager import BlockManager
+from backends.engine.engine import AsyncEngine
+from backends.engine.scheduler import SchedulerConfig
+from backends.kv_publisher import ZmqEventPublisher
+from backends.runners.sim_runner import CostModel, SimRunner
+from backends.server.app import create_app
+from backends.server.metrics import ServerMetrics
+from backends.server.state import ServerState
+from backends.tokenizer import ByteTokenizer
+
+log = logging.getLogger("kvgate.backend")
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "backend",
+        help="run the reference vLLM-compatible model server",
+        description="A vLLM-compatible OpenAI server on kvgate's paged-KV engine.",
+    )
+    p.add_argument("--runner", choices=["sim"], default="sim", help="how steps are computed")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model", default="kvgate-sim", help="served model name")
+    p.add_argument("--num-blocks", type=int, default=4096, help="KV-cache blocks")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    p.add_argument("--max-model-len", type=int, default=8192)
+    p.add_argument("--no-chunked-prefill", action="store_true")
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--max-loras", type=int, default=1, help="adapters resident at once")
+    p.add_argument(
+        "--lora-modules", nargs="*", default=[], metavar="NAME=PATH", help="adapters at start-up"
+    )
+    p.add_argument("--kv-events-port", type=int, help="publish KV events (ZMQ PUB) on this port")
+    p.add_argument(
+        "--kv-events-topic", help="ZMQ topic (default kv@HOST:PORT@MODEL, llm-d's convention)"
+    )
+    p.add_argument(
+        "--cost",
+        default="default",
+        help="sim cost model: 'default', 'zero', or seconds a,b,c,d[,e] for "
+        "step, prefill token, decode seq, KV token read, LoRA swap",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated tokens")
+    p.add_argument("--default-max-tokens", type=int, default=256, help="chat default max_tokens")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=run)
+
+
+def build_state(args: argparse.Namespace) -> ServerState:
+    """Everything the server needs, from parsed arguments (raises ValueError on bad values)."""
+    tokenizer = ByteTokenizer()
+    kv_events = args.kv_events_port is not None
+    blocks = BlockManager(
+        args.num_blocks,
+        args.block_size,
+        enable_prefix_caching=not args.no_prefix_caching,
+        record_events=kv_events,
+    )
+    config = SchedulerConfig(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+        max_loras=args.max_loras,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    runner = SimRunner(
+        tokenizer.printable_ids(), CostModel.parse(args.cost), seed=args.seed,
+        max_loras=args.max_loras,
+    )  # fmt: skip
+    sink = None
+    if kv_events:
+        topic = args.kv_events_topic or f"kv@{args.host}:{args.port}@{args.model}"
+        sink = ZmqEventPublisher(f"tcp://{args.host}:{args.kv_events_port}", topic)
+    engine = AsyncEngine(config, blocks, runner, event_sink=sink)
+    metrics = ServerMetrics(engine, args.model, args.max_loras)
+    engine.observer = metrics
+    state = ServerState(
+        engine, tokenizer, args.model, metrics, max_loras=args.max_loras,
+        chat_max_tokens=args.default_max_tokens,
+    )  # fmt: skip
+    for module in args.lora_modules:
+        name, sep, path = module.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--lora-modules {module!r}: expected NAME=PATH")
+        state.lora_adapters[name] = path
+    return state
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    try:
+        state = build_state(args)
+    except ValueError as exc:
+        log.error("invalid configuration: %s", exc)
+        return 2
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        log.info("uvloop not available; using the default event loop")
+    app = create_app(state)
+    log.info("serving %s on http://%s:%d", args.model, args.host, args.port)
+    web.run_app(
+        app, host=args.host, port=args.port, handler_cancellation=True, access_log=None,
+        print=None,
+    )  # fmt: skip
+    return 0

@@ -1,0 +1,227 @@
+"""Paged KV-cache block manager with prefix caching.
+
+A block holds ``block_size`` tokens' KV. Full blocks are identified by a chained hash,
+``hash(parent_hash, block_token_ids, extra_keys)`` where the extra key is the LoRA name, so two
+requests that share a prefix (and adapter) share the blocks. Blocks are reference counted; a
+block whose count drops to zero keeps its cached contents and joins an LRU of free cached blocks,
+evicted only when a new block is needed and no never-used (uncached) free block is left. A
+sequence's blocks are freed tail first, so the tail of a prefix is evicted before its head.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import xxhash
+
+from backends.engine.errors import EngineError
+from backends.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from backends.engine.sequence import Sequence
+
+_MASK64 = (1 << 64) - 1
+
+
+def hash_block(parent: int | None, token_ids: list[int], extra_key: str | None, seed: int) -> int:
+    """Chained 64-bit hash of one full block; ``parent`` is None for the first block."""
+    h = xxhash.xxh3_64(seed=seed)
+    h.update((parent if parent is not None else 0).to_bytes(8, "little"))
+    h.update(array("I", token_ids).tobytes())
+    if extra_key is not None:
+        h.update(b"\x00lora:" + extra_key.encode())
+    return h.intdigest() & _MASK64
+
+
+@dataclass(slots=True)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None
+
+
+class BlockManager:
+    """Allocates KV blocks to sequences; each check (``can_*``) pairs with its action."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        *,
+        enable_prefix_caching: bool = True,
+        hash_seed: int = 0,
+        record_events: bool = False,
+    ) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.hash_seed = hash_seed
+        self.record_events = record_events
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._cached: dict[int, int] = {}
+        self._free_uncached: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._free_cached: OrderedDict[int, None] = OrderedDict()
+        self._num_hashed_blocks: dict[int, int] = {}
+        self._events: list[KVEvent] = []
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_uncached) + len(self._free_cached)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._cached)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by running sequences (free cached blocks count as free)."""
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def get_computed_blocks(self, seq: Sequence) -> tuple[list[int], int]:
+        """The cached blocks that hold a prefix of ``seq``, and how many tokens they cover.
+
+        At least one token is always left to compute, so the runner has a position to sample
+        from; a fully cached prompt therefore reuses all but its last block.
+        """
+        if not self.enable_prefix_caching or seq.num_computed_tokens > 0:
+            return [], 0
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        self._ensure_hashes(seq, max_blocks)
+        hits: list[int] = []
+        for block_hash in seq.block_hashes[:max_blocks]:
+            block_id = self._cached.get(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits, len(hits) * self.block_size
+
+    def can_allocate(self, seq: Sequence, cached_blocks: list[int], num_new_tokens: int) -> bool:
+        num_tokens = len(cached_blocks) * self.block_size + num_new_tokens
+        num_new_blocks = self.blocks_needed(num_tokens) - len(cached_blocks)
+        num_revived = sum(1 for b in cached_blocks if self.blocks[b].ref_count == 0)
+        return num_new_blocks + num_revived <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence, cached_blocks: list[int], num_new_tokens: int) -> None:
+        """Give a waiting ``seq`` its cached prefix blocks plus room for ``num_new_tokens``."""
+        if seq.block_table:
+            raise EngineError(f"{seq.request_id} already holds blocks")
+        for block_id in cached_blocks:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                self._free_cached.pop(block_id)
+            block.ref_count += 1
+        seq.block_table = list(cached_blocks)
+        seq.num_computed_tokens = len(cached_blocks) * self.block_size
+        self._num_hashed_blocks[seq.seq_id] = len(cached_blocks)
+        self.append(seq, num_new_tokens)
+
+    def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens)
+        return needed - len(seq.block_table) <= self.num_free_blocks
+
+    def append(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Make room for ``num_new_tokens`` more tokens of ``seq`` and cache blocks they fill."""
+        num_tokens = seq.num_computed_tokens + num_new_tokens
+        if num_tokens > seq.num_tokens:
+            raise EngineError(f"{seq.request_id}: cannot schedule tokens that are not known yet")
+        needed = self.blocks_needed(num_tokens) - len(seq.block_table)
+        if needed > self.num_free_blocks:
+            raise EngineError(f"{seq.request_id}: out of KV blocks (check can_append first)")
+        for _ in range(needed):
+            seq.block_table.append(self._take_free_block())
+        if self.enable_prefix_caching:
+            self._cache_full_blocks(seq, num_tokens // self.block_size)
+
+    def free(self, seq: Sequence) -> None:
+        """Release ``seq``'s blocks, tail first; cached blocks stay reusable until evicted."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            if block.ref_count <= 0:
+                raise EngineError(f"block {block_id} freed more often than allocated")
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.block_hash is None:
+                    self._free_uncached.append(block_id)
+                else:
+                    self._free_cached[block_id] = None
+        seq.block_table = []
+        self._num_hashed_blocks.pop(seq.seq_id, None)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached block; refused (False) while any block is in use."""
+        if self.num_free_blocks != self.num_blocks:
+            return False
+        for block_id in self._free_cached:
+            self.blocks[block_id].block_hash = None
+            self._free_uncached.append(block_id)
+        self._free_cached.clear()
+        self._cached.clear()
+        if self.record_events:
+            self._events.append(AllBlocksCleared())
+        return True
+
+    def take_events(self) -> list[KVEvent]:
+        events, self._events = self._events, []
+        return events
+
+    def _take_free_block(self) -> int:
+        if self._free_uncached:
+            block_id = self._free_uncached.pop()
+        else:
+            block_id, _ = self._free_cached.popitem(last=False)
+            self._evict(self.blocks[block_id])
+        self.blocks[block_id].ref_count = 1
+        return block_id
+
+    def _evict(self, block: Block) -> None:
+        if block.block_hash is None:
+            return
+        if self._cached.get(block.block_hash) == block.block_id:
+            del self._cached[block.block_hash]
+            if self.record_events:
+                self._events.append(BlockRemoved([block.block_hash]))
+        block.block_hash = None
+
+    def _ensure_hashes(self, seq: Sequence, num_full_blocks: int) -> None:
+        hashes = seq.block_hashes
+        while len(hashes) < num_full_blocks:
+            index = len(hashes)
+            parent = hashes[-1] if hashes else None
+            tokens = seq.block_tokens(index, self.block_size)
+            hashes.append(hash_block(parent, tokens, seq.lora_name, self.hash_seed))
+
+    def _cache_full_blocks(self, seq: Sequence, num_full_blocks: int) -> None:
+        start = self._num_hashed_blocks.get(seq.seq_id, 0)
+        if num_full_blocks <= start:
+            return
+        self._ensure_hashes(seq, num_full_blocks)
+        stored: list[int] = []
+        first_stored = -1
+        for index in range(start, num_full_blocks):
+            block = self.blocks[seq.block_table[index]]
+            block_hash = seq.block_hashes[index]
+            if block.block_hash is None and block_hash not in self._cached:
+                block.block_hash = block_hash
+                self._cached[block_hash] = block.block_id
+                if first_stored < 0:
+                    first_stored = index
+                stored.append(block_hash)
+            elif stored:
+                self._record_stored(seq, first_stored, stored)
+                stored, first_stored = [], -1
+        if stored:
+            self._record_stored(seq, first_stored, stored)
+        self._num_hashed_blocks[seq.seq_id] = num_full_blocks
+
+    def _record_stored(self, seq: Sequence, first_index: int, hashes: list[int]) -> None:
+        if not self.record_events:
+            return
+        size = self.block_size
+        parent = seq.block_hashes[first_index - 1] if first_index > 0 else None
+        tokens = seq.token_ids[first_index * size : (first_index + len(hashes)) * size]
+        self._events.append(BlockStored(hashes, parent, tokens, size, seq.lora_name))

@@ -1,0 +1,216 @@
+"""The asyncio engine loop: schedule a step, run it, hand each request its new tokens.
+
+Torch-free. The runner (simulated or torch) is injected; KV events go to an injected sink and
+request latencies to an injected observer, so the server decides how they are exported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from backends.engine.block_manager import BlockManager
+from backends.engine.kv_events import KVEvent
+from backends.engine.scheduler import Scheduler, SchedulerConfig
+from backends.engine.sequence import FinishReason, SamplingParams, Sequence
+from backends.runners.base import ModelRunner
+
+log = logging.getLogger(__name__)
+
+
+class KVEventSink(Protocol):
+    def publish(self, events: list[KVEvent]) -> None:
+        """Send one step's KV events (called once per step that produced any)."""
+        ...
+
+
+class LatencyObserver(Protocol):
+    def on_first_token(self, seconds: float) -> None: ...
+    def on_inter_token(self, seconds: float) -> None: ...
+    def on_finished(self, seq: Sequence, e2e_seconds: float) -> None: ...
+
+
+class RequestStream:
+    """The tokens of one request, delivered as they are produced.
+
+    Iterating yields lists of new token ids (several when the consumer fell behind, as vLLM
+    merges deltas) and stops once the sequence has finished.
+    """
+
+    __slots__ = ("_event", "_pending", "first_token_time", "last_token_time", "seq")
+
+    def __init__(self, seq: Sequence) -> None:
+        self.seq = seq
+        self._pending: list[int] = []
+        self._event = asyncio.Event()
+        self.first_token_time = 0.0
+        self.last_token_time = 0.0
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return self.seq.finish_reason
+
+    def push(self, token: int) -> None:
+        self._pending.append(token)
+        self._event.set()
+
+    def close(self) -> None:
+        self._event.set()
+
+    async def __aiter__(self) -> AsyncIterator[list[int]]:
+        while True:
+            await self._event.wait()
+            self._event.clear()
+            if self._pending:
+                tokens, self._pending = self._pending, []
+                yield tokens
+            if self.seq.is_finished and not self._pending:
+                return
+
+
+class NullObserver:
+    def on_first_token(self, seconds: float) -> None:
+        return None
+
+    def on_inter_token(self, seconds: float) -> None:
+        return None
+
+    def on_finished(self, seq: Sequence, e2e_seconds: float) -> None:
+        return None
+
+
+class AsyncEngine:
+    """Continuous batching over a ``Scheduler`` and a ``ModelRunner``."""
+
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        block_manager: BlockManager,
+        runner: ModelRunner,
+        *,
+        event_sink: KVEventSink | None = None,
+        observer: LatencyObserver | None = None,
+    ) -> None:
+        self.block_manager = block_manager
+        self.scheduler = Scheduler(scheduler_config, block_manager)
+        self.runner = runner
+        self.event_sink = event_sink
+        self.observer: LatencyObserver = observer or NullObserver()
+        self.num_steps = 0
+        self._streams: dict[int, RequestStream] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def config(self) -> SchedulerConfig:
+        return self.scheduler.config
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="engine-loop")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for stream in list(self._streams.values()):
+            self.abort(stream)
+
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        lora_name: str | None = None,
+        priority: int = 0,
+        request_id: str = "",
+    ) -> RequestStream:
+        """Queue a request; raises ValueError if it cannot fit in the model's context."""
+        max_len = self.config.max_model_len
+        if len(prompt_token_ids) + sampling.max_tokens > max_len:
+            raise ValueError(
+                f"This model's maximum context length is {max_len} tokens. However, you "
+                f"requested {len(prompt_token_ids) + sampling.max_tokens} tokens "
+                f"({len(prompt_token_ids)} in the prompt, {sampling.max_tokens} to generate)."
+            )
+        seq = Sequence(
+            prompt_token_ids,
+            sampling,
+            lora_name=lora_name,
+            priority=priority,
+            request_id=request_id,
+        )
+        self.scheduler.add(seq)
+        stream = RequestStream(seq)
+        self._streams[seq.seq_id] = stream
+        self._wake.set()
+        return stream
+
+    def abort(self, stream: RequestStream) -> None:
+        """Stop a request now (client gone); its blocks are freed at once."""
+        seq = stream.seq
+        if seq.is_finished:
+            return
+        self.scheduler.abort(seq)
+        self._retire(stream, time.monotonic())
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            if not self.scheduler.has_work:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            out = self.scheduler.schedule()
+            if out.is_empty:
+                if not out.preempted:
+                    self._wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), timeout=0.05)
+                continue
+            try:
+                sampled = await self.runner.execute(out.scheduled)
+            except Exception:
+                log.exception("model runner failed; aborting the batch")
+                for item in out.scheduled:
+                    stream = self._streams.get(item.seq.seq_id)
+                    if stream is not None:
+                        self.abort(stream)
+                continue
+            self.num_steps += 1
+            updated = self.scheduler.postprocess(out, sampled)
+            self._deliver(updated)
+            if self.event_sink is not None:
+                events = self.block_manager.take_events()
+                if events:
+                    self.event_sink.publish(events)
+
+    def _deliver(self, updated: list[Sequence]) -> None:
+        now = time.monotonic()
+        observer = self.observer
+        for seq in updated:
+            stream = self._streams.get(seq.seq_id)
+            if stream is None:
+                continue
+            if stream.first_token_time == 0.0:
+                stream.first_token_time = now
+                observer.on_first_token(now - seq.arrival_time)
+            else:
+                observer.on_inter_token(now - stream.last_token_time)
+            stream.last_token_time = now
+            stream.push(seq.token_ids[-1])
+            if seq.is_finished:
+                self._retire(stream, now)
+
+    def _retire(self, stream: RequestStream, now: float) -> None:
+        seq = stream.seq
+        self._streams.pop(seq.seq_id, None)
+        self.runner.release(seq)
+        self.observer.on_finished(seq, now - seq.arrival_time)
+        stream.close()

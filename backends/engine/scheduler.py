@@ -1,0 +1,232 @@
+"""Continuous-batching scheduler with chunked prefill and preemption by recompute.
+
+Each step spends a token budget (``max_num_batched_tokens``): first on running sequences, oldest
+first (one token for a decode, the rest of the prompt, or a chunk of it, for a prefill), then on
+admitting waiting sequences in (priority, arrival) order, reusing their cached prefix blocks.
+When a running sequence cannot get a block, the newest lowest-priority sequence not yet scheduled
+in this step is preempted: its blocks are freed (their cached contents survive until evicted)
+and it goes back to the waiting queue to be recomputed.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from backends.engine.block_manager import BlockManager
+from backends.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256  # sequences in one batch
+    max_num_batched_tokens: int = 4096  # tokens computed in one step
+    max_model_len: int = 8192  # prompt + output tokens of one sequence
+    enable_chunked_prefill: bool = True  # split long prompts across steps
+    max_loras: int = 1  # distinct LoRA adapters in one batch
+    eos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_loras"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                "without chunked prefill, max_num_batched_tokens must be >= max_model_len"
+            )
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    """``num_new_tokens`` of ``seq`` get their KV computed this step."""
+
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the last known token, so a new token is sampled."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of which were found cached
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        capacity = block_manager.num_blocks * block_manager.block_size
+        if config.max_model_len > capacity:
+            raise ValueError(
+                f"max_model_len {config.max_model_len} exceeds the KV cache "
+                f"({block_manager.num_blocks} blocks x {block_manager.block_size} tokens)"
+            )
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: list[tuple[tuple[int, float, int], Sequence]] = []
+        self.running: list[Sequence] = []
+        self.stats = SchedulerStats()
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        if seq.num_tokens >= self.config.max_model_len:
+            raise ValueError(
+                f"prompt has {seq.num_tokens} tokens; the context is {self.config.max_model_len}"
+            )
+        seq.status = SequenceStatus.WAITING
+        heapq.heappush(self.waiting, (seq.sort_key(), seq))
+
+    def abort(self, seq: Sequence) -> None:
+        """Stop ``seq`` wherever it is and free its blocks; a finished sequence is ignored."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.block_manager.free(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting = [entry for entry in self.waiting if entry[1] is not seq]
+            heapq.heapify(self.waiting)
+        else:
+            return
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = FinishReason.ABORT
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        budget = self._schedule_running(out, budget)
+        if not out.preempted:
+            self._admit_waiting(out, budget)
+        return out
+
+    def postprocess(self, out: SchedulerOutput, sampled: list[int | None]) -> list[Sequence]:
+        """Apply a step's results; ``sampled`` is aligned with ``out.scheduled``.
+
+        Returns the sequences that got a new token or finished in this step.
+        """
+        updated: list[Sequence] = []
+        any_finished = False
+        for item, token in zip(out.scheduled, sampled, strict=True):
+            seq = item.seq
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # aborted while the step ran
+            seq.num_computed_tokens += item.num_new_tokens
+            if token is None:
+                continue
+            if seq.num_output_tokens == 0:
+                self.stats.prompt_tokens += seq.num_prompt_tokens
+            seq.token_ids.append(token)
+            self.stats.generation_tokens += 1
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                seq.status = SequenceStatus.FINISHED
+                seq.finish_reason = reason
+                self.block_manager.free(seq)
+                any_finished = True
+            updated.append(seq)
+        if any_finished:
+            self.running = [s for s in self.running if s.status is SequenceStatus.RUNNING]
+        return updated
+
+    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        sampling = seq.sampling
+        if not sampling.ignore_eos and token == self.config.eos_token_id:
+            return FinishReason.STOP
+        if token in sampling.stop_token_ids:
+            return FinishReason.STOP
+        if seq.num_output_tokens >= sampling.max_tokens:
+            return FinishReason.LENGTH
+        if seq.num_tokens >= self.config.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if self._make_room(seq, num_new, index, out):
+                self.block_manager.append(seq, num_new)
+                out.scheduled.append(ScheduledSeq(seq, num_new))
+                budget -= num_new
+                index += 1
+        return budget
+
+    def _make_room(self, seq: Sequence, num_new: int, index: int, out: SchedulerOutput) -> bool:
+        """Preempt until ``seq`` can grow; False if ``seq`` itself had to be preempted."""
+        while not self.block_manager.can_append(seq, num_new):
+            victim = max(self.running[index:], key=Sequence.sort_key)
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        seq.status = SequenceStatus.WAITING
+        heapq.heappush(self.waiting, (seq.sort_key(), seq))
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        skipped: list[tuple[tuple[int, float, int], Sequence]] = []
+        active_loras = {s.lora_name for s in self.running if s.lora_name}
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0][1]
+            lora = seq.lora_name
+            if lora and lora not in active_loras and len(active_loras) >= self.config.max_loras:
+                skipped.append(heapq.heappop(self.waiting))
+                continue
+            cached, num_cached = self.block_manager.get_computed_blocks(seq)
+            num_new = seq.num_tokens - num_cached
+            if num_new > budget:
+                if not self.config.enable_chunked_prefill:
+                    break
+                num_new = budget
+            if not self.block_manager.can_allocate(seq, cached, num_new):
+                break
+            heapq.heappop(self.waiting)
+            self.block_manager.allocate(seq, cached, num_new)
+            self.stats.prefix_cache_queries += seq.num_tokens
+            self.stats.prefix_cache_hits += num_cached
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = num_cached
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            if lora:
+                active_loras.add(lora)
+            out.scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+        for entry in skipped:
+            heapq.heappush(self.waiting, entry)

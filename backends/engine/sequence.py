@@ -1,0 +1,108 @@
+"""A request as the engine sees it: token ids, progress, block table and sampling params.
+
+Progress follows vLLM v1: ``num_computed_tokens`` chases ``num_tokens``. A step computes the KV
+of ``num_tokens - num_computed_tokens`` tokens (or a chunk of them); once every known token is
+computed, the runner samples one new token, which is appended and becomes the next to compute.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(Enum):
+    LENGTH = "length"
+    STOP = "stop"
+    ABORT = "abort"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """What to generate: at most ``max_tokens`` tokens; stop early on EOS or a stop token."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    """One request's state inside the engine. Lower ``priority`` values are served first."""
+
+    prompt_token_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    lora_name: str | None = None
+    priority: int = 0
+    request_id: str = ""
+    arrival_time: float = field(default_factory=time.monotonic)
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    status: SequenceStatus = SequenceStatus.WAITING
+    token_ids: list[int] = field(init=False)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    num_preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError("a sequence needs at least one prompt token")
+        self.token_ids = list(self.prompt_token_ids)
+        if not self.request_id:
+            self.request_id = f"seq-{self.seq_id}"
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while the prompt (or a recomputed prefix after preemption) is not computed."""
+        return self.num_computed_tokens < self.num_tokens - 1
+
+    def sort_key(self) -> tuple[int, float, int]:
+        """Admission order: priority, then arrival, then id (stable for equal arrivals)."""
+        return (self.priority, self.arrival_time, self.seq_id)
+
+    def block_tokens(self, index: int, block_size: int) -> list[int]:
+        return self.token_ids[index * block_size : (index + 1) * block_size]

@@ -1,0 +1,133 @@
+"""Simulated model runner: a cost model instead of a model.
+
+A step "takes" ``a + b*prefill_tokens + c*decode_seqs + d*kv_tokens_read + e*lora_swaps``
+seconds (slept, not burned), where prefill tokens are the uncached prompt tokens computed this
+step (cached prefix tokens cost nothing), decode sequences are those computing one token, KV
+tokens read are the context lengths attended over, and a LoRA swap is an adapter made resident
+in one of ``max_loras`` slots (LRU). Sampled tokens are deterministic pseudo-random draws from
+``vocabulary``, keyed by the run seed, the request's seed (or its prompt) and the position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import xxhash
+
+from backends.engine.scheduler import ScheduledSeq
+from backends.engine.sequence import Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """Seconds per unit of work; the defaults look like a 1-3B model on a small GPU."""
+
+    step_s: float = 0.004  # a: fixed cost of one step
+    prefill_token_s: float = 0.00005  # b: per uncached prompt token computed
+    decode_seq_s: float = 0.0001  # c: per sequence decoding one token
+    kv_read_token_s: float = 0.0000001  # d: per KV token read by attention
+    lora_swap_s: float = 0.02  # e: per adapter swapped into a slot
+
+    @classmethod
+    def zero(cls) -> CostModel:
+        return cls(0.0, 0.0, 0.0, 0.0, 0.0)
+
+    @classmethod
+    def parse(cls, text: str) -> CostModel:
+        """``"zero"``, ``"default"``, or 4-5 comma-separated seconds ``a,b,c,d[,e]``."""
+        if text == "zero":
+            return cls.zero()
+        if text == "default":
+            return cls()
+        try:
+            values = [float(v) for v in text.split(",")]
+        except ValueError as exc:
+            raise ValueError(f"cost model {text!r}: expected numbers a,b,c,d[,e]") from exc
+        if len(values) not in (4, 5) or any(v < 0 for v in values):
+            raise ValueError(f"cost model {text!r}: expected 4 or 5 non-negative numbers")
+        return cls(*values)
+
+    def step_time(self, batch: list[ScheduledSeq], num_lora_swaps: int = 0) -> float:
+        prefill_tokens = decode_seqs = kv_tokens = 0
+        for item in batch:
+            seq = item.seq
+            kv_tokens += seq.num_computed_tokens + item.num_new_tokens
+            if item.num_new_tokens == 1 and not seq.is_prefill:
+                decode_seqs += 1
+            else:
+                prefill_tokens += item.num_new_tokens
+        return (
+            self.step_s
+            + self.prefill_token_s * prefill_tokens
+            + self.decode_seq_s * decode_seqs
+            + self.kv_read_token_s * kv_tokens
+            + self.lora_swap_s * num_lora_swaps
+        )
+
+
+class SimRunner:
+    """A ``ModelRunner`` that sleeps for the cost model's time and emits seeded tokens."""
+
+    def __init__(
+        self,
+        vocabulary: Seq[int],
+        cost: CostModel | None = None,
+        *,
+        seed: int = 0,
+        max_loras: int = 1,
+    ) -> None:
+        if not vocabulary:
+            raise ValueError("the simulated runner needs a non-empty vocabulary")
+        self.vocabulary = list(vocabulary)
+        self.cost = cost or CostModel()
+        self.seed = seed
+        self.max_loras = max_loras
+        self.resident_loras: OrderedDict[str, None] = OrderedDict()
+        self.num_lora_swaps = 0
+        self._seeds: dict[int, int] = {}
+
+    async def execute(self, batch: list[ScheduledSeq]) -> list[int | None]:
+        swaps = self._make_resident({item.seq.lora_name for item in batch} - {None})
+        delay = self.cost.step_time(batch, swaps)
+        await asyncio.sleep(delay)
+        return [self._sample(item.seq) if item.samples else None for item in batch]
+
+    def release(self, seq: Sequence) -> None:
+        self._seeds.pop(seq.seq_id, None)
+
+    async def load_lora(self, name: str, path: str) -> None:
+        return None
+
+    def unload_lora(self, name: str) -> None:
+        self.resident_loras.pop(name, None)
+
+    def _make_resident(self, names: set[str | None]) -> int:
+        swaps = 0
+        for name in names:
+            if name is None:
+                continue
+            if name in self.resident_loras:
+                self.resident_loras.move_to_end(name)
+                continue
+            if len(self.resident_loras) >= self.max_loras:
+                self.resident_loras.popitem(last=False)
+            self.resident_loras[name] = None
+            swaps += 1
+        self.num_lora_swaps += swaps
+        return swaps
+
+    def _sample(self, seq: Sequence) -> int:
+        seq_seed = self._seeds.get(seq.seq_id)
+        if seq_seed is None:
+            if seq.sampling.seed is not None:
+                seq_seed = xxhash.xxh3_64_intdigest(b"seed", seed=seq.sampling.seed & (2**64 - 1))
+            else:
+                seq_seed = xxhash.xxh3_64_intdigest(array("I", seq.prompt_token_ids).tobytes())
+            self._seeds[seq.seq_id] = seq_seed
+        position = seq.num_tokens.to_bytes(8, "little")
+        draw = xxhash.xxh3_64_intdigest(position, seed=seq_seed ^ self.seed)
+        return self.vocabulary[draw % len(self.vocabulary)]

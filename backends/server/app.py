@@ -1,0 +1,60 @@
+"""The reference backend's aiohttp application: an OpenAI server in front of the engine."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from backends.server import lora, openai_api
+from backends.server.errors import error_middleware
+from backends.server.state import STATE, ServerState
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+async def models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    base = {"object": "model", "created": state.created, "owned_by": "kvgate",
+            "max_model_len": state.engine.config.max_model_len}  # fmt: skip
+    data = [{"id": state.model_name, "root": state.model_name, "parent": None, **base}]
+    for name, path in state.lora_adapters.items():
+        data.append({"id": name, "root": path, "parent": state.model_name, **base})
+    return web.json_response({"object": "list", "data": data})
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response()
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[STATE].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def setup_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/completions", openai_api.completions)
+    app.router.add_post("/v1/chat/completions", openai_api.chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/load_lora_adapter", lora.load_lora_adapter)
+    app.router.add_post("/v1/unload_lora_adapter", lora.unload_lora_adapter)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+
+
+def create_app(state: ServerState) -> web.Application:
+    """The backend app; the engine loop runs for the app's lifetime."""
+    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
+    state.created = int(time.time())
+    app[STATE] = state
+
+    async def engine_context(app: web.Application) -> AsyncIterator[None]:
+        state.engine.start()
+        yield
+        await state.engine.stop()
+
+    app.cleanup_ctx.append(engine_context)
+    setup_routes(app)
+    return app

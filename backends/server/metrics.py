@@ -1,0 +1,154 @@
+"""Prometheus metrics with vLLM's names, labels and wire format.
+
+Gauges and counters are read from the engine at scrape time (no cost per token); latency
+histograms are observed by the engine loop through ``LatencyObserver``. Counters are
+registered without ``_total`` and prometheus_client appends it on the wire, as in vLLM.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from backends.engine.engine import AsyncEngine
+from backends.engine.sequence import Sequence, SequenceStatus
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+               5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+LORA_HISTORY = 32  # label sets of vllm:lora_requests_info kept, newest wins for readers
+
+
+class EngineCollector(Collector):
+    """Reads the engine's state at scrape time under vLLM's metric names."""
+
+    def __init__(self, engine: AsyncEngine, model_name: str, max_loras: int) -> None:
+        self.engine = engine
+        self.labels = {"model_name": model_name, "engine": "0"}
+        self.max_loras = max_loras
+        self._lora_seen: dict[tuple[str, str], float] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        scheduler = self.engine.scheduler
+        stats = scheduler.stats
+        blocks = self.engine.block_manager
+        names, values = list(self.labels), list(self.labels.values())
+        gauges = {
+            "vllm:num_requests_running": ("Number of requests in model execution batches.",
+                                          scheduler.num_running),
+            "vllm:num_requests_waiting": ("Number of requests waiting to be processed.",
+                                          scheduler.num_waiting),
+            "vllm:kv_cache_usage_perc": ("KV-cache usage. 1 means 100 percent usage.",
+                                         blocks.usage),
+        }  # fmt: skip
+        for name, (doc, value) in gauges.items():
+            gauge = GaugeMetricFamily(name, doc, labels=names)
+            gauge.add_metric(values, float(value))
+            yield gauge
+        counters = {
+            "vllm:prefix_cache_queries": ("Prefix cache queries, in terms of number of queried "
+                                          "tokens.", stats.prefix_cache_queries),
+            "vllm:prefix_cache_hits": ("Prefix cache hits, in terms of number of cached tokens.",
+                                       stats.prefix_cache_hits),
+            "vllm:num_preemptions": ("Cumulative number of preemption from the engine.",
+                                     stats.num_preemptions),
+            "vllm:prompt_tokens": ("Number of prefill tokens processed.", stats.prompt_tokens),
+            "vllm:generation_tokens": ("Number of generation tokens processed.",
+                                       stats.generation_tokens),
+        }  # fmt: skip
+        for name, (doc, value) in counters.items():
+            counter = CounterMetricFamily(name, doc, labels=names)
+            counter.add_metric(values, float(value))
+            yield counter
+        yield self._cache_config_info()
+        yield self._lora_info()
+
+    def _cache_config_info(self) -> Metric:
+        blocks = self.engine.block_manager
+        info = {
+            "block_size": str(blocks.block_size),
+            "cache_dtype": "auto",
+            "enable_prefix_caching": str(blocks.enable_prefix_caching),
+            "num_cpu_blocks": "0",
+            "num_gpu_blocks": str(blocks.num_blocks),
+            "engine": "0",
+        }
+        gauge = GaugeMetricFamily(
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=list(info)
+        )
+        gauge.add_metric(list(info.values()), 1.0)
+        return gauge
+
+    def _lora_info(self) -> Metric:
+        """Like vLLM: one series per adapter set, valued with the time it was last current."""
+        scheduler = self.engine.scheduler
+        running = _adapter_names(scheduler.running)
+        waiting = _adapter_names(entry[1] for entry in scheduler.waiting)
+        self._lora_seen.pop((running, waiting), None)
+        self._lora_seen[(running, waiting)] = time.time()
+        while len(self._lora_seen) > LORA_HISTORY:
+            self._lora_seen.pop(next(iter(self._lora_seen)))
+        gauge = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "Running stats on lora requests.",
+            labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+        )
+        for (run, wait), stamp in self._lora_seen.items():
+            gauge.add_metric([str(self.max_loras), run, wait], stamp)
+        return gauge
+
+
+def _adapter_names(seqs: Iterator[Sequence] | list[Sequence]) -> str:
+    names = {
+        s.lora_name for s in seqs if s.lora_name and s.status is not SequenceStatus.FINISHED
+    }
+    return ",".join(sorted(names))
+
+
+class ServerMetrics:
+    """The registry a backend serves at ``/metrics``; also the engine's latency observer."""
+
+    def __init__(self, engine: AsyncEngine, model_name: str, max_loras: int) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(EngineCollector(engine, model_name, max_loras))
+        names = ["model_name", "engine"]
+        values = (model_name, "0")
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, names, buckets=buckets, registry=self.registry)
+
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+            TTFT_BUCKETS,
+        ).labels(*values)  # fmt: skip
+        self.itl = histogram(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+            ITL_BUCKETS,
+        ).labels(*values)  # fmt: skip
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+            E2E_BUCKETS,
+        ).labels(*values)  # fmt: skip
+        self.success = Counter(
+            "vllm:request_success", "Count of successfully processed requests.",
+            [*names, "finished_reason"], registry=self.registry,
+        )  # fmt: skip
+        self._values = values
+
+    def on_first_token(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def on_inter_token(self, seconds: float) -> None:
+        self.itl.observe(seconds)
+
+    def on_finished(self, seq: Sequence, e2e_seconds: float) -> None:
+        self.e2e.observe(e2e_seconds)
+        reason = seq.finish_reason.value if seq.finish_reason else "abort"
+        self.success.labels(*self._values, reason).inc()

@@ -1,0 +1,216 @@
+"""``/v1/completions`` and ``/v1/chat/completions``, streaming (SSE) or not.
+
+A request's sequences are aborted in the engine whenever the handler ends early (client gone,
+stop string, error), so their KV blocks are freed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from backends.engine.engine import RequestStream
+from backends.engine.sequence import FinishReason
+from backends.server.errors import error_response
+from backends.server.protocol import GenerationRequest, RequestError, parse_request
+from backends.server.state import STATE, ServerState
+from backends.server.text_stream import TextStream
+
+ChoiceEvent = tuple[int, str, str | None]  # (choice index, text delta, finish reason)
+
+
+class EngineAborted(RuntimeError):
+    """The engine dropped a sequence that the handler did not abort (runner failure)."""
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, is_chat=False)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, is_chat=True)
+
+
+async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamResponse:
+    state = request.app[STATE]
+    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+    try:
+        body = json.loads(await request.read())
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(413, "request body too large")
+    except ValueError as exc:
+        return error_response(400, f"invalid JSON body: {exc}")
+    try:
+        req = parse_request(
+            body, state.tokenizer, is_chat=is_chat, default_max_tokens=state.default_max_tokens(is_chat)
+        )
+        lora = state.resolve_model(req.model)
+    except RequestError as exc:
+        code = "model_not_found" if exc.status == 404 else None
+        return error_response(exc.status, exc.message, exc.param, code)
+    streams: list[RequestStream] = []
+    try:
+        for prompt in req.prompts:
+            streams.append(
+                state.engine.add_request(
+                    prompt, req.sampling, lora_name=lora, priority=req.priority,
+                    request_id=request_id,
+                )  # fmt: skip
+            )
+    except ValueError as exc:
+        for stream in streams:
+            state.engine.abort(stream)
+        return error_response(400, str(exc), "max_tokens")
+    try:
+        if req.stream:
+            return await _stream(request, state, req, streams, request_id)
+        return await _complete(state, req, streams, request_id)
+    finally:
+        for stream in streams:
+            state.engine.abort(stream)
+
+
+async def _choice_events(
+    state: ServerState, req: GenerationRequest, index: int, stream: RequestStream
+) -> AsyncIterator[ChoiceEvent]:
+    text_stream = TextStream(state.tokenizer.decoder(), req.stop)
+    async for tokens in stream:
+        finished = stream.seq.is_finished
+        text = text_stream.feed(tokens, final=finished)
+        if text_stream.stopped:
+            state.engine.abort(stream)
+            yield index, text, "stop"
+            return
+        if finished:
+            if stream.finish_reason is FinishReason.ABORT:
+                raise EngineAborted("the engine aborted the request")
+            reason = stream.finish_reason.value if stream.finish_reason else "stop"
+            yield index, text, reason
+            return
+        if text:
+            yield index, text, None
+    if stream.finish_reason is FinishReason.ABORT:
+        raise EngineAborted("the engine aborted the request")
+
+
+async def _all_choice_events(
+    state: ServerState, req: GenerationRequest, streams: list[RequestStream]
+) -> AsyncIterator[ChoiceEvent]:
+    if len(streams) == 1:
+        async for event in _choice_events(state, req, 0, streams[0]):
+            yield event
+        return
+    queue: asyncio.Queue[ChoiceEvent | BaseException | None] = asyncio.Queue()
+
+    async def pump(index: int, stream: RequestStream) -> None:
+        try:
+            async for event in _choice_events(state, req, index, stream):
+                await queue.put(event)
+            await queue.put(None)
+        except EngineAborted as exc:
+            await queue.put(exc)
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _usage(streams: list[RequestStream]) -> dict[str, object]:
+    prompt = sum(s.seq.num_prompt_tokens for s in streams)
+    completion = sum(s.seq.num_output_tokens for s in streams)
+    cached = sum(s.seq.num_cached_tokens for s in streams)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+async def _complete(
+    state: ServerState, req: GenerationRequest, streams: list[RequestStream], request_id: str
+) -> web.Response:
+    texts = [""] * len(streams)
+    reasons: list[str | None] = [None] * len(streams)
+    try:
+        async for index, text, reason in _all_choice_events(state, req, streams):
+            texts[index] += text
+            reasons[index] = reason or reasons[index]
+    except EngineAborted as exc:
+        return error_response(500, str(exc))
+    created = int(time.time())
+    if req.is_chat:
+        choices: list[dict[str, object]] = [
+            {"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None,
+             "finish_reason": reasons[i]}
+            for i, t in enumerate(texts)
+        ]  # fmt: skip
+        kind, prefix = "chat.completion", "chatcmpl-"
+    else:
+        choices = [
+            {"index": i, "text": t, "logprobs": None, "finish_reason": reasons[i],
+             "stop_reason": None}
+            for i, t in enumerate(texts)
+        ]  # fmt: skip
+        kind, prefix = "text_completion", "cmpl-"
+    body = {"id": prefix + request_id, "object": kind, "created": created, "model": req.model,
+            "choices": choices, "usage": _usage(streams)}  # fmt: skip
+    return web.json_response(body, headers={"x-request-id": request_id})
+
+
+async def _stream(
+    request: web.Request,
+    state: ServerState,
+    req: GenerationRequest,
+    streams: list[RequestStream],
+    request_id: str,
+) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                 "x-request-id": request_id}
+    )  # fmt: skip
+    await response.prepare(request)
+    created = int(time.time())
+    model = json.dumps(req.model)
+    if req.is_chat:
+        head = (f'data: {{"id":"chatcmpl-{request_id}","object":"chat.completion.chunk",'
+                f'"created":{created},"model":{model},"choices":')  # fmt: skip
+        role = '[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,' \
+               '"finish_reason":null}]}\n\n'  # fmt: skip
+        await response.write((head + role).encode())
+        body = '[{{"index":{},"delta":{{"content":{}}},"logprobs":null,"finish_reason":{}}}]}}\n\n'
+    else:
+        head = (f'data: {{"id":"cmpl-{request_id}","object":"text_completion",'
+                f'"created":{created},"model":{model},"choices":')  # fmt: skip
+        body = '[{{"index":{},"text":{},"logprobs":null,"finish_reason":{}}}]}}\n\n'
+    try:
+        async for index, text, reason in _all_choice_events(state, req, streams):
+            finish = f'"{reason}"' if reason else "null"
+            await response.write((head + body.format(index, json.dumps(text), finish)).encode())
+    except EngineAborted as exc:
+        error = {"error": {"message": str(exc), "type": "server_error", "param": None,
+                           "code": None}}  # fmt: skip
+        await response.write(f"data: {json.dumps(error)}\n\n".encode())
+        return response
+    if req.include_usage:
+        usage = json.dumps(_usage(streams), separators=(",", ":"))
+        await response.write(f'{head}[],"usage":{usage}}}\n\n'.encode())
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response

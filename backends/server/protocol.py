@@ -1,0 +1,168 @@
+"""Parse and validate OpenAI completion and chat requests into engine inputs.
+
+Every problem raises ``RequestError`` naming the offending parameter, which the server turns
+into an OpenAI-shaped error body; nothing here touches the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from backends.engine.sequence import SamplingParams
+from backends.tokenizer import ChatTemplateError, Tokenizer, render_chat
+
+MAX_STOP_STRINGS = 16
+
+
+class RequestError(ValueError):
+    """A bad request: ``status`` 400 (invalid) or 404 (unknown model)."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """What the server needs to run a completion or chat request."""
+
+    model: str
+    prompts: list[list[int]]
+    sampling: SamplingParams
+    stream: bool
+    include_usage: bool
+    stop: tuple[str, ...]
+    priority: int
+    is_chat: bool
+
+
+def _get_int(body: Mapping[str, object], key: str, default: int | None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"{key} must be an integer", key)
+    return value
+
+
+def _get_float(body: Mapping[str, object], key: str, default: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RequestError(f"{key} must be a number", key)
+    return float(value)
+
+
+def _get_bool(body: Mapping[str, object], key: str) -> bool:
+    value = body.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise RequestError(f"{key} must be a boolean", key)
+    return value
+
+
+def _stop_strings(body: Mapping[str, object]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise RequestError("stop must be a non-empty string or a list of them", "stop")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise RequestError(f"stop accepts at most {MAX_STOP_STRINGS} strings", "stop")
+    return tuple(stop)
+
+
+def _token_list(value: list[object], vocab_size: int, param: str) -> list[int]:
+    for token in value:
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+            raise RequestError(f"{param}: token ids must be integers in [0, {vocab_size})", param)
+    return [t for t in value if isinstance(t, int)]
+
+
+def parse_prompts(value: object, tokenizer: Tokenizer) -> list[list[int]]:
+    """``prompt`` as OpenAI allows it: a string, strings, token ids, or lists of token ids."""
+    if isinstance(value, str):
+        prompts = [value]
+    elif isinstance(value, list) and value:
+        prompts = value
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+            prompts = [value]
+    else:
+        raise RequestError("prompt must be a non-empty string, list of strings or token ids", "prompt")
+    result: list[list[int]] = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            ids = tokenizer.encode(prompt)
+        elif isinstance(prompt, list):
+            ids = _token_list(prompt, tokenizer.vocab_size, f"prompt[{i}]")
+        else:
+            raise RequestError(f"prompt[{i}] must be a string or a list of token ids", "prompt")
+        if not ids:
+            raise RequestError("prompt must not be empty", "prompt")
+        result.append(ids)
+    return result
+
+
+def parse_messages(value: object, tokenizer: Tokenizer) -> list[list[int]]:
+    if not isinstance(value, list) or not value:
+        raise RequestError("messages must be a non-empty list", "messages")
+    if not all(isinstance(m, Mapping) for m in value):
+        raise RequestError("each message must be an object", "messages")
+    try:
+        text = render_chat(value)
+    except ChatTemplateError as exc:
+        raise RequestError(str(exc), "messages") from exc
+    return [tokenizer.encode(text)]
+
+
+def parse_request(
+    body: object, tokenizer: Tokenizer, *, is_chat: bool, default_max_tokens: int
+) -> GenerationRequest:
+    if not isinstance(body, Mapping):
+        raise RequestError("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise RequestError("model is required and must be a string", "model")
+    if is_chat:
+        prompts = parse_messages(body.get("messages"), tokenizer)
+        max_tokens = _get_int(body, "max_completion_tokens", None)
+        if max_tokens is None:
+            max_tokens = _get_int(body, "max_tokens", default_max_tokens)
+    else:
+        if "prompt" not in body:
+            raise RequestError("prompt is required", "prompt")
+        prompts = parse_prompts(body["prompt"], tokenizer)
+        max_tokens = _get_int(body, "max_tokens", default_max_tokens)
+    if _get_int(body, "n", 1) != 1:
+        raise RequestError("only n=1 is supported", "n")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, Mapping):
+        raise RequestError("stream_options must be an object", "stream_options")
+    include_usage = bool(options and options.get("include_usage") is True)
+    try:
+        sampling = SamplingParams(
+            max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
+            temperature=_get_float(body, "temperature", 1.0),
+            top_p=_get_float(body, "top_p", 1.0),
+            seed=_get_int(body, "seed", None),
+            ignore_eos=_get_bool(body, "ignore_eos"),
+        )
+    except ValueError as exc:
+        raise RequestError(str(exc)) from exc
+    return GenerationRequest(
+        model=model,
+        prompts=prompts,
+        sampling=sampling,
+        stream=_get_bool(body, "stream"),
+        include_usage=include_usage,
+        stop=_stop_strings(body),
+        priority=_get_int(body, "priority", 0) or 0,
+        is_chat=is_chat,
+    )

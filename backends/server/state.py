@@ -1,0 +1,39 @@
+"""What the backend's handlers share: the engine, tokenizer, served names and metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from backends.engine.engine import AsyncEngine
+from backends.server.metrics import ServerMetrics
+from backends.server.protocol import RequestError
+from backends.tokenizer import ByteTokenizer
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    tokenizer: ByteTokenizer
+    model_name: str
+    metrics: ServerMetrics
+    max_loras: int = 1
+    completion_max_tokens: int = 16  # default max_tokens for /v1/completions (OpenAI's)
+    chat_max_tokens: int = 256  # default max_tokens for /v1/chat/completions
+    lora_adapters: dict[str, str] = field(default_factory=dict)  # name -> path
+    created: int = 0
+
+    def default_max_tokens(self, is_chat: bool) -> int:
+        return self.chat_max_tokens if is_chat else self.completion_max_tokens
+
+    def resolve_model(self, model: str) -> str | None:
+        """The LoRA adapter a request's ``model`` names (None for the base model)."""
+        if model == self.model_name:
+            return None
+        if model in self.lora_adapters:
+            return model
+        raise RequestError(f"The model `{model}` does not exist.", "model", status=404)
+
+
+STATE = web.AppKey("backend_state", ServerState)

@@ -1,0 +1,34 @@
+"""The ``kvgate`` command: one CLI whose subcommands live in their own packages."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from backends import cli as backend_cli
+from loadtest import cli as loadtest_cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvgate", description="KV-cache-aware inference gateway and endpoint picker."
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    backend_cli.add_parser(subparsers)
+    loadtest_cli.add_parsers(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

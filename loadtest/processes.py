@@ -1,0 +1,90 @@
+"""Start kvgate processes on loopback and wait until they serve (demo, benchmarks, tests)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from types import TracebackType
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_http_ok(url: str, timeout: float = 20.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Poll ``url`` until it answers 200; raise if ``proc`` exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} not ready after {timeout}s")
+
+
+class KvgateProcess:
+    """``python -m gateway.cli ARGS`` as a child process, stopped with SIGTERM on exit."""
+
+    def __init__(self, args: Sequence[str], health_url: str, *, quiet: bool = True) -> None:
+        self.args = list(args)
+        self.health_url = health_url
+        self.quiet = quiet
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 20.0) -> KvgateProcess:
+        out = subprocess.DEVNULL if self.quiet else None
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", *self.args], stdout=out, stderr=out, env=env
+        )
+        try:
+            wait_http_ok(self.health_url, timeout, self.proc)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def kill(self) -> None:
+        """Hard kill (SIGKILL), as a crash would."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def __enter__(self) -> KvgateProcess:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def backend_process(port: int, *extra: str, model: str = "kvgate-sim", quiet: bool = True) -> KvgateProcess:
+    """A simulated backend on 127.0.0.1:``port`` (not started yet)."""
+    args = ["backend", "--runner", "sim", "--host", "127.0.0.1", "--port", str(port),
+            "--model", model, *extra]  # fmt: skip
+    return KvgateProcess(args, f"http://127.0.0.1:{port}/health", quiet=quiet)

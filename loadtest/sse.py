@@ -1,0 +1,65 @@
+"""A minimal streaming OpenAI client: time-to-first-chunk, text, usage, over aiohttp."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+
+@dataclass
+class StreamResult:
+    status: int
+    ttft: float = 0.0  # seconds from send to the first content chunk
+    latency: float = 0.0  # seconds from send to the end of the stream
+    text: str = ""
+    chunks: int = 0
+    usage: dict[str, object] = field(default_factory=dict)
+    error: str = ""
+    done: bool = False  # saw ``data: [DONE]``
+
+    @property
+    def cached_tokens(self) -> int:
+        details = self.usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            return int(details.get("cached_tokens") or 0)
+        return 0
+
+
+async def stream_request(
+    session: aiohttp.ClientSession, url: str, body: dict[str, object]
+) -> StreamResult:
+    """POST ``body`` with ``stream`` and usage on, and read the SSE stream to its end."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    async with session.post(url, json=body) as response:
+        result = StreamResult(response.status)
+        if response.status != 200:
+            result.error = await response.text()
+            return result
+        async for raw in response.content:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                result.done = True
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                result.error = json.dumps(chunk["error"])
+                break
+            if chunk.get("usage"):
+                result.usage = chunk["usage"]
+            for choice in chunk.get("choices") or []:
+                piece = choice.get("text")
+                if piece is None:
+                    piece = (choice.get("delta") or {}).get("content") or ""
+                if piece and not result.chunks:
+                    result.ttft = time.perf_counter() - start
+                result.chunks += 1 if piece else 0
+                result.text += piece
+        result.latency = time.perf_counter() - start
+        return result
