@@ -76,9 +76,11 @@ def build_state(args: argparse.Namespace) -> ServerState:
         eos_token_id=tokenizer.eos_token_id,
     )
     runner = SimRunner(
-        tokenizer.printable_ids(), CostModel.parse(args.cost), seed=args.seed,
+        tokenizer.printable_ids(),
+        CostModel.parse(args.cost),
+        seed=args.seed,
         max_loras=args.max_loras,
-    )  # fmt: skip
+    )
     sink = None
     if kv_events:
         topic = args.kv_events_topic or f"kv@{args.host}:{args.port}@{args.model}"
@@ -87,9 +89,13 @@ def build_state(args: argparse.Namespace) -> ServerState:
     metrics = ServerMetrics(engine, args.model, args.max_loras)
     engine.observer = metrics
     state = ServerState(
-        engine, tokenizer, args.model, metrics, max_loras=args.max_loras,
+        engine,
+        tokenizer,
+        args.model,
+        metrics,
+        max_loras=args.max_loras,
         chat_max_tokens=args.default_max_tokens,
-    )  # fmt: skip
+    )
     for module in args.lora_modules:
         name, sep, path = module.partition("=")
         if not sep or not name or not path:
@@ -114,7 +120,11 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(state)
     log.info("serving %s on http://%s:%d", args.model, args.host, args.port)
     web.run_app(
-        app, host=args.host, port=args.port, handler_cancellation=True, access_log=None,
+        app,
+        host=args.host,
+        port=args.port,
+        handler_cancellation=True,
+        access_log=None,
         print=None,
-    )  # fmt: skip
+    )
     return 0

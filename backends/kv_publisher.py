@@ -49,7 +49,7 @@ class ZmqEventPublisher:
     """A ``KVEventSink`` bound to ``endpoint`` (e.g. ``tcp://127.0.0.1:5557``)."""
 
     def __init__(self, endpoint: str, topic: str = "", hwm: int = 100_000) -> None:
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._socket = self._ctx.socket(zmq.PUB)
         self._socket.setsockopt(zmq.SNDHWM, hwm)
         self._socket.setsockopt(zmq.LINGER, 0)

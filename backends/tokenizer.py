@@ -79,7 +79,9 @@ def render_content(content: object, path: str) -> str:
     raise ChatTemplateError(f"{path}: must be a string or a list of content parts")
 
 
-def render_chat(messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True) -> str:
+def render_chat(
+    messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True
+) -> str:
     """Render every message the same way every time (ChatML-style markers)."""
     parts: list[str] = []
     for i, message in enumerate(messages):

@@ -20,8 +20,12 @@ SYSTEM_PROMPT = (
     "You are a meticulous assistant for a logistics company. Answer in short sentences, cite the "
     "relevant policy section, and never invent shipment numbers. " * 12
 )
-WATCHED = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_requests_running",
-           "vllm:generation_tokens")  # fmt: skip
+WATCHED = (
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
+    "vllm:num_requests_running",
+    "vllm:generation_tokens",
+)
 
 
 async def scrape(session: aiohttp.ClientSession, base: str) -> dict[str, float]:
@@ -36,9 +40,14 @@ async def scrape(session: aiohttp.ClientSession, base: str) -> dict[str, float]:
 
 
 async def run_demo(bases: list[str]) -> None:
-    chat = {"model": "kvgate-sim", "max_tokens": 24,
-            "messages": [{"role": "system", "content": SYSTEM_PROMPT},
-                         {"role": "user", "content": "Where is my parcel?"}]}  # fmt: skip
+    chat = {
+        "model": "kvgate-sim",
+        "max_tokens": 24,
+        "messages": [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": "Where is my parcel?"},
+        ],
+    }
     async with aiohttp.ClientSession() as session:
         print(f"backends: {', '.join(bases)}")
         for attempt in ("first", "repeat"):

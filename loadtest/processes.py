@@ -21,7 +21,9 @@ def free_port() -> int:
         return port
 
 
-def wait_http_ok(url: str, timeout: float = 20.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+def wait_http_ok(
+    url: str, timeout: float = 20.0, proc: subprocess.Popen[bytes] | None = None
+) -> None:
     """Poll ``url`` until it answers 200; raise if ``proc`` exits or time runs out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -78,13 +80,28 @@ class KvgateProcess:
         return self.start()
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()
 
 
-def backend_process(port: int, *extra: str, model: str = "kvgate-sim", quiet: bool = True) -> KvgateProcess:
+def backend_process(
+    port: int, *extra: str, model: str = "kvgate-sim", quiet: bool = True
+) -> KvgateProcess:
     """A simulated backend on 127.0.0.1:``port`` (not started yet)."""
-    args = ["backend", "--runner", "sim", "--host", "127.0.0.1", "--port", str(port),
-            "--model", model, *extra]  # fmt: skip
+    args = [
+        "backend",
+        "--runner",
+        "sim",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        model,
+        *extra,
+    ]
     return KvgateProcess(args, f"http://127.0.0.1:{port}/health", quiet=quiet)

@@ -17,8 +17,12 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 
 async def models(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    base = {"object": "model", "created": state.created, "owned_by": "kvgate",
-            "max_model_len": state.engine.config.max_model_len}  # fmt: skip
+    base = {
+        "object": "model",
+        "created": state.created,
+        "owned_by": "kvgate",
+        "max_model_len": state.engine.config.max_model_len,
+    }
     data = [{"id": state.model_name, "root": state.model_name, "parent": None, **base}]
     for name, path in state.lora_adapters.items():
         data.append({"id": name, "root": path, "parent": state.model_name, **base})

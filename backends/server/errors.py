@@ -15,7 +15,9 @@ ERROR_TYPES = {404: "invalid_request_error", 413: "invalid_request_error", 500: 
 def error_response(
     status: int, message: str, param: str | None = None, code: str | None = None
 ) -> web.Response:
-    error_type = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    error_type = ERROR_TYPES.get(
+        status, "invalid_request_error" if status < 500 else "server_error"
+    )
     body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
     return web.json_response(body, status=status)
 

@@ -17,12 +17,74 @@ from prometheus_client.registry import Collector
 from backends.engine.engine import AsyncEngine
 from backends.engine.sequence import Sequence, SequenceStatus
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
-               5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 LORA_HISTORY = 32  # label sets of vllm:lora_requests_info kept, newest wins for readers
 
 
@@ -41,28 +103,42 @@ class EngineCollector(Collector):
         blocks = self.engine.block_manager
         names, values = list(self.labels), list(self.labels.values())
         gauges = {
-            "vllm:num_requests_running": ("Number of requests in model execution batches.",
-                                          scheduler.num_running),
-            "vllm:num_requests_waiting": ("Number of requests waiting to be processed.",
-                                          scheduler.num_waiting),
-            "vllm:kv_cache_usage_perc": ("KV-cache usage. 1 means 100 percent usage.",
-                                         blocks.usage),
-        }  # fmt: skip
+            "vllm:num_requests_running": (
+                "Number of requests in model execution batches.",
+                scheduler.num_running,
+            ),
+            "vllm:num_requests_waiting": (
+                "Number of requests waiting to be processed.",
+                scheduler.num_waiting,
+            ),
+            "vllm:kv_cache_usage_perc": (
+                "KV-cache usage. 1 means 100 percent usage.",
+                blocks.usage,
+            ),
+        }
         for name, (doc, value) in gauges.items():
             gauge = GaugeMetricFamily(name, doc, labels=names)
             gauge.add_metric(values, float(value))
             yield gauge
         counters = {
-            "vllm:prefix_cache_queries": ("Prefix cache queries, in terms of number of queried "
-                                          "tokens.", stats.prefix_cache_queries),
-            "vllm:prefix_cache_hits": ("Prefix cache hits, in terms of number of cached tokens.",
-                                       stats.prefix_cache_hits),
-            "vllm:num_preemptions": ("Cumulative number of preemption from the engine.",
-                                     stats.num_preemptions),
+            "vllm:prefix_cache_queries": (
+                "Prefix cache queries, in terms of number of queried tokens.",
+                stats.prefix_cache_queries,
+            ),
+            "vllm:prefix_cache_hits": (
+                "Prefix cache hits, in terms of number of cached tokens.",
+                stats.prefix_cache_hits,
+            ),
+            "vllm:num_preemptions": (
+                "Cumulative number of preemption from the engine.",
+                stats.num_preemptions,
+            ),
             "vllm:prompt_tokens": ("Number of prefill tokens processed.", stats.prompt_tokens),
-            "vllm:generation_tokens": ("Number of generation tokens processed.",
-                                       stats.generation_tokens),
-        }  # fmt: skip
+            "vllm:generation_tokens": (
+                "Number of generation tokens processed.",
+                stats.generation_tokens,
+            ),
+        }
         for name, (doc, value) in counters.items():
             counter = CounterMetricFamily(name, doc, labels=names)
             counter.add_metric(values, float(value))
@@ -106,9 +182,7 @@ class EngineCollector(Collector):
 
 
 def _adapter_names(seqs: Iterator[Sequence] | list[Sequence]) -> str:
-    names = {
-        s.lora_name for s in seqs if s.lora_name and s.status is not SequenceStatus.FINISHED
-    }
+    names = {s.lora_name for s in seqs if s.lora_name and s.status is not SequenceStatus.FINISHED}
     return ",".join(sorted(names))
 
 
@@ -125,21 +199,26 @@ class ServerMetrics:
             return Histogram(name, doc, names, buckets=buckets, registry=self.registry)
 
         self.ttft = histogram(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
             TTFT_BUCKETS,
-        ).labels(*values)  # fmt: skip
+        ).labels(*values)
         self.itl = histogram(
-            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
             ITL_BUCKETS,
-        ).labels(*values)  # fmt: skip
+        ).labels(*values)
         self.e2e = histogram(
-            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
             E2E_BUCKETS,
-        ).labels(*values)  # fmt: skip
+        ).labels(*values)
         self.success = Counter(
-            "vllm:request_success", "Count of successfully processed requests.",
-            [*names, "finished_reason"], registry=self.registry,
-        )  # fmt: skip
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*names, "finished_reason"],
+            registry=self.registry,
+        )
         self._values = values
 
     def on_first_token(self, seconds: float) -> None:

@@ -47,7 +47,10 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
         return error_response(400, f"invalid JSON body: {exc}")
     try:
         req = parse_request(
-            body, state.tokenizer, is_chat=is_chat, default_max_tokens=state.default_max_tokens(is_chat)
+            body,
+            state.tokenizer,
+            is_chat=is_chat,
+            default_max_tokens=state.default_max_tokens(is_chat),
         )
         lora = state.resolve_model(req.model)
     except RequestError as exc:
@@ -58,9 +61,12 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
         for prompt in req.prompts:
             streams.append(
                 state.engine.add_request(
-                    prompt, req.sampling, lora_name=lora, priority=req.priority,
+                    prompt,
+                    req.sampling,
+                    lora_name=lora,
+                    priority=req.priority,
                     request_id=request_id,
-                )  # fmt: skip
+                )
             )
     except ValueError as exc:
         for stream in streams:
@@ -157,20 +163,35 @@ async def _complete(
     created = int(time.time())
     if req.is_chat:
         choices: list[dict[str, object]] = [
-            {"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None,
-             "finish_reason": reasons[i]}
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": t},
+                "logprobs": None,
+                "finish_reason": reasons[i],
+            }
             for i, t in enumerate(texts)
-        ]  # fmt: skip
+        ]
         kind, prefix = "chat.completion", "chatcmpl-"
     else:
         choices = [
-            {"index": i, "text": t, "logprobs": None, "finish_reason": reasons[i],
-             "stop_reason": None}
+            {
+                "index": i,
+                "text": t,
+                "logprobs": None,
+                "finish_reason": reasons[i],
+                "stop_reason": None,
+            }
             for i, t in enumerate(texts)
-        ]  # fmt: skip
+        ]
         kind, prefix = "text_completion", "cmpl-"
-    body = {"id": prefix + request_id, "object": kind, "created": created, "model": req.model,
-            "choices": choices, "usage": _usage(streams)}  # fmt: skip
+    body = {
+        "id": prefix + request_id,
+        "object": kind,
+        "created": created,
+        "model": req.model,
+        "choices": choices,
+        "usage": _usage(streams),
+    }
     return web.json_response(body, headers={"x-request-id": request_id})
 
 
@@ -182,30 +203,40 @@ async def _stream(
     request_id: str,
 ) -> web.StreamResponse:
     response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                 "x-request-id": request_id}
-    )  # fmt: skip
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "x-request-id": request_id,
+        }
+    )
     await response.prepare(request)
     created = int(time.time())
     model = json.dumps(req.model)
     if req.is_chat:
-        head = (f'data: {{"id":"chatcmpl-{request_id}","object":"chat.completion.chunk",'
-                f'"created":{created},"model":{model},"choices":')  # fmt: skip
-        role = '[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,' \
-               '"finish_reason":null}]}\n\n'  # fmt: skip
+        head = (
+            f'data: {{"id":"chatcmpl-{request_id}","object":"chat.completion.chunk",'
+            f'"created":{created},"model":{model},"choices":'
+        )
+        role = (
+            '[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+            '"finish_reason":null}]}\n\n'
+        )
         await response.write((head + role).encode())
         body = '[{{"index":{},"delta":{{"content":{}}},"logprobs":null,"finish_reason":{}}}]}}\n\n'
     else:
-        head = (f'data: {{"id":"cmpl-{request_id}","object":"text_completion",'
-                f'"created":{created},"model":{model},"choices":')  # fmt: skip
+        head = (
+            f'data: {{"id":"cmpl-{request_id}","object":"text_completion",'
+            f'"created":{created},"model":{model},"choices":'
+        )
         body = '[{{"index":{},"text":{},"logprobs":null,"finish_reason":{}}}]}}\n\n'
     try:
         async for index, text, reason in _all_choice_events(state, req, streams):
             finish = f'"{reason}"' if reason else "null"
             await response.write((head + body.format(index, json.dumps(text), finish)).encode())
     except EngineAborted as exc:
-        error = {"error": {"message": str(exc), "type": "server_error", "param": None,
-                           "code": None}}  # fmt: skip
+        error = {
+            "error": {"message": str(exc), "type": "server_error", "param": None, "code": None}
+        }
         await response.write(f"data: {json.dumps(error)}\n\n".encode())
         return response
     if req.include_usage:

@@ -79,23 +79,27 @@ def _stop_strings(body: Mapping[str, object]) -> tuple[str, ...]:
     return tuple(stop)
 
 
-def _token_list(value: list[object], vocab_size: int, param: str) -> list[int]:
+def _token_list(value: list[object], vocab_size: int, where: str) -> list[int]:
     for token in value:
         if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
-            raise RequestError(f"{param}: token ids must be integers in [0, {vocab_size})", param)
+            raise RequestError(
+                f"{where}: token ids must be integers in [0, {vocab_size})", "prompt"
+            )
     return [t for t in value if isinstance(t, int)]
 
 
 def parse_prompts(value: object, tokenizer: Tokenizer) -> list[list[int]]:
     """``prompt`` as OpenAI allows it: a string, strings, token ids, or lists of token ids."""
+    prompts: list[object]
     if isinstance(value, str):
         prompts = [value]
     elif isinstance(value, list) and value:
-        prompts = value
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-            prompts = [value]
+        is_token_list = all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+        prompts = [value] if is_token_list else value
     else:
-        raise RequestError("prompt must be a non-empty string, list of strings or token ids", "prompt")
+        raise RequestError(
+            "prompt must be a non-empty string, list of strings or token ids", "prompt"
+        )
     result: list[list[int]] = []
     for i, prompt in enumerate(prompts):
         if isinstance(prompt, str):
@@ -146,16 +150,20 @@ def parse_request(
     if options is not None and not isinstance(options, Mapping):
         raise RequestError("stream_options must be an object", "stream_options")
     include_usage = bool(options and options.get("include_usage") is True)
+    temperature = _get_float(body, "temperature", 1.0)
+    top_p = _get_float(body, "top_p", 1.0)
+    seed = _get_int(body, "seed", None)
+    ignore_eos = _get_bool(body, "ignore_eos")
     try:
         sampling = SamplingParams(
             max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
-            temperature=_get_float(body, "temperature", 1.0),
-            top_p=_get_float(body, "top_p", 1.0),
-            seed=_get_int(body, "seed", None),
-            ignore_eos=_get_bool(body, "ignore_eos"),
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            ignore_eos=ignore_eos,
         )
     except ValueError as exc:
-        raise RequestError(str(exc)) from exc
+        raise RequestError(str(exc), str(exc).split(" ", 1)[0]) from exc
     return GenerationRequest(
         model=model,
         prompts=prompts,

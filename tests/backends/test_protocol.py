@@ -1,0 +1,89 @@
+"""Request parsing: what OpenAI allows is accepted, everything else names its parameter."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends.server.protocol import RequestError, parse_request
+from backends.tokenizer import ByteTokenizer
+
+TOK = ByteTokenizer()
+
+
+def parse(body: object, chat: bool = False):  # type: ignore[no-untyped-def]
+    return parse_request(body, TOK, is_chat=chat, default_max_tokens=16)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [
+        ("ab", [[97, 98]]),
+        (["a", "b"], [[97], [98]]),
+        ([1, 2, 3], [[1, 2, 3]]),
+        ([[1, 2], [3]], [[1, 2], [3]]),
+        (["a", [5]], [[97], [5]]),
+    ],
+)
+def test_prompt_forms(prompt: object, expected: list[list[int]]) -> None:
+    assert parse({"model": "m", "prompt": prompt}).prompts == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ([], None),
+        ({"prompt": "x"}, "model"),
+        ({"model": "m"}, "prompt"),
+        ({"model": "m", "prompt": ""}, "prompt"),
+        ({"model": "m", "prompt": []}, "prompt"),
+        ({"model": "m", "prompt": [1, 999]}, "prompt"),
+        ({"model": "m", "prompt": [True]}, "prompt"),
+        ({"model": "m", "prompt": {"a": 1}}, "prompt"),
+        ({"model": "m", "prompt": "x", "max_tokens": "9"}, "max_tokens"),
+        ({"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ({"model": "m", "prompt": "x", "max_tokens": -3}, "max_tokens"),
+        ({"model": "m", "prompt": "x", "top_p": 0}, "top_p"),
+        ({"model": "m", "prompt": "x", "temperature": "hot"}, "temperature"),
+        ({"model": "m", "prompt": "x", "n": 2}, "n"),
+        ({"model": "m", "prompt": "x", "stream": "yes"}, "stream"),
+        ({"model": "m", "prompt": "x", "stop": [1]}, "stop"),
+        ({"model": "m", "prompt": "x", "stream_options": 3}, "stream_options"),
+    ],
+)
+def test_bad_completion_requests(body: object, param: str | None) -> None:
+    with pytest.raises(RequestError) as err:
+        parse(body)
+    assert err.value.status == 400
+    assert err.value.param == param
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [None, [], ["hi"], [{"content": "x"}], [{"role": "user", "content": [{"type": "image_url"}]}]],
+)
+def test_bad_chat_messages(messages: object) -> None:
+    with pytest.raises(RequestError):
+        parse({"model": "m", "messages": messages}, chat=True)
+
+
+def test_chat_renders_all_messages_and_prefers_max_completion_tokens() -> None:
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": [{"type": "text", "text": "U"}]},
+        ],
+        "max_tokens": 5,
+        "max_completion_tokens": 7,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "stop": "END",
+    }
+    req = parse(body, chat=True)
+    text = bytes(req.prompts[0]).decode()
+    assert (
+        text
+        == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert req.sampling.max_tokens == 7 and req.stream and req.include_usage
+    assert req.stop == ("END",)

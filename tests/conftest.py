@@ -1,0 +1,33 @@
+"""Shared fixtures: real ``kvgate backend`` subprocesses on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from loadtest.processes import KvgateProcess, backend_process, free_port
+
+
+@pytest.fixture
+def start_backend() -> Iterator[Callable[..., str]]:
+    """Start a simulated backend with extra CLI args; returns its base URL."""
+    started: list[KvgateProcess] = []
+
+    def start(*extra: str, model: str = "kvgate-sim") -> str:
+        port = free_port()
+        proc = backend_process(port, *extra, model=model).start()
+        started.append(proc)
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def backend_url() -> Iterator[str]:
+    """One shared simulated backend (default cost model) for read-mostly tests."""
+    port = free_port()
+    with backend_process(port, "--num-blocks", "512", "--max-loras", "2"):
+        yield f"http://127.0.0.1:{port}"

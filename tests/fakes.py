@@ -1,0 +1,62 @@
+"""Builders shared by the tests (GIE's MakePod idea): small engines, sequences, scripted runners."""
+
+from __future__ import annotations
+
+from backends.engine.block_manager import BlockManager
+from backends.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
+from backends.engine.sequence import SamplingParams, Sequence
+
+EOS = 256
+
+
+def make_seq(
+    num_tokens: int = 8,
+    *,
+    start: int = 0,
+    max_tokens: int = 4,
+    priority: int = 0,
+    lora: str | None = None,
+    arrival: float | None = None,
+    tokens: list[int] | None = None,
+) -> Sequence:
+    """A sequence whose prompt is ``tokens`` or ``start, start+1, ...`` (``num_tokens`` long)."""
+    prompt = tokens if tokens is not None else [(start + i) % 250 for i in range(num_tokens)]
+    seq = Sequence(prompt, SamplingParams(max_tokens=max_tokens), lora_name=lora, priority=priority)
+    if arrival is not None:
+        seq.arrival_time = arrival
+    return seq
+
+
+def make_scheduler(
+    num_blocks: int = 16,
+    block_size: int = 4,
+    *,
+    max_num_seqs: int = 8,
+    max_num_batched_tokens: int = 64,
+    max_model_len: int = 64,
+    chunked: bool = True,
+    max_loras: int = 1,
+    record_events: bool = False,
+) -> Scheduler:
+    blocks = BlockManager(num_blocks, block_size, record_events=record_events)
+    config = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=chunked,
+        max_loras=max_loras,
+        eos_token_id=EOS,
+    )
+    return Scheduler(config, blocks)
+
+
+def sample_all(batch: list[ScheduledSeq], token: int = 7) -> list[int | None]:
+    """What a runner returns: ``token`` for every item that samples."""
+    return [token if item.samples else None for item in batch]
+
+
+def step(scheduler: Scheduler, token: int = 7) -> list[ScheduledSeq]:
+    """One schedule + postprocess round; returns what was scheduled."""
+    out = scheduler.schedule()
+    scheduler.postprocess(out, sample_all(out.scheduled, token))
+    return out.scheduled

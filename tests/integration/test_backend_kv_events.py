@@ -1,0 +1,73 @@
+"""KV events on a ZMQ SUB socket, decoded as a vLLM subscriber would."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import msgpack
+import openai
+import zmq
+
+from loadtest.processes import free_port
+
+
+def subscribe(port: int) -> zmq.Socket[bytes]:
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    return sock
+
+
+def read_events(sock: zmq.Socket[bytes], want: int) -> list[tuple[bytes, int, list[object]]]:
+    batches = []
+    total = 0
+    while total < want:
+        topic, seq, payload = sock.recv_multipart()
+        ts, events, rank = msgpack.unpackb(payload)
+        assert isinstance(ts, float) and rank is None
+        batches.append((topic, int.from_bytes(seq, "big"), events))
+        total += len(events)
+    return batches
+
+
+def test_block_stored_and_removed(start_backend: Callable[..., str]) -> None:
+    events_port = free_port()
+    url = start_backend(
+        "--kv-events-port",
+        str(events_port),
+        "--num-blocks",
+        "8",
+        "--max-model-len",
+        "128",
+        "--cost",
+        "zero",
+    )
+    sock = subscribe(events_port)
+    api = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    prompt = list(range(40, 40 + 48))  # 3 full blocks, the last one left to compute
+    time.sleep(0.3)  # ZMQ slow joiner: let the subscription reach the publisher first
+    api.completions.create(model="kvgate-sim", prompt=prompt, max_tokens=1)
+    (topic, seq, events), *_ = read_events(sock, 1)
+    assert topic == f"kv@127.0.0.1:{url.rsplit(':', 1)[1]}@kvgate-sim".encode()
+    stored = events[0]
+    assert stored[0] == "BlockStored"
+    _, hashes, parent, token_ids, block_size, lora_id, medium, lora_name = stored
+    assert block_size == 16 and medium == "GPU" and lora_id is None and lora_name is None
+    assert parent is None and len(hashes) == len(token_ids) // 16
+    assert token_ids == prompt[: len(hashes) * 16]
+    assert all(isinstance(h, int) and 0 <= h < 2**64 for h in hashes)
+    # Fill the 8-block cache with other prompts: the first prompt's blocks get evicted.
+    for start in (100, 150):
+        api.completions.create(
+            model="kvgate-sim", prompt=list(range(start, start + 64)), max_tokens=1
+        )
+    later = read_events(sock, 3)
+    kinds = [e[0] for _, _, batch in later for e in batch]
+    assert "BlockRemoved" in kinds
+    removed = {h for _, _, batch in later for e in batch if e[0] == "BlockRemoved" for h in e[1]}
+    assert removed & set(hashes)
+    seqs = [seq] + [s for _, s, _ in later]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    sock.close(linger=0)

@@ -1,0 +1,78 @@
+"""Simulated LoRA: dynamic load/unload, selection by model name, residency in the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import aiohttp
+import openai
+
+from tests.integration.metrics_util import scrape
+
+
+def newest_lora_info(url: str) -> dict[str, str]:
+    series = scrape(url)["vllm:lora_requests_info"]
+    return dict(max(series, key=lambda s: s.value).labels)
+
+
+async def test_lora_lifecycle_and_residency(start_backend: Callable[..., str]) -> None:
+    url = start_backend("--cost", "0.005,0,0,0", "--max-loras", "1")
+    api = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    async with aiohttp.ClientSession() as session:
+        load = {"lora_name": "sql", "lora_path": "/adapters/sql"}
+        async with session.post(f"{url}/v1/load_lora_adapter", json=load) as response:
+            assert response.status == 200
+            assert "added successfully" in await response.text()
+        async with session.post(f"{url}/v1/load_lora_adapter", json=load) as response:
+            assert response.status == 400
+        assert [m.id for m in api.models.list().data] == ["kvgate-sim", "sql"]
+        assert newest_lora_info(url) == {
+            "max_lora": "1",
+            "running_lora_adapters": "",
+            "waiting_lora_adapters": "",
+        }
+        body = {"model": "sql", "prompt": "select", "max_tokens": 200, "stream": True}
+        response = await session.post(f"{url}/v1/completions", json=body)
+        await response.content.readline()
+        assert newest_lora_info(url)["running_lora_adapters"] == "sql"
+        # a second adapter must wait for the single slot
+        await _load(session, url, "chat")
+        second = await session.post(
+            f"{url}/v1/completions", json={**body, "model": "chat", "max_tokens": 2}
+        )
+        await asyncio.sleep(0.1)
+        info = newest_lora_info(url)
+        assert info["running_lora_adapters"] == "sql" and info["waiting_lora_adapters"] == "chat"
+        response.close()
+        assert second.status == 200
+        await second.read()
+        second.close()
+        async with session.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "sql"}) as r:
+            assert r.status == 200
+    try:
+        api.completions.create(model="sql", prompt="x", max_tokens=1)
+    except openai.NotFoundError:
+        pass
+    else:
+        raise AssertionError("an unloaded adapter must be unknown")
+
+
+async def _load(session: aiohttp.ClientSession, url: str, name: str) -> None:
+    body = {"lora_name": name, "lora_path": f"/adapters/{name}"}
+    async with session.post(f"{url}/v1/load_lora_adapter", json=body) as response:
+        assert response.status == 200
+
+
+def test_adapter_name_separates_prefix_cache(start_backend: Callable[..., str]) -> None:
+    url = start_backend("--lora-modules", "sql=/adapters/sql", "--cost", "zero")
+    api = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    prompt = "shared prefix " * 10
+    api.completions.create(model="kvgate-sim", prompt=prompt, max_tokens=1)
+    other = api.completions.create(model="sql", prompt=prompt, max_tokens=1)
+    same = api.completions.create(model="sql", prompt=prompt, max_tokens=1)
+    assert other.usage is not None and same.usage is not None
+    assert other.usage.prompt_tokens_details is not None
+    assert other.usage.prompt_tokens_details.cached_tokens == 0
+    assert same.usage.prompt_tokens_details is not None
+    assert same.usage.prompt_tokens_details.cached_tokens > 0
