@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test lint format bench wrk clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,15 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-bench: $(STAMP)
+bench: $(STAMP) wrk
 	$(BIN)/python -m loadtest.bench_backend
+
+# wrk is the load client of the benchmarks (a C client leaves the CPU to the server under test);
+# without it they fall back to an aiohttp client.
+wrk:
+	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk >/dev/null) \
+		|| echo "wrk unavailable: benchmarks use the aiohttp client"
+
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

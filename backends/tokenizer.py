@@ -52,7 +52,10 @@ class ByteDecoder:
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def decode(self, token_ids: Sequence[int], final: bool = False) -> str:
-        data = bytes(t for t in token_ids if t < 256)
+        try:
+            data = bytes(token_ids)
+        except ValueError:  # special tokens (EOS) carry no text
+            data = bytes(t for t in token_ids if t < 256)
         return self._utf8.decode(data, final=final)
 
 

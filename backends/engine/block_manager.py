@@ -121,21 +121,25 @@ class BlockManager:
         self.append(seq, num_new_tokens)
 
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
-        needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens)
-        return needed - len(seq.block_table) <= self.num_free_blocks
+        needed = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
+        needed -= len(seq.block_table)
+        return needed <= 0 or needed <= len(self._free_uncached) + len(self._free_cached)
 
     def append(self, seq: Sequence, num_new_tokens: int) -> None:
         """Make room for ``num_new_tokens`` more tokens of ``seq`` and cache blocks they fill."""
         num_tokens = seq.num_computed_tokens + num_new_tokens
-        if num_tokens > seq.num_tokens:
+        if num_tokens > len(seq.token_ids):
             raise EngineError(f"{seq.request_id}: cannot schedule tokens that are not known yet")
-        needed = self.blocks_needed(num_tokens) - len(seq.block_table)
-        if needed > self.num_free_blocks:
-            raise EngineError(f"{seq.request_id}: out of KV blocks (check can_append first)")
-        for _ in range(needed):
-            seq.block_table.append(self._take_free_block())
-        if self.enable_prefix_caching:
-            self._cache_full_blocks(seq, num_tokens // self.block_size)
+        table = seq.block_table
+        needed = -(-num_tokens // self.block_size) - len(table)
+        if needed > 0:
+            if needed > self.num_free_blocks:
+                raise EngineError(f"{seq.request_id}: out of KV blocks (check can_append first)")
+            for _ in range(needed):
+                table.append(self._take_free_block())
+        num_full = num_tokens // self.block_size
+        if self.enable_prefix_caching and num_full > self._num_hashed_blocks.get(seq.seq_id, 0):
+            self._cache_full_blocks(seq, num_full)
 
     def free(self, seq: Sequence) -> None:
         """Release ``seq``'s blocks, tail first; cached blocks stay reusable until evicted."""

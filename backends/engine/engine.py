@@ -41,12 +41,12 @@ class RequestStream:
     merges deltas) and stops once the sequence has finished.
     """
 
-    __slots__ = ("_event", "_pending", "first_token_time", "last_token_time", "seq")
+    __slots__ = ("_pending", "_waiter", "first_token_time", "last_token_time", "seq")
 
     def __init__(self, seq: Sequence) -> None:
         self.seq = seq
         self._pending: list[int] = []
-        self._event = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None
         self.first_token_time = 0.0
         self.last_token_time = 0.0
 
@@ -56,20 +56,32 @@ class RequestStream:
 
     def push(self, token: int) -> None:
         self._pending.append(token)
-        self._event.set()
+        self._wake()
 
     def close(self) -> None:
-        self._event.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next_tokens(self) -> list[int]:
+        """Tokens produced since the last call (waits for some); empty once finished."""
+        while not self._pending:
+            if self.seq.is_finished:
+                return []
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        tokens, self._pending = self._pending, []
+        return tokens
 
     async def __aiter__(self) -> AsyncIterator[list[int]]:
-        while True:
-            await self._event.wait()
-            self._event.clear()
-            if self._pending:
-                tokens, self._pending = self._pending, []
-                yield tokens
-            if self.seq.is_finished and not self._pending:
-                return
+        while tokens := await self.next_tokens():
+            yield tokens
 
 
 class NullObserver:

@@ -134,17 +134,20 @@ class Scheduler:
         """
         updated: list[Sequence] = []
         any_finished = False
+        stats = self.stats
+        running = SequenceStatus.RUNNING
         for item, token in zip(out.scheduled, sampled, strict=True):
             seq = item.seq
-            if seq.status is not SequenceStatus.RUNNING:
+            if seq.status is not running:
                 continue  # aborted while the step ran
             seq.num_computed_tokens += item.num_new_tokens
             if token is None:
                 continue
-            if seq.num_output_tokens == 0:
-                self.stats.prompt_tokens += seq.num_prompt_tokens
+            num_prompt = len(seq.prompt_token_ids)
+            if len(seq.token_ids) == num_prompt:
+                stats.prompt_tokens += num_prompt
             seq.token_ids.append(token)
-            self.stats.generation_tokens += 1
+            stats.generation_tokens += 1
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 seq.status = SequenceStatus.FINISHED
@@ -162,9 +165,10 @@ class Scheduler:
             return FinishReason.STOP
         if token in sampling.stop_token_ids:
             return FinishReason.STOP
-        if seq.num_output_tokens >= sampling.max_tokens:
+        num_tokens = len(seq.token_ids)
+        if num_tokens - len(seq.prompt_token_ids) >= sampling.max_tokens:
             return FinishReason.LENGTH
-        if seq.num_tokens >= self.config.max_model_len:
+        if num_tokens >= self.config.max_model_len:
             return FinishReason.LENGTH
         return None
 
@@ -172,7 +176,7 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = min(len(seq.token_ids) - seq.num_computed_tokens, budget)
             if self._make_room(seq, num_new, index, out):
                 self.block_manager.append(seq, num_new)
                 out.scheduled.append(ScheduledSeq(seq, num_new))

@@ -94,7 +94,13 @@ class SimRunner:
         swaps = self._make_resident({item.seq.lora_name for item in batch} - {None})
         delay = self.cost.step_time(batch, swaps)
         await asyncio.sleep(delay)
-        return [self._sample(item.seq) if item.samples else None for item in batch]
+        sample = self._sample
+        return [
+            sample(item.seq)
+            if item.seq.num_computed_tokens + item.num_new_tokens == len(item.seq.token_ids)
+            else None
+            for item in batch
+        ]
 
     def release(self, seq: Sequence) -> None:
         self._seeds.pop(seq.seq_id, None)
@@ -128,6 +134,6 @@ class SimRunner:
             else:
                 seq_seed = xxhash.xxh3_64_intdigest(array("I", seq.prompt_token_ids).tobytes())
             self._seeds[seq.seq_id] = seq_seed
-        position = seq.num_tokens.to_bytes(8, "little")
+        position = len(seq.token_ids).to_bytes(8, "little")
         draw = xxhash.xxh3_64_intdigest(position, seed=seq_seed ^ self.seed)
         return self.vocabulary[draw % len(self.vocabulary)]

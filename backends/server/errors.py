@@ -31,9 +31,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if exc.status < 400:
             raise
         return error_response(exc.status, exc.reason)
-    except (ConnectionResetError, OSError) as exc:
-        log.debug("client went away: %s", exc)
-        raise
+    except ConnectionResetError:
+        log.debug("client of %s %s went away", request.method, request.path)
+        return web.Response(status=499)  # nobody reads it; aiohttp drops it quietly
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(500, "internal server error")

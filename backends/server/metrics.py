@@ -8,10 +8,16 @@ registered without ``_total`` and prometheus_client appends it on the wire, as i
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from backends.engine.engine import AsyncEngine
@@ -186,40 +192,69 @@ def _adapter_names(seqs: Iterator[Sequence] | list[Sequence]) -> str:
     return ",".join(sorted(names))
 
 
-class ServerMetrics:
+class BucketCounter:
+    """A histogram's counts, lock-free (one event loop writes it), exported at scrape time."""
+
+    __slots__ = ("bounds", "counts", "doc", "name", "sum")
+
+    def __init__(self, name: str, doc: str, bounds: tuple[float, ...]) -> None:
+        self.name = name
+        self.doc = doc
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def family(self, labels: dict[str, str]) -> Metric:
+        family = HistogramMetricFamily(self.name, self.doc, labels=list(labels))
+        cumulative, buckets = 0, []
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            cumulative += count
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), float(cumulative)))
+        family.add_metric(list(labels.values()), buckets, self.sum)
+        return family
+
+
+class ServerMetrics(Collector):
     """The registry a backend serves at ``/metrics``; also the engine's latency observer."""
 
     def __init__(self, engine: AsyncEngine, model_name: str, max_loras: int) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(EngineCollector(engine, model_name, max_loras))
-        names = ["model_name", "engine"]
-        values = (model_name, "0")
-
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, names, buckets=buckets, registry=self.registry)
-
-        self.ttft = histogram(
+        self.engine_collector = EngineCollector(engine, model_name, max_loras)
+        self.labels = self.engine_collector.labels
+        self.ttft = BucketCounter(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
             TTFT_BUCKETS,
-        ).labels(*values)
-        self.itl = histogram(
+        )
+        self.itl = BucketCounter(
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
             ITL_BUCKETS,
-        ).labels(*values)
-        self.e2e = histogram(
+        )
+        self.e2e = BucketCounter(
             "vllm:e2e_request_latency_seconds",
             "Histogram of e2e request latency in seconds.",
             E2E_BUCKETS,
-        ).labels(*values)
-        self.success = Counter(
+        )
+        self.finished: dict[str, int] = {}
+        self.registry.register(self.engine_collector)
+        self.registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        for histogram in (self.ttft, self.itl, self.e2e):
+            yield histogram.family(self.labels)
+        success = CounterMetricFamily(
             "vllm:request_success",
             "Count of successfully processed requests.",
-            [*names, "finished_reason"],
-            registry=self.registry,
+            labels=[*self.labels, "finished_reason"],
         )
-        self._values = values
+        for reason, count in sorted(self.finished.items()):
+            success.add_metric([*self.labels.values(), reason], float(count))
+        yield success
 
     def on_first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)
@@ -230,4 +265,4 @@ class ServerMetrics:
     def on_finished(self, seq: Sequence, e2e_seconds: float) -> None:
         self.e2e.observe(e2e_seconds)
         reason = seq.finish_reason.value if seq.finish_reason else "abort"
-        self.success.labels(*self._values, reason).inc()
+        self.finished[reason] = self.finished.get(reason, 0) + 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,14 +19,23 @@ from backends.engine.engine import RequestStream
 from backends.engine.sequence import FinishReason
 from backends.server.errors import error_response
 from backends.server.protocol import GenerationRequest, RequestError, parse_request
+from backends.server.sse import DONE, ChunkFormatter
 from backends.server.state import STATE, ServerState
 from backends.server.text_stream import TextStream
+
+log = logging.getLogger(__name__)
 
 ChoiceEvent = tuple[int, str, str | None]  # (choice index, text delta, finish reason)
 
 
 class EngineAborted(RuntimeError):
     """The engine dropped a sequence that the handler did not abort (runner failure)."""
+
+
+class SSEResponse(web.StreamResponse):
+    """A stream whose headers leave with its first chunk (one write fewer per request)."""
+
+    _send_headers_immediately = False
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -84,8 +94,10 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
 async def _choice_events(
     state: ServerState, req: GenerationRequest, index: int, stream: RequestStream
 ) -> AsyncIterator[ChoiceEvent]:
+    """Text deltas of one choice; the last event carries the finish reason."""
     text_stream = TextStream(state.tokenizer.decoder(), req.stop)
-    async for tokens in stream:
+    while True:
+        tokens = await stream.next_tokens()
         finished = stream.seq.is_finished
         text = text_stream.feed(tokens, final=finished)
         if text_stream.stopped:
@@ -100,17 +112,19 @@ async def _choice_events(
             return
         if text:
             yield index, text, None
-    if stream.finish_reason is FinishReason.ABORT:
-        raise EngineAborted("the engine aborted the request")
 
 
-async def _all_choice_events(
+def _all_choice_events(
     state: ServerState, req: GenerationRequest, streams: list[RequestStream]
 ) -> AsyncIterator[ChoiceEvent]:
     if len(streams) == 1:
-        async for event in _choice_events(state, req, 0, streams[0]):
-            yield event
-        return
+        return _choice_events(state, req, 0, streams[0])
+    return _merged_choice_events(state, req, streams)
+
+
+async def _merged_choice_events(
+    state: ServerState, req: GenerationRequest, streams: list[RequestStream]
+) -> AsyncIterator[ChoiceEvent]:
     queue: asyncio.Queue[ChoiceEvent | BaseException | None] = asyncio.Queue()
 
     async def pump(index: int, stream: RequestStream) -> None:
@@ -202,46 +216,46 @@ async def _stream(
     streams: list[RequestStream],
     request_id: str,
 ) -> web.StreamResponse:
-    response = web.StreamResponse(
-        headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            "x-request-id": request_id,
-        }
-    )
+    headers = {
+        "Content-Type": "text/event-stream",
+        "Cache-Control": "no-cache",
+        "x-request-id": request_id,
+    }
+    response = SSEResponse(headers=headers)
     await response.prepare(request)
-    created = int(time.time())
-    model = json.dumps(req.model)
-    if req.is_chat:
-        head = (
-            f'data: {{"id":"chatcmpl-{request_id}","object":"chat.completion.chunk",'
-            f'"created":{created},"model":{model},"choices":'
-        )
-        role = (
-            '[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
-            '"finish_reason":null}]}\n\n'
-        )
-        await response.write((head + role).encode())
-        body = '[{{"index":{},"delta":{{"content":{}}},"logprobs":null,"finish_reason":{}}}]}}\n\n'
-    else:
-        head = (
-            f'data: {{"id":"cmpl-{request_id}","object":"text_completion",'
-            f'"created":{created},"model":{model},"choices":'
-        )
-        body = '[{{"index":{},"text":{},"logprobs":null,"finish_reason":{}}}]}}\n\n'
+    fmt = ChunkFormatter(req, request_id, int(time.time()))
     try:
-        async for index, text, reason in _all_choice_events(state, req, streams):
-            finish = f'"{reason}"' if reason else "null"
-            await response.write((head + body.format(index, json.dumps(text), finish)).encode())
+        tail = await _write_deltas(response, fmt, state, req, streams)
+        if req.include_usage:
+            tail.append(fmt.usage(_usage(streams)))
+        tail.append(DONE)
     except EngineAborted as exc:
-        error = {
-            "error": {"message": str(exc), "type": "server_error", "param": None, "code": None}
-        }
-        await response.write(f"data: {json.dumps(error)}\n\n".encode())
+        tail = [fmt.error(str(exc))]  # and no [DONE]: the client must not see a clean end
+    except ConnectionResetError:
+        log.debug("client of %s went away mid-stream", request_id)
         return response
-    if req.include_usage:
-        usage = json.dumps(_usage(streams), separators=(",", ":"))
-        await response.write(f'{head}[],"usage":{usage}}}\n\n'.encode())
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
+    try:
+        await response.write_eof("".join(tail).encode())
+    except ConnectionResetError:
+        log.debug("client of %s went away at the end of its stream", request_id)
     return response
+
+
+async def _write_deltas(
+    response: web.StreamResponse,
+    fmt: ChunkFormatter,
+    state: ServerState,
+    req: GenerationRequest,
+    streams: list[RequestStream],
+) -> list[str]:
+    """Write every delta but the last of a single choice, which is returned to send last."""
+    if opening := fmt.opening():
+        await response.write(opening.encode())
+    tail: list[str] = []
+    async for index, text, reason in _all_choice_events(state, req, streams):
+        chunk = fmt.delta(index, text, reason)
+        if reason is not None and len(streams) == 1:
+            tail.append(chunk)
+        else:
+            await response.write(chunk.encode())
+    return tail

@@ -21,6 +21,8 @@ class TextStream:
 
     def feed(self, token_ids: Sequence[int], final: bool = False) -> str:
         """Text that is safe to emit after ``token_ids``; sets ``stopped`` on a stop string."""
+        if not self._stop:
+            return self._decoder.decode(token_ids, final=final)
         if self.stopped:
             return ""
         text = self._pending + self._decoder.decode(token_ids, final=final)

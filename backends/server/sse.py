@@ -1,0 +1,51 @@
+"""Server-sent-event chunks of OpenAI streaming responses, pre-formatted per request."""
+
+from __future__ import annotations
+
+import json
+
+from backends.server.protocol import GenerationRequest
+
+DONE = "data: [DONE]\n\n"
+
+
+class ChunkFormatter:
+    """Formats one request's SSE events; the fixed JSON prefix is built once."""
+
+    def __init__(self, req: GenerationRequest, request_id: str, created: int) -> None:
+        model = json.dumps(req.model)
+        self.is_chat = req.is_chat
+        if req.is_chat:
+            ident, kind = f"chatcmpl-{request_id}", "chat.completion.chunk"
+        else:
+            ident, kind = f"cmpl-{request_id}", "text_completion"
+        self.head = (
+            f'data: {{"id":"{ident}","object":"{kind}","created":{created},"model":{model},'
+            f'"choices":'
+        )
+
+    def opening(self) -> str:
+        """The chat stream's first chunk (the assistant role); empty for completions."""
+        if not self.is_chat:
+            return ""
+        return (
+            self.head + '[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+            '"finish_reason":null}]}\n\n'
+        )
+
+    def delta(self, index: int, text: str, finish_reason: str | None) -> str:
+        finish = f'"{finish_reason}"' if finish_reason else "null"
+        content = json.dumps(text)
+        if self.is_chat:
+            choice = f'{{"index":{index},"delta":{{"content":{content}}}'
+        else:
+            choice = f'{{"index":{index},"text":{content}'
+        return f'{self.head}[{choice},"logprobs":null,"finish_reason":{finish}}}]}}\n\n'
+
+    def usage(self, usage: dict[str, object]) -> str:
+        return f'{self.head}[],"usage":{json.dumps(usage, separators=(",", ":"))}}}\n\n'
+
+    @staticmethod
+    def error(message: str, error_type: str = "server_error") -> str:
+        body = {"error": {"message": message, "type": error_type, "param": None, "code": None}}
+        return f"data: {json.dumps(body)}\n\n"

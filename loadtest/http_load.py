@@ -1,0 +1,139 @@
+"""Closed-loop HTTP load on loopback: wrk when installed (C, cheap), else an aiohttp client.
+
+Both send the same JSON body ``concurrency`` times in parallel for ``duration`` seconds and
+report requests/s and latency percentiles of whole responses (streams read to their end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    tool: str
+    concurrency: int
+    requests: int
+    errors: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+
+
+def _ms(text: str) -> float:
+    match = re.fullmatch(r"([\d.]+)(us|ms|s)", text)
+    if not match:
+        raise ValueError(f"unexpected wrk latency {text!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def run_wrk(url: str, body: dict[str, object], concurrency: int, duration: float) -> LoadResult:
+    script = (
+        'wrk.method = "POST"\n'
+        f"wrk.body = {json.dumps(json.dumps(body))}\n"
+        'wrk.headers["Content-Type"] = "application/json"\n'
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
+        handle.write(script)
+    try:
+        out = subprocess.run(
+            [
+                "wrk",
+                "-t1",
+                f"-c{concurrency}",
+                f"-d{max(1, round(duration))}s",
+                "--latency",
+                "-s",
+                handle.name,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=duration + 30,
+        ).stdout
+    finally:
+        Path(handle.name).unlink()
+    requests = int(re.search(r"(\d+) requests in ([\d.]+)(\w+)", out).group(1))  # type: ignore[union-attr]
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    socket_errors = re.search(
+        r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out
+    )
+    num_errors = int(errors.group(1)) if errors else 0
+    if socket_errors:
+        num_errors += sum(int(g) for g in socket_errors.groups())
+    p50 = re.search(r"^\s+50%\s+(\S+)", out, re.M)
+    p99 = re.search(r"^\s+99%\s+(\S+)", out, re.M)
+    return LoadResult(
+        "wrk",
+        concurrency,
+        requests,
+        num_errors,
+        duration,
+        _ms(p50.group(1)) if p50 else float("nan"),
+        _ms(p99.group(1)) if p99 else float("nan"),
+    )
+
+
+async def _python_load(
+    url: str, body: dict[str, object], concurrency: int, duration: float
+) -> LoadResult:
+    latencies: list[float] = []
+    errors = 0
+    deadline = time.perf_counter() + duration
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker() -> None:
+            nonlocal errors
+            while time.perf_counter() < deadline:
+                start = time.perf_counter()
+                async with session.post(url, json=body) as response:
+                    await response.read()
+                    if response.status != 200:
+                        errors += 1
+                latencies.append((time.perf_counter() - start) * 1000)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return LoadResult(
+        "aiohttp",
+        concurrency,
+        len(latencies),
+        errors,
+        elapsed,
+        percentile(latencies, 50),
+        percentile(latencies, 99),
+    )
+
+
+def run_load(url: str, body: dict[str, object], concurrency: int, duration: float) -> LoadResult:
+    """wrk if it is on PATH, else the (slower, CPU-hungrier) aiohttp client."""
+    if shutil.which("wrk"):
+        return run_wrk(url, body, concurrency, duration)
+    return asyncio.run(_python_load(url, body, concurrency, duration))
