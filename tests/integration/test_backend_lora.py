@@ -32,7 +32,7 @@ async def test_lora_lifecycle_and_residency(start_backend: Callable[..., str]) -
             "running_lora_adapters": "",
             "waiting_lora_adapters": "",
         }
-        body = {"model": "sql", "prompt": "select", "max_tokens": 200, "stream": True}
+        body = {"model": "sql", "prompt": "select", "max_tokens": 2000, "stream": True}
         response = await session.post(f"{url}/v1/completions", json=body)
         await response.content.readline()
         assert newest_lora_info(url)["running_lora_adapters"] == "sql"
