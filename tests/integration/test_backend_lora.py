@@ -38,16 +38,18 @@ async def test_lora_lifecycle_and_residency(start_backend: Callable[..., str]) -
         assert newest_lora_info(url)["running_lora_adapters"] == "sql"
         # a second adapter must wait for the single slot
         await _load(session, url, "chat")
-        second = await session.post(
-            f"{url}/v1/completions", json={**body, "model": "chat", "max_tokens": 2}
+        # headers come with the first token, so wait for the queued request in a task
+        second = asyncio.create_task(
+            session.post(f"{url}/v1/completions", json={**body, "model": "chat", "max_tokens": 2})
         )
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)
         info = newest_lora_info(url)
         assert info["running_lora_adapters"] == "sql" and info["waiting_lora_adapters"] == "chat"
         response.close()
-        assert second.status == 200
-        await second.read()
-        second.close()
+        queued = await second
+        assert queued.status == 200
+        await queued.read()
+        queued.close()
         async with session.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "sql"}) as r:
             assert r.status == 200
     try:
