@@ -7,7 +7,9 @@ import sys
 from collections.abc import Sequence
 
 from backends import cli as backend_cli
+from gateway import serve_cli
 from loadtest import cli as loadtest_cli
+from policies import cli as policy_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,8 +17,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kvgate", description="KV-cache-aware inference gateway and endpoint picker."
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve_cli.add_parser(subparsers)
     backend_cli.add_parser(subparsers)
     loadtest_cli.add_parsers(subparsers)
+    policy_cli.add_parser(subparsers)
     return parser
 
 

@@ -105,3 +105,9 @@ def backend_process(
         *extra,
     ]
     return KvgateProcess(args, f"http://127.0.0.1:{port}/health", quiet=quiet)
+
+
+def gateway_process(policy_file: str, port: int, *extra: str, quiet: bool = True) -> KvgateProcess:
+    """A gateway on 127.0.0.1:``port`` serving ``policy_file`` (not started yet)."""
+    args = ["gateway", "--policy", policy_file, "--host", "127.0.0.1", "--port", str(port), *extra]
+    return KvgateProcess(args, f"http://127.0.0.1:{port}/healthz", quiet=quiet)

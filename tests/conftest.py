@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
-from loadtest.processes import KvgateProcess, backend_process, free_port
+from loadtest.processes import KvgateProcess, backend_process, free_port, gateway_process
 
 
 @pytest.fixture
@@ -31,3 +32,21 @@ def backend_url() -> Iterator[str]:
     port = free_port()
     with backend_process(port, "--num-blocks", "512", "--max-loras", "2"):
         yield f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def start_gateway(tmp_path: Path) -> Iterator[Callable[..., tuple[str, KvgateProcess]]]:
+    """Start a gateway on a policy text; returns (base URL, process)."""
+    started: list[KvgateProcess] = []
+
+    def start(policy: str, *extra: str) -> tuple[str, KvgateProcess]:
+        path = tmp_path / f"policy-{len(started)}.yaml"
+        path.write_text(policy)
+        port = free_port()
+        proc = gateway_process(str(path), port, *extra).start()
+        started.append(proc)
+        return f"http://127.0.0.1:{port}", proc
+
+    yield start
+    for proc in started:
+        proc.stop()

@@ -1,0 +1,71 @@
+"""``create_app(policy)``: the gateway's aiohttp application.
+
+The middleware order is written once, here: errors (outermost) → request context (request id,
+span, access log, metrics) → auth → handler. Every resource is opened and closed by a
+cleanup context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from gateway.auth import Authenticator
+from gateway.keys import (
+    AUTHENTICATOR,
+    ENDPOINTS,
+    HTTP_SESSION,
+    METRICS,
+    PICKER,
+    POLICY,
+    SHUTTING_DOWN,
+    TRACER,
+)
+from gateway.metrics import GatewayMetrics
+from gateway.middleware.auth import auth
+from gateway.middleware.errors import errors
+from gateway.middleware.request_context import request_context
+from gateway.picker import LeastInFlightPicker, Picker, endpoint_states
+from gateway.routes import setup_routes
+from gateway.tracing import make_tracer
+from policies.schema import Policy
+
+
+def create_app(policy: Policy, *, picker: Picker | None = None) -> web.Application:
+    app = web.Application(
+        middlewares=[errors, request_context, auth], client_max_size=policy.listen.max_body_bytes
+    )
+    app[POLICY] = policy
+    app[AUTHENTICATOR] = Authenticator(policy)
+    app[ENDPOINTS] = endpoint_states(policy)
+    app[PICKER] = picker or LeastInFlightPicker(app[ENDPOINTS])
+    app[METRICS] = GatewayMetrics()
+    app[SHUTTING_DOWN] = [False]
+    tracer, provider = make_tracer(policy.observability.tracing)
+    app[TRACER] = tracer
+
+    async def http_session(app: web.Application) -> AsyncIterator[None]:
+        timeouts = policy.timeouts
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0, ttl_dns_cache=60)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect)
+        session = aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                        skip_auto_headers=("User-Agent",))  # fmt: skip
+        app[HTTP_SESSION] = session
+        yield
+        await session.close()
+
+    async def tracer_context(app: web.Application) -> AsyncIterator[None]:
+        yield
+        if provider is not None:
+            provider.shutdown()
+
+    async def mark_shutting_down(app: web.Application) -> None:
+        app[SHUTTING_DOWN][0] = True
+
+    app.cleanup_ctx.append(tracer_context)
+    app.cleanup_ctx.append(http_session)
+    app.on_shutdown.append(mark_shutting_down)
+    setup_routes(app)
+    return app

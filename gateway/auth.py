@@ -1,0 +1,142 @@
+"""Authentication: API keys (stored as SHA-256, compared in constant time) and JWTs (pyjwt).
+
+A credential comes as ``Authorization: Bearer <credential>`` or ``api-key: <credential>``.
+A JWT is verified against its issuer's JWKS with the issuer's pinned algorithms only; the key
+type must match the algorithm family, so ``none`` and HS/RS key confusion are rejected.
+Messages never contain the credential.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+
+import jwt
+
+from gateway.errors import Unauthorized
+from gateway.identity import Identity, resolve_identity
+from policies.schema import JwtIssuer, Policy
+
+KEY_TYPES = {"HS": "oct", "RS": "RSA", "PS": "RSA", "ES": "EC", "Ed": "OKP"}
+JWT_CACHE_SIZE = 10_000
+
+
+def credential_from(headers: Mapping[str, str]) -> str | None:
+    auth = headers.get("Authorization")
+    if auth:
+        scheme, _, value = auth.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+        raise Unauthorized("Authorization header must be 'Bearer <key>'.")
+    return headers.get("api-key") or None
+
+
+class _Issuer:
+    def __init__(self, config: JwtIssuer) -> None:
+        self.config = config
+        data = json.loads(Path(config.jwks_file).read_text())
+        self.keys: dict[str | None, tuple[jwt.PyJWK, str | None]] = {}
+        for raw in data.get("keys", []):
+            self.keys[raw.get("kid")] = (jwt.PyJWK.from_dict(raw), raw.get("alg"))
+
+    def key_for(self, kid: object, alg: str) -> jwt.PyJWK:
+        if isinstance(kid, str) and kid in self.keys:
+            key, key_alg = self.keys[kid]
+        elif kid is None and len(self.keys) == 1:
+            key, key_alg = next(iter(self.keys.values()))
+        else:
+            raise Unauthorized("Token key id is not in the issuer's key set.")
+        if KEY_TYPES.get(alg[:2]) != key.key_type or (key_alg is not None and key_alg != alg):
+            raise Unauthorized("Token algorithm does not match the issuer's key.")
+        return key
+
+
+class Authenticator:
+    """Turns request headers into an ``Identity`` or raises ``Unauthorized``."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self._keys = {key.sha256: key for key in policy.auth.api_keys}
+        self._issuers = {cfg.issuer: _Issuer(cfg) for cfg in policy.auth.jwt}
+        self._anonymous: Identity | None = None
+        if policy.auth.allow_anonymous:
+            tenant = policy.auth.anonymous_tenant
+            self._anonymous = resolve_identity(policy, tenant, None, None, "", "anonymous")
+        self._jwt_cache: OrderedDict[str, tuple[Identity, float]] = OrderedDict()
+
+    def authenticate(self, headers: Mapping[str, str]) -> Identity:
+        credential = credential_from(headers)
+        if credential is None:
+            if self._anonymous is not None:
+                return self._anonymous
+            raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'.")
+        if self._issuers and credential.count(".") == 2:
+            return self._verify_jwt(credential)
+        return self._verify_api_key(credential)
+
+    def _verify_api_key(self, credential: str) -> Identity:
+        digest = hashlib.sha256(credential.encode()).hexdigest()
+        entry = self._keys.get(digest)
+        if entry is None or not hmac.compare_digest(entry.sha256, digest):
+            raise Unauthorized("Invalid API key.")
+        return resolve_identity(self.policy, entry.tenant, entry.priority_class, entry.models,
+                                entry.name, "api_key")  # fmt: skip
+
+    def _verify_jwt(self, token: str) -> Identity:
+        cached = self._jwt_cache.get(token)
+        if cached is not None and cached[1] > time.time():
+            return cached[0]
+        try:
+            header = jwt.get_unverified_header(token)
+            unverified = jwt.decode(token, options={"verify_signature": False})
+        except jwt.PyJWTError as exc:
+            raise Unauthorized("Malformed token.") from exc
+        issuer_name = unverified.get("iss")
+        issuer = self._issuers.get(issuer_name) if isinstance(issuer_name, str) else None
+        if issuer is None:
+            raise Unauthorized("Unknown token issuer.")
+        cfg = issuer.config
+        alg = header.get("alg")
+        if not isinstance(alg, str) or alg not in cfg.algorithms:
+            raise Unauthorized("Token algorithm is not allowed for this issuer.")
+        key = issuer.key_for(header.get("kid"), alg)
+        required = ["exp", "iss"] + (["aud"] if cfg.audience else [])
+        try:
+            claims = jwt.decode(
+                token, key.key, algorithms=[alg], audience=cfg.audience, issuer=cfg.issuer,
+                leeway=cfg.leeway, options={"require": required},
+            )  # fmt: skip
+        except jwt.ExpiredSignatureError as exc:
+            raise Unauthorized("Token has expired.") from exc
+        except jwt.ImmatureSignatureError as exc:
+            raise Unauthorized("Token is not valid yet.") from exc
+        except jwt.PyJWTError as exc:
+            raise Unauthorized(f"Invalid token: {type(exc).__name__}.") from exc
+        identity = self._identity_from(claims, cfg)
+        self._remember(token, identity, float(claims["exp"]))
+        return identity
+
+    def _identity_from(self, claims: Mapping[str, object], cfg: JwtIssuer) -> Identity:
+        tenant = claims.get(cfg.tenant_claim)
+        if not isinstance(tenant, str) or not tenant:
+            raise Unauthorized(f"Token has no '{cfg.tenant_claim}' claim.")
+        priority_class = claims.get(cfg.class_claim)
+        models = claims.get(cfg.models_claim) if cfg.models_claim else None
+        model_list = (
+            tuple(m for m in models if isinstance(m, str)) if isinstance(models, list) else None
+        )
+        subject = claims.get("sub")
+        return resolve_identity(
+            self.policy, tenant, priority_class if isinstance(priority_class, str) else None,
+            model_list, subject if isinstance(subject, str) else "", "jwt",
+        )  # fmt: skip
+
+    def _remember(self, token: str, identity: Identity, expires: float) -> None:
+        self._jwt_cache[token] = (identity, expires)
+        if len(self._jwt_cache) > JWT_CACHE_SIZE:
+            self._jwt_cache.popitem(last=False)

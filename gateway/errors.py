@@ -1,0 +1,68 @@
+"""Gateway errors: a shallow tree, each with its HTTP status, mapped to OpenAI JSON in one place."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+
+class GatewayError(Exception):
+    """An error the gateway answers itself; ``status``, ``type`` and ``code`` shape the body."""
+
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
+        if code is not None:
+            self.code = code
+
+    def to_response(self) -> web.Response:
+        return error_response(self.status, self.message, self.type, self.param, self.code,
+                              self.headers)  # fmt: skip
+
+
+class BadRequest(GatewayError):
+    status, type = 400, "invalid_request_error"
+
+
+class Unauthorized(GatewayError):
+    status, type, code = 401, "authentication_error", "invalid_api_key"
+
+
+class Forbidden(GatewayError):
+    status, type, code = 403, "permission_error", "permission_denied"
+
+
+class ModelNotFound(GatewayError):
+    status, type, code = 404, "invalid_request_error", "model_not_found"
+
+
+class PayloadTooLarge(GatewayError):
+    status, type, code = 413, "invalid_request_error", "request_too_large"
+
+
+class UpstreamError(GatewayError):
+    """The upstream failed or answered garbage (502)."""
+
+    status, type, code = 502, "server_error", "upstream_error"
+
+
+class NoEndpoint(GatewayError):
+    """No endpoint of the pool could take the request (503)."""
+
+    status, type, code = 503, "server_error", "no_healthy_upstream"
+
+
+class UpstreamTimeout(GatewayError):
+    status, type, code = 504, "server_error", "upstream_timeout"
+
+
+def error_response(status: int, message: str, error_type: str, param: str | None = None,
+                   code: str | None = None, headers: dict[str, str] | None = None) -> web.Response:  # fmt: skip
+    body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    return web.json_response(body, status=status, headers=headers)

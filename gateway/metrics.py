@@ -1,0 +1,46 @@
+"""The gateway's Prometheus metrics.
+
+With ``--workers N`` every worker writes its samples to ``PROMETHEUS_MULTIPROC_DIR`` (set by the
+parent before the workers start) and ``/metrics`` on any worker reports the sum over all.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                   10.0, 30.0, 60.0, 120.0)  # fmt: skip
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.multiprocess = "PROMETHEUS_MULTIPROC_DIR" in os.environ
+        r = self.registry
+        self.requests = Counter("kvgate_requests", "Requests answered, by route, model and status.",
+                                ["route", "model", "status"], registry=r)  # fmt: skip
+        self.latency = Histogram("kvgate_request_duration_seconds",
+                                 "Time from request to the end of the response.", ["route"],
+                                 buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.ttft = Histogram("kvgate_time_to_first_byte_seconds",
+                              "Time from request to the first response byte (first token when "
+                              "streaming).", ["model"], buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.tokens = Counter("kvgate_tokens", "Tokens by model and direction (prompt, completion).",
+                              ["model", "direction"], registry=r)  # fmt: skip
+        self.in_flight = Gauge("kvgate_in_flight_requests", "Requests being served.",
+                               ["pool"], registry=r, multiprocess_mode="livesum")  # fmt: skip
+        self.upstream_errors = Counter("kvgate_upstream_errors",
+                                       "Failed upstream attempts by endpoint and kind.",
+                                       ["endpoint", "kind"], registry=r)  # fmt: skip
+        self.retries = Counter("kvgate_retries", "Upstream attempts retried on another endpoint.",
+                               ["pool"], registry=r)  # fmt: skip
+
+    def exposition(self) -> bytes:
+        if self.multiprocess:
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+            return generate_latest(registry)
+        return generate_latest(self.registry)

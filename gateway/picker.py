@@ -1,0 +1,74 @@
+"""Choosing an endpoint of a pool: the ``Picker`` contract and the least-in-flight default.
+
+The endpoint picker (``epp/``) implements the same contract with KV-cache-aware scoring; the
+gateway only ever calls ``pick`` and keeps the in-flight counts up to date.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway.identity import Identity
+from policies.schema import Endpoint, Policy
+
+
+@dataclass(eq=False, slots=True)
+class EndpointState:
+    """One upstream as this gateway process sees it."""
+
+    endpoint: Endpoint
+    pool: str
+    in_flight: int = 0
+    url: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.url = self.endpoint.url
+
+    @property
+    def address(self) -> str:
+        return self.endpoint.address
+
+
+@dataclass(frozen=True, slots=True)
+class PickRequest:
+    """What a picker may look at: the parsed body (for prompts), headers and the caller."""
+
+    model: str
+    body: Mapping[str, object]
+    headers: Mapping[str, str]
+    identity: Identity | None
+
+
+class Picker(Protocol):
+    async def pick(
+        self, pool: str, request: PickRequest, exclude: set[str]
+    ) -> EndpointState | None:
+        """An endpoint of ``pool`` not in ``exclude`` (addresses), or None if none can serve."""
+        ...
+
+
+def endpoint_states(policy: Policy) -> dict[str, list[EndpointState]]:
+    return {
+        name: [EndpointState(e, name) for e in pool.endpoints]
+        for name, pool in policy.pools.items()
+    }
+
+
+class LeastInFlightPicker:
+    """Fewest requests in flight from this process; ties broken at random."""
+
+    def __init__(self, pools: dict[str, list[EndpointState]], seed: int | None = None) -> None:
+        self.pools = pools
+        self._random = random.Random(seed)
+
+    async def pick(
+        self, pool: str, request: PickRequest, exclude: set[str]
+    ) -> EndpointState | None:
+        candidates = [e for e in self.pools.get(pool, ()) if e.address not in exclude]
+        if not candidates:
+            return None
+        least = min(e.in_flight for e in candidates)
+        return self._random.choice([e for e in candidates if e.in_flight == least])

@@ -1,0 +1,113 @@
+"""Run the gateway: one process, or ``--workers N`` processes sharing the port (SO_REUSEPORT).
+
+Each worker loads the policy itself and runs its own event loop (uvloop) with its own pooled
+upstream session. On SIGTERM the parent forwards the signal; each worker stops accepting and
+lets in-flight requests (streams included) finish for up to ``listen.shutdown_grace`` seconds.
+A worker that dies unexpectedly is restarted.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+
+from aiohttp import web
+
+from gateway.app import create_app
+from policies.loader import load_policy
+from policies.schema import Policy
+
+log = logging.getLogger("kvgate.gateway")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    policy_path: str
+    host: str | None = None
+    port: int | None = None
+    workers: int | None = None
+
+    def apply(self, policy: Policy) -> Policy:
+        listen = policy.listen
+        listen = replace(
+            listen,
+            host=self.host if self.host is not None else listen.host,
+            port=self.port if self.port is not None else listen.port,
+            workers=self.workers if self.workers is not None else listen.workers,
+        )
+        return replace(policy, listen=listen)
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")  # fmt: skip
+    access = logging.getLogger("kvgate.access")
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access.addHandler(handler)
+    access.propagate = False
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def run_worker(options: ServeOptions) -> None:
+    """One gateway process (also the whole gateway when workers == 1)."""
+    configure_logging()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        log.info("uvloop not available; using the default event loop")
+    policy = options.apply(load_policy(options.policy_path))
+    listen = policy.listen
+    app = create_app(policy)
+    log.info("gateway worker %d listening on %s:%d", os.getpid(), listen.host, listen.port)
+    web.run_app(
+        app, host=listen.host, port=listen.port, reuse_port=listen.workers > 1,
+        handler_cancellation=True, shutdown_timeout=listen.shutdown_grace, access_log=None,
+        print=None,
+    )  # fmt: skip
+
+
+def serve(options: ServeOptions, policy: Policy) -> int:
+    workers = policy.listen.workers
+    if workers == 1:
+        run_worker(options)
+        return 0
+    configure_logging()
+    metrics_dir = tempfile.mkdtemp(prefix="kvgate-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    context = multiprocessing.get_context("spawn")
+    procs = [
+        context.Process(target=run_worker, args=(options,), daemon=False) for _ in range(workers)
+    ]
+    stopping = False
+
+    def forward(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for proc in procs:
+            if proc.pid and proc.is_alive():
+                os.kill(proc.pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    for proc in procs:
+        proc.start()
+    while not stopping:
+        time.sleep(0.2)
+        for i, proc in enumerate(procs):
+            if not proc.is_alive() and not stopping:
+                log.error("worker %s exited with %s; restarting it", proc.pid, proc.exitcode)
+                time.sleep(0.5)
+                procs[i] = context.Process(target=run_worker, args=(options,), daemon=False)
+                procs[i].start()
+    for proc in procs:
+        proc.join(policy.listen.shutdown_grace + 5)
+    return 0

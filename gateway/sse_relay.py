@@ -1,0 +1,64 @@
+"""Relay an upstream SSE stream event by event: read usage, drop the usage chunk the gateway
+injected (when the client did not ask for it), and notice ``[DONE]``.
+
+Only complete events (ending in a blank line) are forwarded; a partial event waits for the rest.
+"""
+
+from __future__ import annotations
+
+import json
+
+_USAGE = b'"usage"'
+_DONE = b"[DONE]"
+
+
+class SSERelay:
+    def __init__(self, *, strip_usage: bool) -> None:
+        self.strip_usage = strip_usage
+        self.usage: dict[str, object] | None = None
+        self.saw_done = False
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes to forward after ``chunk`` arrived (possibly empty)."""
+        data = self._buffer + chunk
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n")
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._buffer = data
+            return b""
+        complete, self._buffer = data[: end + 2], data[end + 2 :]
+        if _USAGE not in complete and _DONE not in complete:
+            return complete
+        kept = [event for event in complete.split(b"\n\n") if event and self._keep(event)]
+        return b"".join(event + b"\n\n" for event in kept)
+
+    @property
+    def pending(self) -> bytes:
+        """An incomplete trailing event (the upstream ended mid-event)."""
+        return self._buffer
+
+    def _keep(self, event: bytes) -> bool:
+        payload = _data_of(event)
+        if payload is None:
+            return True
+        if payload == _DONE:
+            self.saw_done = True
+            return True
+        if _USAGE not in payload:
+            return True
+        try:
+            parsed = json.loads(payload)
+        except ValueError:
+            return True
+        if isinstance(parsed, dict) and isinstance(parsed.get("usage"), dict):
+            self.usage = parsed["usage"]
+            if self.strip_usage and not parsed.get("choices"):
+                return False
+        return True
+
+
+def _data_of(event: bytes) -> bytes | None:
+    lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None

@@ -1,0 +1,138 @@
+"""Open an upstream response: pick an endpoint, send, retry elsewhere before the first byte.
+
+A connect error, a timeout waiting for the response headers or a 5xx status is retried on
+another endpoint of the pool (bounded attempts, exponential backoff with full jitter). Once
+response headers are accepted the caller owns the response and nothing is retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import aiohttp
+from multidict import CIMultiDict
+from opentelemetry import trace
+from opentelemetry.propagate import inject
+
+from gateway.context import RequestContext
+from gateway.errors import GatewayError, NoEndpoint, UpstreamError, UpstreamTimeout
+from gateway.metrics import GatewayMetrics
+from gateway.picker import EndpointState, Picker, PickRequest
+from policies.schema import Pool, Retries, Timeouts
+
+# Never forwarded upstream: hop-by-hop headers, the body framing aiohttp sets itself, the
+# client's gateway credentials, and compression (the gateway must read the stream).
+DROP_REQUEST_HEADERS = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "trailers", "transfer-encoding", "upgrade", "host", "content-length", "authorization",
+    "api-key", "accept-encoding", "x-request-id",
+})  # fmt: skip
+DROP_RESPONSE_HEADERS = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "trailers", "transfer-encoding", "upgrade", "content-length", "content-encoding", "server",
+    "date",
+})  # fmt: skip
+RETRYABLE = (aiohttp.ClientConnectionError, asyncio.TimeoutError)
+
+
+def upstream_headers(client: Mapping[str, str], request_id: str, pool: Pool) -> CIMultiDict[str]:
+    headers = CIMultiDict(
+        (k, v) for k, v in client.items() if k.lower() not in DROP_REQUEST_HEADERS
+    )
+    headers["x-request-id"] = request_id
+    headers["content-type"] = "application/json"
+    if pool.api_key:
+        headers["authorization"] = f"Bearer {pool.api_key}"
+    return headers
+
+
+def response_headers(upstream: Mapping[str, str], request_id: str) -> CIMultiDict[str]:
+    headers = CIMultiDict(
+        (k, v) for k, v in upstream.items() if k.lower() not in DROP_RESPONSE_HEADERS
+    )
+    headers["x-request-id"] = request_id
+    return headers
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamCall:
+    session: aiohttp.ClientSession
+    picker: Picker
+    metrics: GatewayMetrics
+    timeouts: Timeouts
+    retries: Retries
+    tracer: trace.Tracer | None
+
+
+async def open_upstream(
+    call: UpstreamCall, ctx: RequestContext, pool: Pool, path: str, payload: bytes,
+    headers: CIMultiDict[str], pick: PickRequest,
+) -> tuple[EndpointState, aiohttp.ClientResponse]:  # fmt: skip
+    """The first acceptable upstream response; the endpoint's in-flight count is raised.
+
+    The caller must call ``endpoint.in_flight -= 1`` and close the response when done.
+    """
+    tried: set[str] = set()
+    last: GatewayError | None = None
+    for attempt in range(call.retries.attempts + 1):
+        endpoint = await call.picker.pick(pool.name, pick, tried)
+        if endpoint is None:
+            break
+        if attempt:
+            call.metrics.retries.labels(pool.name).inc()
+            await asyncio.sleep(_backoff(call.retries, attempt))
+        tried.add(endpoint.address)
+        ctx.attempts = attempt + 1
+        endpoint.in_flight += 1
+        try:
+            response = await _send(call, endpoint, path, payload, headers)
+        except RETRYABLE as exc:
+            endpoint.in_flight -= 1
+            kind = "timeout" if isinstance(exc, asyncio.TimeoutError) else "connect"
+            call.metrics.upstream_errors.labels(endpoint.address, kind).inc()
+            last = _as_gateway_error(exc, endpoint)
+            continue
+        except BaseException:
+            endpoint.in_flight -= 1
+            raise
+        if response.status >= 500 and attempt < call.retries.attempts:
+            call.metrics.upstream_errors.labels(endpoint.address, f"http_{response.status}").inc()
+            response.close()
+            endpoint.in_flight -= 1
+            last = UpstreamError(f"upstream {endpoint.address} answered {response.status}")
+            continue
+        return endpoint, response
+    if last is None:
+        raise NoEndpoint(f"no endpoint of pool '{pool.name}' can serve the request")
+    ctx.error = last.code or "upstream_error"
+    raise last
+
+
+async def _send(call: UpstreamCall, endpoint: EndpointState, path: str, payload: bytes,
+                headers: CIMultiDict[str]) -> aiohttp.ClientResponse:  # fmt: skip
+    span: AbstractContextManager[object] = nullcontext()
+    if call.tracer is not None:
+        span = call.tracer.start_as_current_span(
+            f"POST {path}", kind=trace.SpanKind.CLIENT,
+            attributes={"server.address": endpoint.address},
+        )  # fmt: skip
+    with span:
+        if call.tracer is not None:
+            inject(headers)
+        async with asyncio.timeout(call.timeouts.first_byte):
+            return await call.session.post(endpoint.url + path, data=payload, headers=headers)
+
+
+def _backoff(retries: Retries, attempt: int) -> float:
+    ceiling = min(retries.max_backoff, retries.backoff * 2 ** (attempt - 1))
+    return random.uniform(0, ceiling)
+
+
+def _as_gateway_error(exc: BaseException, endpoint: EndpointState) -> GatewayError:
+    if isinstance(exc, asyncio.TimeoutError):
+        return UpstreamTimeout(f"upstream {endpoint.address} did not answer in time")
+    return UpstreamError(f"cannot reach upstream {endpoint.address}")

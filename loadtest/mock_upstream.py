@@ -1,0 +1,71 @@
+"""A fast OpenAI-compatible mock upstream for proxy benchmarks (no model, no delay).
+
+``python -m loadtest.mock_upstream --port P``: chat and completion requests answer at once,
+non-streaming with a fixed JSON body, streaming with 16 content chunks, a usage chunk when asked
+and ``data: [DONE]`` — the same shape as the mock the peers were measured against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from aiohttp import web
+
+CHUNKS = 16
+
+
+def _chunk(index: int, last: bool) -> bytes:
+    body = {"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0,
+            "model": "mock", "choices": [{"index": 0, "delta": {"content": f"tok{index} "},
+                                          "finish_reason": "length" if last else None}]}  # fmt: skip
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+STREAM = [_chunk(i, i == CHUNKS - 1) for i in range(CHUNKS)]
+USAGE = {"prompt_tokens": 20, "completion_tokens": CHUNKS, "total_tokens": 20 + CHUNKS}
+USAGE_CHUNK = (
+    "data: " + json.dumps({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0,
+                           "model": "mock", "choices": [], "usage": USAGE}) + "\n\n"
+).encode()  # fmt: skip
+BODY = json.dumps({"id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": "mock",
+                   "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"},
+                                "finish_reason": "stop"}], "usage": USAGE}).encode()  # fmt: skip
+
+
+async def complete(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    if not body.get("stream"):
+        return web.Response(body=BODY, content_type="application/json")
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for chunk in STREAM:
+        await response.write(chunk)
+    options = body.get("stream_options") or {}
+    tail = (USAGE_CHUNK if options.get("include_usage") else b"") + b"data: [DONE]\n\n"
+    await response.write_eof(tail)
+    return response
+
+
+async def models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [{"id": "mock", "object": "model"}]})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=18001)
+    args = parser.parse_args()
+    import uvloop
+
+    uvloop.install()
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", complete)
+    app.router.add_post("/v1/completions", complete)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", models)
+    web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""``kvgate policy check FILE``: validate a policy and print a summary or every error."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from policies.errors import PolicyError
+from policies.loader import load_policy
+from policies.schema import Policy
+
+
+def summary(policy: Policy) -> str:
+    lines = [f"{policy.source}: OK (version {policy.version})"]
+    listen = policy.listen
+    lines.append(f"  listen: {listen.host}:{listen.port}, {listen.workers} worker(s)")
+    auth = policy.auth
+    anonymous = ", anonymous allowed" if auth.allow_anonymous else ""
+    lines.append(
+        f"  auth: {len(auth.api_keys)} API key(s), {len(auth.jwt)} JWT issuer(s){anonymous}"
+    )
+    for pool in policy.pools.values():
+        model = f" as {pool.model}" if pool.model else ""
+        lines.append(f"  pool {pool.name}{model}: {len(pool.endpoints)} endpoint(s)")
+    for route in policy.routes:
+        lines.append(f"  route {route.model} -> {route.pool}")
+    return "\n".join(lines)
+
+
+def _check(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.file)
+    except PolicyError as exc:
+        print(f"{exc.source}: {len(exc.errors)} error(s)", file=sys.stderr)
+        for error in exc.errors:
+            print(f"  {error}", file=sys.stderr)
+        return 1
+    print(summary(policy))
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    policy = subparsers.add_parser("policy", help="work with policy files")
+    actions = policy.add_subparsers(dest="action", metavar="ACTION", required=True)
+    check = actions.add_parser("check", help="validate a policy file")
+    check.add_argument("file")
+    check.set_defaults(func=_check)

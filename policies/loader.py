@@ -1,0 +1,237 @@
+"""Load a policy file: parse → defaults → validate → build, with every error at once.
+
+``load_policy(path)`` returns a ``Policy`` or raises ``PolicyError`` whose ``errors`` each name
+the field path and, where known, the YAML line: ``routes[2].pool (line 14): unknown pool 'x'``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from policies.errors import PolicyError
+from policies.fields import Fields
+from policies.schema import (
+    ENGINES,
+    JWT_ALGORITHMS,
+    ROLES,
+    ApiKey,
+    Auth,
+    Endpoint,
+    JwtIssuer,
+    Listen,
+    Observability,
+    Policy,
+    Pool,
+    Retries,
+    Route,
+    Tenant,
+    Timeouts,
+    Tracing,
+)
+from policies.yaml_source import Source, parse_yaml
+
+TOP_LEVEL = {"version", "listen", "auth", "tenants", "pools", "routes", "timeouts", "retries",
+             "observability"}  # fmt: skip
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$|^\[[0-9a-fA-F:]+\]:[0-9]{1,5}$")
+
+
+def load_policy(path: str | Path) -> Policy:
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise PolicyError([f"cannot read policy file: {exc.strerror}"], str(file)) from exc
+    return load_policy_text(text, source=str(file), base_dir=file.parent)
+
+
+def load_policy_text(
+    text: str, *, source: str = "<policy>", base_dir: Path | None = None
+) -> Policy:
+    parsed = parse_yaml(text)
+    if parsed.errors and parsed.data is None:
+        raise PolicyError(parsed.errors, source)
+    policy = _build(parsed, source, base_dir or Path.cwd())
+    if parsed.errors:
+        raise PolicyError(parsed.errors, source)
+    return policy
+
+
+def _build(src: Source, source: str, base_dir: Path) -> Policy:
+    top = Fields(src, src.data, "", TOP_LEVEL)
+    version = top.integer("version", 1, low=1, high=1)
+    pools = _pools(top)
+    tenants = _tenants(top)
+    routes = _routes(top, pools)
+    auth = _auth(top, tenants, base_dir)
+    return Policy(
+        pools=pools, routes=routes, version=version, listen=_listen(top), auth=auth,
+        tenants=tenants, timeouts=_timeouts(top), retries=_retries(top),
+        observability=_observability(top), source=source,
+    )  # fmt: skip
+
+
+def _listen(top: Fields) -> Listen:
+    f = top.sub("listen", {"host", "port", "workers", "max_body", "shutdown_grace"})
+    d = Listen()
+    return Listen(
+        host=f.text("host", d.host),
+        port=f.integer("port", d.port, low=0, high=65535),
+        workers=f.integer("workers", d.workers, low=1, high=64),
+        max_body_bytes=f.size("max_body", d.max_body_bytes),
+        shutdown_grace=f.duration("shutdown_grace", d.shutdown_grace),
+    )
+
+
+def _pools(top: Fields) -> dict[str, Pool]:
+    pools: dict[str, Pool] = {}
+    if not top.has("pools"):
+        top.error("pools", "is required: at least one pool of endpoints")
+    for path, name, value in top.entries("pools"):
+        f = Fields(top.source, value, path, {"model", "engine", "endpoints", "api_key"})
+        endpoints: list[Endpoint] = []
+        for item_path, item in f.items("endpoints", required=True):
+            endpoint = _endpoint(f, item_path, item)
+            if endpoint is not None:
+                endpoints.append(endpoint)
+        if f.has("endpoints") and not endpoints and isinstance(f.raw("endpoints"), list):
+            f.error(f"{path}.endpoints", "must list at least one endpoint")
+        addresses = [e.address for e in endpoints]
+        for address in {a for a in addresses if addresses.count(a) > 1}:
+            f.error(f"{path}.endpoints", f"endpoint {address} is listed twice")
+        pools[name] = Pool(
+            name=name, endpoints=tuple(endpoints), model=f.opt_str("model"),
+            engine=f.text("engine", "vllm", choices=ENGINES), api_key=f.opt_str("api_key"),
+        )  # fmt: skip
+    return pools
+
+
+def _endpoint(parent: Fields, path: str, item: object) -> Endpoint | None:
+    if isinstance(item, str):
+        item = {"address": item}
+    f = Fields(parent.source, item, path, {"address", "role", "labels"})
+    address = f.text("address")
+    if address and not _ADDRESS.match(address):
+        f.error(f"{path}.address", f"must be host:port; got {address!r}")
+    labels = f.raw("labels") or {}
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        f.error(f"{path}.labels", "must map names to strings")
+        labels = {}
+    if not address:
+        return None
+    return Endpoint(address=address, role=f.text("role", "both", choices=ROLES), labels=labels)
+
+
+def _tenants(top: Fields) -> dict[str, Tenant]:
+    tenants: dict[str, Tenant] = {}
+    for path, name, value in top.entries("tenants"):
+        f = Fields(top.source, value, path, {"class", "models"})
+        tenants[name] = Tenant(name, f.opt_str("class"), f.str_list("models"))
+    return tenants
+
+
+def _routes(top: Fields, pools: dict[str, Pool]) -> tuple[Route, ...]:
+    routes: list[Route] = []
+    seen: set[str] = set()
+    for path, item in top.items("routes", required=True):
+        f = Fields(top.source, item, path, {"model", "pool"})
+        model, pool = f.text("model"), f.text("pool")
+        if model in seen:
+            f.error(f"{path}.model", f"model {model!r} is routed twice")
+        seen.add(model)
+        if pool and pool not in pools:
+            known = ", ".join(sorted(pools)) or "none"
+            f.error(f"{path}.pool", f"unknown pool {pool!r} (pools: {known})")
+        routes.append(Route(model=model, pool=pool))
+    return tuple(routes)
+
+
+def _auth(top: Fields, tenants: dict[str, Tenant], base_dir: Path) -> Auth:
+    f = top.sub("auth", {"api_keys", "jwt", "allow_anonymous", "anonymous_tenant"})
+    keys: list[ApiKey] = []
+    for path, item in f.items("api_keys"):
+        k = Fields(f.source, item, path, {"sha256", "tenant", "class", "models", "name"})
+        digest = k.text("sha256").lower()
+        if digest and not _SHA256.match(digest):
+            k.error(f"{path}.sha256", "must be 64 hex characters (the SHA-256 of the key)")
+        tenant = k.text("tenant")
+        if tenants and tenant and tenant not in tenants:
+            k.error(f"{path}.tenant", f"unknown tenant {tenant!r}")
+        name = k.text("name", f"key-{digest[:8]}")
+        keys.append(ApiKey(digest, tenant, k.opt_str("class"), k.str_list("models"), name))
+    digests = [k.sha256 for k in keys]
+    if len(set(digests)) != len(digests):
+        f.error("auth.api_keys", "the same key hash is listed twice")
+    issuers = [_issuer(f, path, item, base_dir) for path, item in f.items("jwt")]
+    anonymous_default = not keys and not issuers
+    return Auth(
+        api_keys=tuple(keys), jwt=tuple(issuers),
+        allow_anonymous=f.flag("allow_anonymous", anonymous_default),
+        anonymous_tenant=f.text("anonymous_tenant", "anonymous"),
+    )  # fmt: skip
+
+
+def _issuer(parent: Fields, path: str, item: object, base_dir: Path) -> JwtIssuer:
+    allowed = {"issuer", "audience", "jwks_file", "algorithms", "claims", "leeway"}
+    f = Fields(parent.source, item, path, allowed)
+    algorithms = f.str_list("algorithms") or ()
+    if not algorithms:
+        f.error(f"{path}.algorithms", "is required: pin the signing algorithms (e.g. [RS256])")
+    for alg in algorithms:
+        if alg not in JWT_ALGORITHMS:
+            f.error(f"{path}.algorithms", f"unsupported algorithm {alg!r}")
+    if "HS" in {a[:2] for a in algorithms} and len({a[:2] for a in algorithms}) > 1:
+        f.error(f"{path}.algorithms", "do not mix HMAC (HS*) and public-key algorithms")
+    jwks_file = f.text("jwks_file")
+    if jwks_file:
+        file = Path(jwks_file) if Path(jwks_file).is_absolute() else base_dir / jwks_file
+        try:
+            keys = json.loads(file.read_text()).get("keys")
+            if not isinstance(keys, list) or not keys:
+                f.error(f"{path}.jwks_file", "must hold a JWKS object with a non-empty 'keys' list")
+        except (OSError, ValueError, AttributeError) as exc:
+            f.error(f"{path}.jwks_file", f"cannot read a JWKS from {file}: {exc}")
+        jwks_file = str(file)
+    claims = f.sub("claims", {"tenant", "class", "models"})
+    return JwtIssuer(
+        issuer=f.text("issuer"), jwks_file=jwks_file, algorithms=algorithms,
+        audience=f.opt_str("audience"), tenant_claim=claims.text("tenant", "tenant"),
+        class_claim=claims.text("class", "class"), models_claim=claims.opt_str("models"),
+        leeway=f.duration("leeway", 0.0),
+    )  # fmt: skip
+
+
+def _timeouts(top: Fields) -> Timeouts:
+    f = top.sub("timeouts", {"connect", "first_byte", "idle"})
+    d = Timeouts()
+    return Timeouts(f.duration("connect", d.connect), f.duration("first_byte", d.first_byte),
+                    f.duration("idle", d.idle))  # fmt: skip
+
+
+def _retries(top: Fields) -> Retries:
+    f = top.sub("retries", {"attempts", "backoff", "max_backoff"})
+    d = Retries()
+    return Retries(f.integer("attempts", d.attempts, low=0, high=10),
+                   f.duration("backoff", d.backoff), f.duration("max_backoff", d.max_backoff))  # fmt: skip
+
+
+def _observability(top: Fields) -> Observability:
+    f = top.sub("observability", {"metrics", "tracing", "access_log"})
+    metrics = f.sub("metrics", {"path"})
+    tracing = f.sub("tracing", {"exporter", "endpoint", "sample", "service_name"})
+    exporter = tracing.text("exporter", "none", choices=("none", "console", "otlp"))
+    endpoint = tracing.opt_str("endpoint")
+    if exporter == "otlp" and not endpoint:
+        tracing.error("observability.tracing.endpoint", "is required with the otlp exporter")
+    path = metrics.text("path", "/metrics")
+    if path and not path.startswith("/"):
+        metrics.error("observability.metrics.path", "must start with /")
+    return Observability(
+        metrics_path=path,
+        tracing=Tracing(exporter, endpoint, tracing.number("sample", 1.0, low=0.0, high=1.0),
+                        tracing.text("service_name", "kvgate")),
+        access_log="off" if f.raw("access_log") is False else  # YAML 1.1 reads `off` as false
+        f.text("access_log", "json", choices=("json", "off")),
+    )  # fmt: skip

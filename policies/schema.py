@@ -1,0 +1,140 @@
+"""The policy, as frozen dataclasses: built once by ``load_policy`` and passed in explicitly.
+
+Later sections (priority classes, limits, breakers, canary / A-B / shadow routes, the endpoint
+picker) are added as new fields with defaults, so existing policy files keep loading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+DEFAULT_CLASS = "standard"
+ROLES = ("both", "prefill", "decode")
+ENGINES = ("vllm", "sglang", "kvgate")
+JWT_ALGORITHMS = ("HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "ES256", "ES384",
+                  "ES512", "PS256", "PS384", "PS512", "EdDSA")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Listen:
+    host: str = "0.0.0.0"
+    port: int = 8080
+    workers: int = 1  # processes sharing the port (SO_REUSEPORT)
+    max_body_bytes: int = 8 * 2**20  # larger request bodies get 413
+    shutdown_grace: float = 30.0  # seconds in-flight streams may finish after SIGTERM
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    sha256: str  # hex digest of the key; the key itself is never stored
+    tenant: str
+    priority_class: str | None = None  # None: the tenant's class, else "standard"
+    models: tuple[str, ...] | None = None  # public models allowed; None: the tenant's, else all
+    name: str = ""  # a label for logs and metrics (never the key)
+
+
+@dataclass(frozen=True)
+class JwtIssuer:
+    issuer: str
+    jwks_file: str
+    algorithms: tuple[str, ...]  # pinned: a token signed with any other algorithm is rejected
+    audience: str | None = None
+    tenant_claim: str = "tenant"
+    class_claim: str = "class"
+    models_claim: str | None = None
+    leeway: float = 0.0  # seconds of clock skew tolerated on exp / nbf
+
+
+@dataclass(frozen=True)
+class Auth:
+    api_keys: tuple[ApiKey, ...] = ()
+    jwt: tuple[JwtIssuer, ...] = ()
+    allow_anonymous: bool = True  # defaults to true only when no key and no issuer is set
+    anonymous_tenant: str = "anonymous"
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    priority_class: str | None = None
+    models: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    address: str  # host:port
+    role: str = "both"  # both | prefill | decode
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    endpoints: tuple[Endpoint, ...]
+    model: str | None = None  # the upstream model name requests are rewritten to
+    engine: str = "vllm"  # metric names the picker scrapes: vllm | sglang | kvgate
+    api_key: str | None = None  # sent upstream as a bearer token (clients' keys never are)
+
+
+@dataclass(frozen=True)
+class Route:
+    model: str  # the public model name clients send
+    pool: str
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect: float = 2.0
+    first_byte: float = 60.0  # until the upstream's response headers
+    idle: float = 30.0  # longest gap between two chunks of a response
+
+
+@dataclass(frozen=True)
+class Retries:
+    attempts: int = 2  # extra tries on another endpoint, only before the first byte
+    backoff: float = 0.025  # base delay, doubled per attempt, with full jitter
+    max_backoff: float = 0.5
+
+
+@dataclass(frozen=True)
+class Tracing:
+    exporter: str = "none"  # none | console | otlp
+    endpoint: str | None = None  # OTLP/HTTP endpoint, e.g. http://127.0.0.1:4318/v1/traces
+    sample: float = 1.0
+    service_name: str = "kvgate"
+
+
+@dataclass(frozen=True)
+class Observability:
+    metrics_path: str = "/metrics"
+    tracing: Tracing = field(default_factory=Tracing)
+    access_log: str = "json"  # json | off
+
+
+@dataclass(frozen=True)
+class Policy:
+    pools: Mapping[str, Pool]
+    routes: tuple[Route, ...]
+    version: int = 1
+    listen: Listen = field(default_factory=Listen)
+    auth: Auth = field(default_factory=Auth)
+    tenants: Mapping[str, Tenant] = field(default_factory=dict)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    retries: Retries = field(default_factory=Retries)
+    observability: Observability = field(default_factory=Observability)
+    source: str = "<policy>"
+
+    def route_for(self, model: str) -> Route | None:
+        for route in self.routes:
+            if route.model == model:
+                return route
+        return None
+
+    @property
+    def public_models(self) -> tuple[str, ...]:
+        return tuple(route.model for route in self.routes)

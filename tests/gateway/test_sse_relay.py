@@ -1,0 +1,42 @@
+"""Relaying SSE: events split across reads, usage read and stripped, [DONE] seen."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.sse_relay import SSERelay
+
+DELTA = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("split", [1, 7, 20, 64, 1000])
+def test_events_across_arbitrary_reads(split: int) -> None:
+    stream = DELTA * 3 + USAGE + DONE
+    relay = SSERelay(strip_usage=True)
+    out = b"".join(relay.feed(stream[i : i + split]) for i in range(0, len(stream), split))
+    assert out == DELTA * 3 + DONE
+    assert relay.usage == {"prompt_tokens": 3, "completion_tokens": 2}
+    assert relay.saw_done and relay.pending == b""
+
+
+def test_usage_kept_when_the_client_asked() -> None:
+    relay = SSERelay(strip_usage=False)
+    assert relay.feed(DELTA + USAGE + DONE) == DELTA + USAGE + DONE
+    assert relay.usage is not None
+
+
+def test_crlf_and_partial_tail() -> None:
+    relay = SSERelay(strip_usage=True)
+    out = relay.feed(DELTA.replace(b"\n", b"\r\n") + b'data: {"choi')
+    assert out == DELTA and relay.pending == b'data: {"choi' and not relay.saw_done
+
+
+def test_usage_inside_a_content_chunk_is_read_not_dropped() -> None:
+    chunk = {"choices": [{"index": 0, "delta": {"content": "x"}}], "usage": {"prompt_tokens": 1}}
+    event = f"data: {json.dumps(chunk)}\n\n".encode()
+    relay = SSERelay(strip_usage=True)
+    assert relay.feed(event) == event and relay.usage == {"prompt_tokens": 1}

@@ -1,0 +1,124 @@
+"""Policy loading: examples load, every error names its field path and line, all at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from policies.errors import PolicyError
+from policies.loader import load_policy, load_policy_text
+
+EXAMPLES = sorted((Path(__file__).parents[2] / "policies" / "examples").glob("*.yaml"))
+BASE = """
+pools:
+  a: {endpoints: [127.0.0.1:8001]}
+routes:
+  - {model: m, pool: a}
+"""
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_examples_load(path: Path) -> None:
+    policy = load_policy(path)
+    assert policy.routes and policy.pools
+
+
+def test_defaults() -> None:
+    policy = load_policy_text(BASE)
+    assert policy.listen.port == 8080 and policy.listen.workers == 1
+    assert policy.auth.allow_anonymous
+    assert policy.timeouts.first_byte == 60.0
+    assert policy.route_for("m") is not None and policy.route_for("x") is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ("listen: {port: 70000}", "listen.port (line 6): must be at most 65535; got 70000"),
+        ("listen: {wrkers: 2}", "listen.wrkers (line 6): unknown field"),
+        ("timeouts: {idle: soon}", "timeouts.idle (line 6): must be a duration"),
+        ("listen: {max_body: lots}", "listen.max_body (line 6): must be a size"),
+        ("observability: {access_log: xml}", "observability.access_log (line 6): must be one of"),
+        ("auth: {api_keys: [{sha256: abc, tenant: t}]}", "auth.api_keys[0].sha256 (line 6)"),
+        ("auth: {jwt: [{issuer: i, jwks_file: /missing.json}]}", "auth.jwt[0].algorithms"),
+        (
+            "auth: {jwt: [{issuer: i, jwks_file: /missing.json, algorithms: [RS256]}]}",
+            "auth.jwt[0].jwks_file (line 6): cannot read a JWKS",
+        ),
+        ("auth: {jwt: [{issuer: i, jwks_file: x, algorithms: [HS256, RS256]}]}", "do not mix"),
+        (
+            "auth: {jwt: [{issuer: i, jwks_file: x, algorithms: [none]}]}",
+            "unsupported algorithm 'none'",
+        ),
+        (
+            "secret: ${KVGATE_TEST_UNSET_VAR}",
+            "secret (line 6): environment variable KVGATE_TEST_UNSET_VAR",
+        ),
+    ],
+)
+def test_field_errors_name_path_and_line(extra: str, expected: str) -> None:
+    with pytest.raises(PolicyError) as err:
+        load_policy_text(BASE + extra)
+    assert any(expected in e for e in err.value.errors), err.value.errors
+
+
+def test_cross_references_and_all_errors_at_once() -> None:
+    text = """
+pools:
+  a: {endpoints: [bad-address, 1.2.3.4:80, 1.2.3.4:80]}
+routes:
+  - {model: m, pool: a}
+  - {model: m, pool: gpu-b}
+tenants: {acme: {}}
+auth: {api_keys: [{sha256: %s, tenant: other}]}
+""" % ("a" * 64)
+    with pytest.raises(PolicyError) as err:
+        load_policy_text(text)
+    errors = "\n".join(err.value.errors)
+    assert "routes[1].pool (line 6): unknown pool 'gpu-b' (pools: a)" in errors
+    assert "routes[1].model (line 6): model 'm' is routed twice" in errors
+    assert "pools.a.endpoints[0].address (line 3): must be host:port" in errors
+    assert "endpoint 1.2.3.4:80 is listed twice" in errors
+    assert "auth.api_keys[0].tenant (line 8): unknown tenant 'other'" in errors
+    assert len(err.value.errors) == 5
+
+
+def test_missing_sections_and_yaml_syntax() -> None:
+    with pytest.raises(PolicyError) as err:
+        load_policy_text("version: 1\n")
+    assert any("pools" in e for e in err.value.errors)
+    assert any("routes" in e for e in err.value.errors)
+    with pytest.raises(PolicyError) as err:
+        load_policy_text("pools: [a\n")
+    assert err.value.errors[0].startswith("invalid YAML (line 2)")
+
+
+def test_env_interpolation_with_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVGATE_TEST_KEY", "s3cret")
+    text = BASE.replace(
+        "{endpoints:", "{api_key: '${KVGATE_TEST_KEY}', model: '${MODEL_X:-llama}', endpoints:"
+    )
+    policy = load_policy_text(text)
+    assert policy.pools["a"].api_key == "s3cret"
+    assert policy.pools["a"].model == "llama"
+
+
+def test_yaml_off_means_access_log_off() -> None:
+    assert (
+        load_policy_text(BASE + "observability: {access_log: off}").observability.access_log
+        == "off"
+    )
+
+
+def test_policy_check_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(BASE)
+    assert main(["policy", "check", str(good)]) == 0
+    assert "OK" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BASE + "listen: {port: -1}\n")
+    assert main(["policy", "check", str(bad)]) == 1
+    assert "listen.port (line 6): must be at least 0" in capsys.readouterr().err
+    assert main(["policy", "check", str(tmp_path / "absent.yaml")]) == 1
