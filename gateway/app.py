@@ -50,8 +50,9 @@ def create_app(policy: Policy, *, picker: Picker | None = None) -> web.Applicati
         timeouts = policy.timeouts
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0, ttl_dns_cache=60)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect)
-        session = aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                        skip_auto_headers=("User-Agent",))  # fmt: skip
+        session = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)
+        )
         app[HTTP_SESSION] = session
         yield
         await session.close()

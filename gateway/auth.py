@@ -84,8 +84,9 @@ class Authenticator:
         entry = self._keys.get(digest)
         if entry is None or not hmac.compare_digest(entry.sha256, digest):
             raise Unauthorized("Invalid API key.")
-        return resolve_identity(self.policy, entry.tenant, entry.priority_class, entry.models,
-                                entry.name, "api_key")  # fmt: skip
+        return resolve_identity(
+            self.policy, entry.tenant, entry.priority_class, entry.models, entry.name, "api_key"
+        )
 
     def _verify_jwt(self, token: str) -> Identity:
         cached = self._jwt_cache.get(token)
@@ -108,9 +109,14 @@ class Authenticator:
         required = ["exp", "iss"] + (["aud"] if cfg.audience else [])
         try:
             claims = jwt.decode(
-                token, key.key, algorithms=[alg], audience=cfg.audience, issuer=cfg.issuer,
-                leeway=cfg.leeway, options={"require": required},
-            )  # fmt: skip
+                token,
+                key.key,
+                algorithms=[alg],
+                audience=cfg.audience,
+                issuer=cfg.issuer,
+                leeway=cfg.leeway,
+                options={"require": required},
+            )
         except jwt.ExpiredSignatureError as exc:
             raise Unauthorized("Token has expired.") from exc
         except jwt.ImmatureSignatureError as exc:
@@ -132,9 +138,13 @@ class Authenticator:
         )
         subject = claims.get("sub")
         return resolve_identity(
-            self.policy, tenant, priority_class if isinstance(priority_class, str) else None,
-            model_list, subject if isinstance(subject, str) else "", "jwt",
-        )  # fmt: skip
+            self.policy,
+            tenant,
+            priority_class if isinstance(priority_class, str) else None,
+            model_list,
+            subject if isinstance(subject, str) else "",
+            "jwt",
+        )
 
     def _remember(self, token: str, identity: Identity, expires: float) -> None:
         self._jwt_cache[token] = (identity, expires)

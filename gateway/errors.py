@@ -12,8 +12,14 @@ class GatewayError(Exception):
     type = "server_error"
     code: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
@@ -22,8 +28,9 @@ class GatewayError(Exception):
             self.code = code
 
     def to_response(self) -> web.Response:
-        return error_response(self.status, self.message, self.type, self.param, self.code,
-                              self.headers)  # fmt: skip
+        return error_response(
+            self.status, self.message, self.type, self.param, self.code, self.headers
+        )
 
 
 class BadRequest(GatewayError):
@@ -62,7 +69,13 @@ class UpstreamTimeout(GatewayError):
     status, type, code = 504, "server_error", "upstream_timeout"
 
 
-def error_response(status: int, message: str, error_type: str, param: str | None = None,
-                   code: str | None = None, headers: dict[str, str] | None = None) -> web.Response:  # fmt: skip
+def error_response(
+    status: int,
+    message: str,
+    error_type: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
     body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
     return web.json_response(body, status=status, headers=headers)

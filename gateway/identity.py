@@ -19,8 +19,14 @@ class Identity:
         return self.models is None or model in self.models
 
 
-def resolve_identity(policy: Policy, tenant: str, priority_class: str | None,
-                     models: tuple[str, ...] | None, principal: str, method: str) -> Identity:  # fmt: skip
+def resolve_identity(
+    policy: Policy,
+    tenant: str,
+    priority_class: str | None,
+    models: tuple[str, ...] | None,
+    principal: str,
+    method: str,
+) -> Identity:
     """Fill class and models from the tenant's defaults where the credential leaves them open."""
     declared = policy.tenants.get(tenant)
     if priority_class is None and declared is not None:

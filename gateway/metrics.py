@@ -11,8 +11,24 @@ import os
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                   10.0, 30.0, 60.0, 120.0)  # fmt: skip
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+)
 
 
 class GatewayMetrics:
@@ -20,23 +36,48 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         self.multiprocess = "PROMETHEUS_MULTIPROC_DIR" in os.environ
         r = self.registry
-        self.requests = Counter("kvgate_requests", "Requests answered, by route, model and status.",
-                                ["route", "model", "status"], registry=r)  # fmt: skip
-        self.latency = Histogram("kvgate_request_duration_seconds",
-                                 "Time from request to the end of the response.", ["route"],
-                                 buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
-        self.ttft = Histogram("kvgate_time_to_first_byte_seconds",
-                              "Time from request to the first response byte (first token when "
-                              "streaming).", ["model"], buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
-        self.tokens = Counter("kvgate_tokens", "Tokens by model and direction (prompt, completion).",
-                              ["model", "direction"], registry=r)  # fmt: skip
-        self.in_flight = Gauge("kvgate_in_flight_requests", "Requests being served.",
-                               ["pool"], registry=r, multiprocess_mode="livesum")  # fmt: skip
-        self.upstream_errors = Counter("kvgate_upstream_errors",
-                                       "Failed upstream attempts by endpoint and kind.",
-                                       ["endpoint", "kind"], registry=r)  # fmt: skip
-        self.retries = Counter("kvgate_retries", "Upstream attempts retried on another endpoint.",
-                               ["pool"], registry=r)  # fmt: skip
+        self.requests = Counter(
+            "kvgate_requests",
+            "Requests answered, by route, model and status.",
+            ["route", "model", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "kvgate_request_duration_seconds",
+            "Time from request to the end of the response.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "kvgate_time_to_first_byte_seconds",
+            "Time from request to the first response byte (first token when streaming).",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "kvgate_tokens",
+            "Tokens by model and direction (prompt, completion).",
+            ["model", "direction"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "kvgate_in_flight_requests",
+            "Requests being served.",
+            ["pool"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.upstream_errors = Counter(
+            "kvgate_upstream_errors",
+            "Failed upstream attempts by endpoint and kind.",
+            ["endpoint", "kind"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "kvgate_retries", "Upstream attempts retried on another endpoint.", ["pool"], registry=r
+        )
 
     def exposition(self) -> bytes:
         if self.multiprocess:

@@ -70,8 +70,9 @@ async def proxy(request: web.Request, path: str, *, streams: bool = True) -> web
     ctx.model = model
     route = policy.route_for(model)
     if route is None or (ctx.identity is not None and not ctx.identity.may_use(model)):
-        raise ModelNotFound(f"The model `{model}` does not exist or you do not have access to it.",
-                            param="model")  # fmt: skip
+        raise ModelNotFound(
+            f"The model `{model}` does not exist or you do not have access to it.", param="model"
+        )
     pool = policy.pools[route.pool]
     ctx.pool = pool.name
     stream = streams and body.get("stream") is True
@@ -83,12 +84,15 @@ async def proxy(request: web.Request, path: str, *, streams: bool = True) -> web
         body["model"] = pool.model
         changed = True
     if stream and not client_wants_usage:
-        body["stream_options"] = {**(options if isinstance(options, dict) else {}),
-                                  "include_usage": True}  # fmt: skip
+        body["stream_options"] = {
+            **(options if isinstance(options, dict) else {}),
+            "include_usage": True,
+        }
         changed = True
     payload = json.dumps(body, separators=(",", ":")).encode() if changed else raw
-    call = UpstreamCall(app[HTTP_SESSION], app[PICKER], app[METRICS], policy.timeouts,
-                        policy.retries, app[TRACER])  # fmt: skip
+    call = UpstreamCall(
+        app[HTTP_SESSION], app[PICKER], app[METRICS], policy.timeouts, policy.retries, app[TRACER]
+    )
     headers = upstream_headers(request.headers, ctx.request_id, pool)
     pick = PickRequest(model, body, request.headers, ctx.identity)
     gauge = app[METRICS].in_flight.labels(pool.name)
@@ -98,8 +102,9 @@ async def proxy(request: web.Request, path: str, *, streams: bool = True) -> web
         ctx.endpoint = endpoint.address
         try:
             if upstream.content_type == "text/event-stream":
-                return await _relay_stream(request, ctx, upstream, policy.timeouts.idle,
-                                           strip_usage=not client_wants_usage)  # fmt: skip
+                return await _relay_stream(
+                    request, ctx, upstream, policy.timeouts.idle, strip_usage=not client_wants_usage
+                )
             return await _relay_body(ctx, upstream, policy.timeouts.idle)
         finally:
             endpoint.in_flight -= 1
@@ -123,14 +128,24 @@ async def _relay_body(
     ctx.status = upstream.status
     if upstream.status == 200 and upstream.content_type == "application/json":
         _count_usage(ctx, data)
-    return web.Response(body=data, status=upstream.status,
-                        headers=response_headers(upstream.headers, ctx.request_id))  # fmt: skip
+    return web.Response(
+        body=data,
+        status=upstream.status,
+        headers=response_headers(upstream.headers, ctx.request_id),
+    )
 
 
-async def _relay_stream(request: web.Request, ctx: RequestContext, upstream: aiohttp.ClientResponse,
-                        idle: float, *, strip_usage: bool) -> web.StreamResponse:  # fmt: skip
-    response = web.StreamResponse(status=upstream.status,
-                                  headers=response_headers(upstream.headers, ctx.request_id))  # fmt: skip
+async def _relay_stream(
+    request: web.Request,
+    ctx: RequestContext,
+    upstream: aiohttp.ClientResponse,
+    idle: float,
+    *,
+    strip_usage: bool,
+) -> web.StreamResponse:
+    response = web.StreamResponse(
+        status=upstream.status, headers=response_headers(upstream.headers, ctx.request_id)
+    )
     await response.prepare(request)
     ctx.status = upstream.status
     relay = SSERelay(strip_usage=strip_usage)
@@ -143,16 +158,25 @@ async def _relay_stream(request: web.Request, ctx: RequestContext, upstream: aio
                     ctx.ttft = time.perf_counter() - ctx.start
                 await response.write(out)
     except MID_STREAM_ERRORS as exc:
-        failure = "upstream stalled mid-stream" if isinstance(exc, asyncio.TimeoutError) else (
-            "upstream connection lost mid-stream")  # fmt: skip
+        failure = (
+            "upstream stalled mid-stream"
+            if isinstance(exc, asyncio.TimeoutError)
+            else ("upstream connection lost mid-stream")
+        )
     if not failure and not relay.saw_done:
         failure = "upstream ended the stream without [DONE]"
     if relay.usage:
         _record_usage(ctx, relay.usage)
     if failure:
         ctx.error = "upstream_stream_broken"
-        error = {"error": {"message": failure, "type": "server_error", "param": None,
-                           "code": "upstream_stream_broken"}}  # fmt: skip
+        error = {
+            "error": {
+                "message": failure,
+                "type": "server_error",
+                "param": None,
+                "code": "upstream_stream_broken",
+            }
+        }
         await response.write(f"data: {json.dumps(error)}\n\n".encode())
     await response.write_eof()
     return response

@@ -45,8 +45,11 @@ class ServeOptions:
 
 
 def configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
     access = logging.getLogger("kvgate.access")
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -69,10 +72,15 @@ def run_worker(options: ServeOptions) -> None:
     app = create_app(policy)
     log.info("gateway worker %d listening on %s:%d", os.getpid(), listen.host, listen.port)
     web.run_app(
-        app, host=listen.host, port=listen.port, reuse_port=listen.workers > 1,
-        handler_cancellation=True, shutdown_timeout=listen.shutdown_grace, access_log=None,
+        app,
+        host=listen.host,
+        port=listen.port,
+        reuse_port=listen.workers > 1,
+        handler_cancellation=True,
+        shutdown_timeout=listen.shutdown_grace,
+        access_log=None,
         print=None,
-    )  # fmt: skip
+    )
 
 
 def serve(options: ServeOptions, policy: Policy) -> int:

@@ -26,16 +26,42 @@ from policies.schema import Pool, Retries, Timeouts
 
 # Never forwarded upstream: hop-by-hop headers, the body framing aiohttp sets itself, the
 # client's gateway credentials, and compression (the gateway must read the stream).
-DROP_REQUEST_HEADERS = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "trailers", "transfer-encoding", "upgrade", "host", "content-length", "authorization",
-    "api-key", "accept-encoding", "x-request-id",
-})  # fmt: skip
-DROP_RESPONSE_HEADERS = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "trailers", "transfer-encoding", "upgrade", "content-length", "content-encoding", "server",
-    "date",
-})  # fmt: skip
+DROP_REQUEST_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "authorization",
+        "api-key",
+        "accept-encoding",
+        "x-request-id",
+    }
+)
+DROP_RESPONSE_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "content-encoding",
+        "server",
+        "date",
+    }
+)
 RETRYABLE = (aiohttp.ClientConnectionError, asyncio.TimeoutError)
 
 
@@ -69,9 +95,14 @@ class UpstreamCall:
 
 
 async def open_upstream(
-    call: UpstreamCall, ctx: RequestContext, pool: Pool, path: str, payload: bytes,
-    headers: CIMultiDict[str], pick: PickRequest,
-) -> tuple[EndpointState, aiohttp.ClientResponse]:  # fmt: skip
+    call: UpstreamCall,
+    ctx: RequestContext,
+    pool: Pool,
+    path: str,
+    payload: bytes,
+    headers: CIMultiDict[str],
+    pick: PickRequest,
+) -> tuple[EndpointState, aiohttp.ClientResponse]:
     """The first acceptable upstream response; the endpoint's in-flight count is raised.
 
     The caller must call ``endpoint.in_flight -= 1`` and close the response when done.
@@ -112,14 +143,20 @@ async def open_upstream(
     raise last
 
 
-async def _send(call: UpstreamCall, endpoint: EndpointState, path: str, payload: bytes,
-                headers: CIMultiDict[str]) -> aiohttp.ClientResponse:  # fmt: skip
+async def _send(
+    call: UpstreamCall,
+    endpoint: EndpointState,
+    path: str,
+    payload: bytes,
+    headers: CIMultiDict[str],
+) -> aiohttp.ClientResponse:
     span: AbstractContextManager[object] = nullcontext()
     if call.tracer is not None:
         span = call.tracer.start_as_current_span(
-            f"POST {path}", kind=trace.SpanKind.CLIENT,
+            f"POST {path}",
+            kind=trace.SpanKind.CLIENT,
             attributes={"server.address": endpoint.address},
-        )  # fmt: skip
+        )
     with span:
         if call.tracer is not None:
             inject(headers)

@@ -16,21 +16,54 @@ CHUNKS = 16
 
 
 def _chunk(index: int, last: bool) -> bytes:
-    body = {"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0,
-            "model": "mock", "choices": [{"index": 0, "delta": {"content": f"tok{index} "},
-                                          "finish_reason": "length" if last else None}]}  # fmt: skip
+    body = {
+        "id": "chatcmpl-mock",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "mock",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"content": f"tok{index} "},
+                "finish_reason": "length" if last else None,
+            }
+        ],
+    }
     return f"data: {json.dumps(body)}\n\n".encode()
 
 
 STREAM = [_chunk(i, i == CHUNKS - 1) for i in range(CHUNKS)]
 USAGE = {"prompt_tokens": 20, "completion_tokens": CHUNKS, "total_tokens": 20 + CHUNKS}
 USAGE_CHUNK = (
-    "data: " + json.dumps({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0,
-                           "model": "mock", "choices": [], "usage": USAGE}) + "\n\n"
-).encode()  # fmt: skip
-BODY = json.dumps({"id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": "mock",
-                   "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"},
-                                "finish_reason": "stop"}], "usage": USAGE}).encode()  # fmt: skip
+    "data: "
+    + json.dumps(
+        {
+            "id": "chatcmpl-mock",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "mock",
+            "choices": [],
+            "usage": USAGE,
+        }
+    )
+    + "\n\n"
+).encode()
+BODY = json.dumps(
+    {
+        "id": "chatcmpl-mock",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "mock",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "hello"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": USAGE,
+    }
+).encode()
 
 
 async def complete(request: web.Request) -> web.StreamResponse:

@@ -11,8 +11,16 @@ MISSING = object()
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$")
 _DURATION_UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _SIZE = re.compile(r"^\s*([0-9]+)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$")
-_SIZE_UNITS = {None: 1, "B": 1, "KB": 1000, "KiB": 1024, "MB": 10**6, "MiB": 2**20,
-               "GB": 10**9, "GiB": 2**30}  # fmt: skip
+_SIZE_UNITS = {
+    None: 1,
+    "B": 1,
+    "KB": 1000,
+    "KiB": 1024,
+    "MB": 10**6,
+    "MiB": 2**20,
+    "GB": 10**9,
+    "GiB": 2**30,
+}
 
 
 def child(path: str, key: object) -> str:
@@ -73,8 +81,14 @@ class Fields:
             return None
         return self.text(key, None) or None
 
-    def integer(self, key: str, default: object = MISSING, *, low: int | None = None,
-            high: int | None = None) -> int:  # fmt: skip
+    def integer(
+        self,
+        key: str,
+        default: object = MISSING,
+        *,
+        low: int | None = None,
+        high: int | None = None,
+    ) -> int:
         value = self._get(key, default)
         if value is MISSING:
             return 0
@@ -84,8 +98,14 @@ class Fields:
         self._range(key, value, low, high)
         return value
 
-    def number(self, key: str, default: object = MISSING, *, low: float | None = None,
-              high: float | None = None) -> float:  # fmt: skip
+    def number(
+        self,
+        key: str,
+        default: object = MISSING,
+        *,
+        low: float | None = None,
+        high: float | None = None,
+    ) -> float:
         value = self._get(key, default)
         if value is MISSING:
             return 0.0

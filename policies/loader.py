@@ -32,8 +32,17 @@ from policies.schema import (
 )
 from policies.yaml_source import Source, parse_yaml
 
-TOP_LEVEL = {"version", "listen", "auth", "tenants", "pools", "routes", "timeouts", "retries",
-             "observability"}  # fmt: skip
+TOP_LEVEL = {
+    "version",
+    "listen",
+    "auth",
+    "tenants",
+    "pools",
+    "routes",
+    "timeouts",
+    "retries",
+    "observability",
+}
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$|^\[[0-9a-fA-F:]+\]:[0-9]{1,5}$")
 
@@ -67,10 +76,17 @@ def _build(src: Source, source: str, base_dir: Path) -> Policy:
     routes = _routes(top, pools)
     auth = _auth(top, tenants, base_dir)
     return Policy(
-        pools=pools, routes=routes, version=version, listen=_listen(top), auth=auth,
-        tenants=tenants, timeouts=_timeouts(top), retries=_retries(top),
-        observability=_observability(top), source=source,
-    )  # fmt: skip
+        pools=pools,
+        routes=routes,
+        version=version,
+        listen=_listen(top),
+        auth=auth,
+        tenants=tenants,
+        timeouts=_timeouts(top),
+        retries=_retries(top),
+        observability=_observability(top),
+        source=source,
+    )
 
 
 def _listen(top: Fields) -> Listen:
@@ -102,9 +118,12 @@ def _pools(top: Fields) -> dict[str, Pool]:
         for address in {a for a in addresses if addresses.count(a) > 1}:
             f.error(f"{path}.endpoints", f"endpoint {address} is listed twice")
         pools[name] = Pool(
-            name=name, endpoints=tuple(endpoints), model=f.opt_str("model"),
-            engine=f.text("engine", "vllm", choices=ENGINES), api_key=f.opt_str("api_key"),
-        )  # fmt: skip
+            name=name,
+            endpoints=tuple(endpoints),
+            model=f.opt_str("model"),
+            engine=f.text("engine", "vllm", choices=ENGINES),
+            api_key=f.opt_str("api_key"),
+        )
     return pools
 
 
@@ -167,10 +186,11 @@ def _auth(top: Fields, tenants: dict[str, Tenant], base_dir: Path) -> Auth:
     issuers = [_issuer(f, path, item, base_dir) for path, item in f.items("jwt")]
     anonymous_default = not keys and not issuers
     return Auth(
-        api_keys=tuple(keys), jwt=tuple(issuers),
+        api_keys=tuple(keys),
+        jwt=tuple(issuers),
         allow_anonymous=f.flag("allow_anonymous", anonymous_default),
         anonymous_tenant=f.text("anonymous_tenant", "anonymous"),
-    )  # fmt: skip
+    )
 
 
 def _issuer(parent: Fields, path: str, item: object, base_dir: Path) -> JwtIssuer:
@@ -196,25 +216,35 @@ def _issuer(parent: Fields, path: str, item: object, base_dir: Path) -> JwtIssue
         jwks_file = str(file)
     claims = f.sub("claims", {"tenant", "class", "models"})
     return JwtIssuer(
-        issuer=f.text("issuer"), jwks_file=jwks_file, algorithms=algorithms,
-        audience=f.opt_str("audience"), tenant_claim=claims.text("tenant", "tenant"),
-        class_claim=claims.text("class", "class"), models_claim=claims.opt_str("models"),
+        issuer=f.text("issuer"),
+        jwks_file=jwks_file,
+        algorithms=algorithms,
+        audience=f.opt_str("audience"),
+        tenant_claim=claims.text("tenant", "tenant"),
+        class_claim=claims.text("class", "class"),
+        models_claim=claims.opt_str("models"),
         leeway=f.duration("leeway", 0.0),
-    )  # fmt: skip
+    )
 
 
 def _timeouts(top: Fields) -> Timeouts:
     f = top.sub("timeouts", {"connect", "first_byte", "idle"})
     d = Timeouts()
-    return Timeouts(f.duration("connect", d.connect), f.duration("first_byte", d.first_byte),
-                    f.duration("idle", d.idle))  # fmt: skip
+    return Timeouts(
+        f.duration("connect", d.connect),
+        f.duration("first_byte", d.first_byte),
+        f.duration("idle", d.idle),
+    )
 
 
 def _retries(top: Fields) -> Retries:
     f = top.sub("retries", {"attempts", "backoff", "max_backoff"})
     d = Retries()
-    return Retries(f.integer("attempts", d.attempts, low=0, high=10),
-                   f.duration("backoff", d.backoff), f.duration("max_backoff", d.max_backoff))  # fmt: skip
+    return Retries(
+        f.integer("attempts", d.attempts, low=0, high=10),
+        f.duration("backoff", d.backoff),
+        f.duration("max_backoff", d.max_backoff),
+    )
 
 
 def _observability(top: Fields) -> Observability:
@@ -230,8 +260,14 @@ def _observability(top: Fields) -> Observability:
         metrics.error("observability.metrics.path", "must start with /")
     return Observability(
         metrics_path=path,
-        tracing=Tracing(exporter, endpoint, tracing.number("sample", 1.0, low=0.0, high=1.0),
-                        tracing.text("service_name", "kvgate")),
-        access_log="off" if f.raw("access_log") is False else  # YAML 1.1 reads `off` as false
-        f.text("access_log", "json", choices=("json", "off")),
-    )  # fmt: skip
+        tracing=Tracing(
+            exporter,
+            endpoint,
+            tracing.number("sample", 1.0, low=0.0, high=1.0),
+            tracing.text("service_name", "kvgate"),
+        ),
+        access_log="off"
+        if f.raw("access_log") is False
+        # YAML 1.1 reads `off` as false
+        else f.text("access_log", "json", choices=("json", "off")),
+    )

@@ -12,8 +12,21 @@ from dataclasses import dataclass, field
 DEFAULT_CLASS = "standard"
 ROLES = ("both", "prefill", "decode")
 ENGINES = ("vllm", "sglang", "kvgate")
-JWT_ALGORITHMS = ("HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "ES256", "ES384",
-                  "ES512", "PS256", "PS384", "PS512", "EdDSA")  # fmt: skip
+JWT_ALGORITHMS = (
+    "HS256",
+    "HS384",
+    "HS512",
+    "RS256",
+    "RS384",
+    "RS512",
+    "ES256",
+    "ES384",
+    "ES512",
+    "PS256",
+    "PS384",
+    "PS512",
+    "EdDSA",
+)
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,9 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
         response = await _run(request, handler, ctx)
     else:
         name = f"{request.method} {request.path}"
-        with tracer.start_as_current_span(name, context=extract(request.headers),
-                                          kind=trace.SpanKind.SERVER) as span:  # fmt: skip
+        with tracer.start_as_current_span(
+            name, context=extract(request.headers), kind=trace.SpanKind.SERVER
+        ) as span:
             span.set_attribute("kvgate.request_id", ctx.request_id)
             response = await _run(request, handler, ctx)
             span.set_attribute("http.response.status_code", ctx.status)
@@ -90,12 +91,25 @@ def _record(request: web.Request, ctx: RequestContext) -> None:
     if request.app[POLICY].observability.access_log == "json" and access_log.isEnabledFor(
         logging.INFO
     ):
-        access_log.info(json.dumps({
-            "ts": round(time.time(), 3), "request_id": ctx.request_id, "method": request.method,
-            "path": route, "status": ctx.status, "tenant": ctx.tenant, "model": ctx.model,
-            "pool": ctx.pool, "endpoint": ctx.endpoint, "attempts": ctx.attempts,
-            "stream": ctx.stream, "prompt_tokens": ctx.prompt_tokens,
-            "completion_tokens": ctx.completion_tokens,
-            "ttft_ms": round(ctx.ttft * 1000, 2) if ctx.ttft is not None else None,
-            "duration_ms": round(elapsed * 1000, 2), "error": ctx.error or None,
-        }))  # fmt: skip
+        access_log.info(
+            json.dumps(
+                {
+                    "ts": round(time.time(), 3),
+                    "request_id": ctx.request_id,
+                    "method": request.method,
+                    "path": route,
+                    "status": ctx.status,
+                    "tenant": ctx.tenant,
+                    "model": ctx.model,
+                    "pool": ctx.pool,
+                    "endpoint": ctx.endpoint,
+                    "attempts": ctx.attempts,
+                    "stream": ctx.stream,
+                    "prompt_tokens": ctx.prompt_tokens,
+                    "completion_tokens": ctx.completion_tokens,
+                    "ttft_ms": round(ctx.ttft * 1000, 2) if ctx.ttft is not None else None,
+                    "duration_ms": round(elapsed * 1000, 2),
+                    "error": ctx.error or None,
+                }
+            )
+        )

@@ -28,8 +28,16 @@ class Keys:
 
     def token(self, alg: str = "RS256", kid: str | None = None, **claims: object) -> str:
         now = int(time.time())
-        payload = {"iss": "https://idp.test", "aud": "kvgate", "sub": "user-1", "org": "acme",
-                   "tier": "interactive", "iat": now, "exp": now + 300, **claims}  # fmt: skip
+        payload = {
+            "iss": "https://idp.test",
+            "aud": "kvgate",
+            "sub": "user-1",
+            "org": "acme",
+            "tier": "interactive",
+            "iat": now,
+            "exp": now + 300,
+            **claims,
+        }
         payload = {k: v for k, v in payload.items() if v is not None}
         key: object = {"RS256": self.rsa_private, "ES256": self.ec_private, "HS256": HMAC_SECRET}[
             alg

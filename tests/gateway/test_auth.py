@@ -31,7 +31,8 @@ auth:
   jwt:
     - {{issuer: "https://idp.test", audience: kvgate, jwks_file: {directory / "jwks.json"},
         algorithms: [RS256, ES256], claims: {{tenant: org, class: tier, models: models}}}}
-    - {{issuer: "https://hmac.test", jwks_file: {directory / "hmac-jwks.json"}, algorithms: [HS256]}}
+    - {{issuer: "https://hmac.test", jwks_file: {directory / "hmac-jwks.json"},
+        algorithms: [HS256]}}
 """
 
 
@@ -53,7 +54,10 @@ def test_api_key_in_either_header(authenticator: Authenticator) -> None:
     for headers in (bearer(KEY), {"api-key": KEY}):
         identity = authenticator.authenticate(headers)
         assert (identity.tenant, identity.priority_class, identity.principal) == (
-            "acme", "interactive", "acme-key")  # fmt: skip
+            "acme",
+            "interactive",
+            "acme-key",
+        )
         assert identity.may_use("m") and not identity.may_use("secret-model")
 
 
@@ -85,11 +89,21 @@ def _key_confusion(keys: Keys) -> str:
     """HS256 signed with the RSA public key, the classic RS/HS confusion attack."""
     import hmac as _hmac
 
-    token = _unsigned({"alg": "HS256", "kid": "rsa-1", "typ": "JWT"},
-                      {"iss": "https://idp.test", "aud": "kvgate", "org": "acme", "exp": 4102444800})  # fmt: skip
+    token = _unsigned(
+        {"alg": "HS256", "kid": "rsa-1", "typ": "JWT"},
+        {"iss": "https://idp.test", "aud": "kvgate", "org": "acme", "exp": 4102444800},
+    )
     signing_input = token[:-1].encode()
     sig = _hmac.new(keys.rsa_public_pem(), signing_input, hashlib.sha256).digest()
     return token[:-1] + "." + base64.urlsafe_b64encode(sig).rstrip(b"=").decode()
+
+
+def _tampered(token: str) -> str:
+    """A valid token whose payload was swapped for another tenant's."""
+    header, _, signature = token.split(".")
+    forged = {"iss": "https://idp.test", "aud": "kvgate", "org": "root", "exp": 4102444800}
+    payload = base64.urlsafe_b64encode(json.dumps(forged).encode()).rstrip(b"=").decode()
+    return f"{header}.{payload}.{signature}"
 
 
 BAD_TOKENS: dict[str, Callable[[Keys], str]] = {
@@ -102,30 +116,18 @@ BAD_TOKENS: dict[str, Callable[[Keys], str]] = {
     "alg none": lambda k: _unsigned(
         {"alg": "none", "kid": "rsa-1"},
         {"iss": "https://idp.test", "aud": "kvgate", "org": "acme", "exp": 4102444800},
-    ),  # fmt: skip
+    ),
     "HS/RS key confusion": _key_confusion,
     "alg swapped to RS on an EC key": lambda k: k.token("RS256", kid="ec-1"),
     "unknown kid": lambda k: k.token(kid="nope"),
-    "tampered payload": lambda k: (
-        lambda t: (
-            t.split(".")[0]
-            + "."
-            + base64.urlsafe_b64encode(
-                b'{"iss":"https://idp.test","aud":"kvgate","org":"root","exp":4102444800}'
-            )
-            .rstrip(b"=")
-            .decode()
-            + "."
-            + t.split(".")[2]
-        )
-    )(k.token()),  # fmt: skip
+    "tampered payload": lambda k: _tampered(k.token()),
     "garbage": lambda k: "aaa.bbb.ccc",
     "HS256 on the RSA issuer": lambda k: jwt.encode(
         {"iss": "https://idp.test", "aud": "kvgate", "org": "acme", "exp": 4102444800},
         "secret",
         algorithm="HS256",
         headers={"kid": "rsa-1"},
-    ),  # fmt: skip
+    ),
 }
 
 
