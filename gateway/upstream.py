@@ -109,6 +109,7 @@ async def open_upstream(
     """
     tried: set[str] = set()
     last: GatewayError | None = None
+    held: tuple[EndpointState, aiohttp.ClientResponse] | None = None  # a 5xx kept as last resort
     for attempt in range(call.retries.attempts + 1):
         endpoint = await call.picker.pick(pool.name, pick, tried)
         if endpoint is None:
@@ -129,18 +130,28 @@ async def open_upstream(
             continue
         except BaseException:
             endpoint.in_flight -= 1
+            _release(held)
             raise
-        if response.status >= 500 and attempt < call.retries.attempts:
+        if response.status >= 500:
             call.metrics.upstream_errors.labels(endpoint.address, f"http_{response.status}").inc()
-            response.close()
-            endpoint.in_flight -= 1
-            last = UpstreamError(f"upstream {endpoint.address} answered {response.status}")
-            continue
+            if attempt < call.retries.attempts:
+                _release(held)
+                held = (endpoint, response)
+                continue
+        _release(held)
         return endpoint, response
+    if held is not None:
+        return held  # nobody else could answer: the client gets the upstream's own 5xx
     if last is None:
         raise NoEndpoint(f"no endpoint of pool '{pool.name}' can serve the request")
     ctx.error = last.code or "upstream_error"
     raise last
+
+
+def _release(held: tuple[EndpointState, aiohttp.ClientResponse] | None) -> None:
+    if held is not None:
+        held[0].in_flight -= 1
+        held[1].close()
 
 
 async def _send(

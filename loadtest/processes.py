@@ -42,18 +42,24 @@ def wait_http_ok(
 class KvgateProcess:
     """``python -m gateway.cli ARGS`` as a child process, stopped with SIGTERM on exit."""
 
-    def __init__(self, args: Sequence[str], health_url: str, *, quiet: bool = True) -> None:
+    def __init__(
+        self, args: Sequence[str], health_url: str, *, quiet: bool = True, log: str | None = None
+    ) -> None:
         self.args = list(args)
         self.health_url = health_url
         self.quiet = quiet
+        self.log = log  # a file for the process's stdout and stderr
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 20.0) -> KvgateProcess:
-        out = subprocess.DEVNULL if self.quiet else None
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", *self.args], stdout=out, stderr=out, env=env
-        )
+        argv = [sys.executable, "-m", "gateway.cli", *self.args]
+        if self.log is not None:
+            with open(self.log, "ab") as log:
+                self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        else:
+            out = subprocess.DEVNULL if self.quiet else None
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=out, env=env)
         try:
             wait_http_ok(self.health_url, timeout, self.proc)
         except BaseException:
@@ -107,7 +113,9 @@ def backend_process(
     return KvgateProcess(args, f"http://127.0.0.1:{port}/health", quiet=quiet)
 
 
-def gateway_process(policy_file: str, port: int, *extra: str, quiet: bool = True) -> KvgateProcess:
+def gateway_process(
+    policy_file: str, port: int, *extra: str, quiet: bool = True, log: str | None = None
+) -> KvgateProcess:
     """A gateway on 127.0.0.1:``port`` serving ``policy_file`` (not started yet)."""
     args = ["gateway", "--policy", policy_file, "--host", "127.0.0.1", "--port", str(port), *extra]
-    return KvgateProcess(args, f"http://127.0.0.1:{port}/healthz", quiet=quiet)
+    return KvgateProcess(args, f"http://127.0.0.1:{port}/healthz", quiet=quiet, log=log)

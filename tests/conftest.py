@@ -43,7 +43,8 @@ def start_gateway(tmp_path: Path) -> Iterator[Callable[..., tuple[str, KvgatePro
         path = tmp_path / f"policy-{len(started)}.yaml"
         path.write_text(policy)
         port = free_port()
-        proc = gateway_process(str(path), port, *extra).start()
+        log = str(tmp_path / f"gateway-{len(started)}.log")
+        proc = gateway_process(str(path), port, *extra, log=log).start()
         started.append(proc)
         return f"http://127.0.0.1:{port}", proc
 

@@ -1,0 +1,76 @@
+"""Tracing: spans for request, auth and upstream, and W3C traceparent propagated upstream."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from gateway.app import create_app
+from gateway.keys import TRACER
+from loadtest.processes import free_port
+from policies.loader import load_policy_text
+
+CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
+KEY_HASH = hashlib.sha256(b"secret-xyz").hexdigest()
+
+
+@pytest.fixture
+async def recording_upstream() -> AsyncIterator[tuple[int, list[dict[str, str]]]]:
+    """A real HTTP upstream that records the headers it receives."""
+    seen: list[dict[str, str]] = []
+
+    async def complete(request: web.Request) -> web.Response:
+        seen.append(dict(request.headers))
+        return web.json_response(
+            {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", complete)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield port, seen
+    await runner.cleanup()
+
+
+async def test_spans_and_traceparent(recording_upstream: tuple[int, list[dict[str, str]]]) -> None:
+    port, seen = recording_upstream
+    policy = load_policy_text(f"""
+pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}
+routes: [{{model: m, pool: p}}]
+auth: {{api_keys: [{{sha256: {KEY_HASH}, tenant: t}}]}}
+observability: {{tracing: {{exporter: console}}}}
+""")
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    app = create_app(policy)
+    app[TRACER] = provider.get_tracer("test")
+    async with TestClient(TestServer(app)) as client:
+        parent = f"00-{CLIENT_TRACE}-b7ad6b7169203331-01"
+        response = await client.post(
+            "/v1/completions",
+            json={"model": "m", "prompt": "x"},
+            headers={"traceparent": parent, "Authorization": "Bearer secret-xyz"},
+        )
+        assert response.status == 200
+    names = {span.name for span in exporter.get_finished_spans()}
+    assert {"POST /v1/completions", "auth"} <= names
+    assert all(
+        span.context.trace_id == int(CLIENT_TRACE, 16) for span in exporter.get_finished_spans()
+    )
+    upstream_parent = seen[0]["traceparent"]
+    assert upstream_parent.split("-")[1] == CLIENT_TRACE
+    assert upstream_parent != parent  # the gateway's own client span is the parent now
+    assert "Authorization" not in seen[0] and "authorization" not in {k.lower() for k in seen[0]}
+    for span in exporter.get_finished_spans():
+        assert "secret-xyz" not in str(span.attributes)
