@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench wrk clean
+.PHONY: demo test lint format bench bench-proxy wrk nginx clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,13 @@ format: $(STAMP)
 
 bench: $(STAMP) wrk
 	$(BIN)/python -m loadtest.bench_backend
+
+bench-proxy: $(STAMP) wrk nginx
+	$(BIN)/python -m loadtest.bench_proxy
+
+nginx:
+	@command -v nginx >/dev/null || (apt-get update -qq && apt-get install -y -qq nginx >/dev/null) \
+		|| echo "nginx unavailable: bench-proxy runs without it"
 
 # wrk is the load client of the benchmarks (a C client leaves the CPU to the server under test);
 # without it they fall back to an aiohttp client.

@@ -7,6 +7,7 @@ parent before the workers start) and ``/metrics`` on any worker reports the sum 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -32,6 +33,8 @@ LATENCY_BUCKETS = (
 
 
 class GatewayMetrics:
+    """The metrics, with label children cached (``labels()`` locks and hashes every call)."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.multiprocess = "PROMETHEUS_MULTIPROC_DIR" in os.environ
@@ -78,6 +81,15 @@ class GatewayMetrics:
         self.retries = Counter(
             "kvgate_retries", "Upstream attempts retried on another endpoint.", ["pool"], registry=r
         )
+
+        self._children: dict[tuple[object, ...], Any] = {}
+
+    def child(self, metric: Counter | Gauge | Histogram, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def exposition(self) -> bytes:
         if self.multiprocess:

@@ -95,7 +95,8 @@ async def proxy(request: web.Request, path: str, *, streams: bool = True) -> web
     )
     headers = upstream_headers(request.headers, ctx.request_id, pool)
     pick = PickRequest(model, body, request.headers, ctx.identity)
-    gauge = app[METRICS].in_flight.labels(pool.name)
+    metrics = app[METRICS]
+    gauge = metrics.child(metrics.in_flight, pool.name)
     gauge.inc()
     try:
         endpoint, upstream = await open_upstream(call, ctx, pool, path, payload, headers, pick)
@@ -116,14 +117,12 @@ async def proxy(request: web.Request, path: str, *, streams: bool = True) -> web
 async def _relay_body(
     ctx: RequestContext, upstream: aiohttp.ClientResponse, idle: float
 ) -> web.Response:
-    chunks: list[bytes] = []
     try:
-        while chunk := await _next_chunk(upstream, idle):
-            chunks.append(chunk)
+        async with asyncio.timeout(idle):  # a whole JSON body comes at once after generation
+            data = await upstream.read()
     except MID_STREAM_ERRORS as exc:
         ctx.error = "upstream_body_error"
         raise _upstream_failed(ctx, exc) from exc
-    data = b"".join(chunks)
     ctx.ttft = time.perf_counter() - ctx.start
     ctx.status = upstream.status
     if upstream.status == 200 and upstream.content_type == "application/json":
@@ -193,10 +192,19 @@ def _upstream_failed(ctx: RequestContext, exc: BaseException) -> Exception:
     return UpstreamError(f"upstream {ctx.endpoint} failed while sending its response")
 
 
+_DECODER = json.JSONDecoder()
+
+
 def _count_usage(ctx: RequestContext, data: bytes) -> None:
+    """Read ``usage`` without parsing the whole body (choices can be large)."""
+    at = data.rfind(b'"usage"')
+    if at < 0:
+        return
+    text = data[at:].decode(errors="replace")
+    start = text.find("{")
     try:
-        usage = json.loads(data).get("usage")
-    except (ValueError, AttributeError):
+        usage, _ = _DECODER.raw_decode(text, start) if start > 0 else (None, 0)
+    except ValueError:
         return
     if isinstance(usage, dict):
         _record_usage(ctx, usage)

@@ -10,18 +10,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from loadtest.http_load import LoadResult, run_load
+from loadtest.proc_stats import cpu_seconds
 from loadtest.processes import backend_process, free_port
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def measure(

@@ -137,3 +137,62 @@ def run_load(url: str, body: dict[str, object], concurrency: int, duration: floa
     if shutil.which("wrk"):
         return run_wrk(url, body, concurrency, duration)
     return asyncio.run(_python_load(url, body, concurrency, duration))
+
+
+@dataclass(frozen=True)
+class StreamLoadResult:
+    requests: int
+    errors: int
+    seconds: float
+    ttfc_p50_ms: float  # time to the first body chunk
+    ttfc_p99_ms: float
+    full_p50_ms: float
+    full_p99_ms: float
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+
+async def _stream_load(url: str, body: dict[str, object], concurrency: int, total: int,
+                       max_seconds: float) -> StreamLoadResult:  # fmt: skip
+    ttfc: list[float] = []
+    full: list[float] = []
+    errors = 0
+    remaining = total
+    deadline = time.perf_counter() + max_seconds
+    payload = json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+
+        async def worker() -> None:
+            nonlocal remaining, errors
+            while remaining > 0 and time.perf_counter() < deadline:
+                remaining -= 1
+                start = time.perf_counter()
+                first = 0.0
+                tail = b""
+                async with session.post(url, data=payload, headers=headers) as response:
+                    async for chunk in response.content.iter_any():
+                        if not first:
+                            first = time.perf_counter()
+                        tail = (tail + chunk)[-32:]
+                    ok = response.status == 200 and b"[DONE]" in tail
+                end = time.perf_counter()
+                if not ok:
+                    errors += 1
+                    continue
+                ttfc.append((first - start) * 1000)
+                full.append((end - start) * 1000)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return StreamLoadResult(len(full), errors, elapsed, percentile(ttfc, 50), percentile(ttfc, 99),
+                            percentile(full, 50), percentile(full, 99))  # fmt: skip
+
+
+def run_stream_load(url: str, body: dict[str, object], concurrency: int = 32, total: int = 2000,
+                    max_seconds: float = 60.0) -> StreamLoadResult:  # fmt: skip
+    """Streamed requests from an aiohttp client: time to first chunk and to ``[DONE]``."""
+    return asyncio.run(_stream_load(url, body, concurrency, total, max_seconds))

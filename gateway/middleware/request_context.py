@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import time
-import uuid
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -30,7 +30,7 @@ _QUIET_PATHS = frozenset({"/healthz", "/readyz"})
 
 def _request_id(request: web.Request) -> str:
     given = request.headers.get("x-request-id", "")
-    return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+    return given if _REQUEST_ID.match(given) else os.urandom(16).hex()
 
 
 @web.middleware
@@ -81,13 +81,13 @@ def _record(request: web.Request, ctx: RequestContext) -> None:
     elapsed = time.perf_counter() - ctx.start
     metrics = request.app[METRICS]
     route = request.path
-    metrics.requests.labels(route, ctx.model, str(ctx.status)).inc()
-    metrics.latency.labels(route).observe(elapsed)
+    metrics.child(metrics.requests, route, ctx.model, str(ctx.status)).inc()
+    metrics.child(metrics.latency, route).observe(elapsed)
     if ctx.ttft is not None:
-        metrics.ttft.labels(ctx.model).observe(ctx.ttft)
+        metrics.child(metrics.ttft, ctx.model).observe(ctx.ttft)
     if ctx.prompt_tokens or ctx.completion_tokens:
-        metrics.tokens.labels(ctx.model, "prompt").inc(ctx.prompt_tokens)
-        metrics.tokens.labels(ctx.model, "completion").inc(ctx.completion_tokens)
+        metrics.child(metrics.tokens, ctx.model, "prompt").inc(ctx.prompt_tokens)
+        metrics.child(metrics.tokens, ctx.model, "completion").inc(ctx.completion_tokens)
     if request.app[POLICY].observability.access_log == "json" and access_log.isEnabledFor(
         logging.INFO
     ):

@@ -1,0 +1,192 @@
+"""Proxy overhead, side by side in one run: `make bench-proxy`.
+
+The same load goes (a) straight to a fast mock upstream, (b) through nginx (when installed),
+(c) through kvgate with ``--workers 1`` and ``--workers 2``, all in front of two mock upstreams
+(``loadtest.mock_upstream``: 16 SSE chunks or a small JSON body, no delay). For each: wrk at 32
+connections on non-streaming chat completions (requests/s, p50, p99), an aiohttp client
+streaming 2,000 requests at concurrency 32 over keep-alive connections (time to first chunk,
+which shows any Nagle-style delay), and the peer's CPU time per request. Then RSS of a kvgate
+worker before and after 100,000 requests. Ratios, not absolute numbers, are what carry over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadtest.http_load import StreamLoadResult, run_load, run_stream_load, run_wrk
+from loadtest.proc_stats import cpu_seconds, rss_mb
+from loadtest.processes import free_port, gateway_process, wait_http_ok
+
+CHAT = {"model": "mock", "max_tokens": 16, "temperature": 0,
+        "messages": [{"role": "system", "content": "You are a helpful assistant."},
+                     {"role": "user", "content": "Say hello in one word, please."}]}  # fmt: skip
+NGINX_CONF = """
+worker_processes {workers};
+error_log {dir}/error.log warn;
+pid {dir}/nginx.pid;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/body; proxy_temp_path {dir}/proxy;
+  fastcgi_temp_path {dir}/fcgi; uwsgi_temp_path {dir}/uwsgi; scgi_temp_path {dir}/scgi;
+  upstream mocks {{ server 127.0.0.1:{up1}; server 127.0.0.1:{up2}; keepalive 512; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://mocks; proxy_http_version 1.1; proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+"""
+
+
+@dataclass
+class Row:
+    peer: str
+    rps: float
+    p50: float
+    p99: float
+    errors: int
+    cpu_ms: float
+    stream: StreamLoadResult
+    stream_cpu_ms: float
+    idle_p50: float  # p50 at one request at a time: the proxy's own latency, no queueing
+
+
+@contextmanager
+def process(argv: list[str], health: str) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_http_ok(health, 20, proc)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def measure(peer: str, url: str, pid: int, seconds: float, streams: int) -> Row:
+    run_load(url, CHAT, 32, 2)  # warm-up, discarded
+    idle = run_load(url, CHAT, 1, 3)
+    before = cpu_seconds(pid)
+    load = run_load(url, CHAT, 32, seconds)
+    cpu = cpu_seconds(pid) - before
+    before = cpu_seconds(pid)
+    stream = run_stream_load(url, {**CHAT, "stream": True}, 32, streams)
+    stream_cpu = cpu_seconds(pid) - before
+    cpu_ms = cpu / max(load.requests, 1) * 1000
+    stream_cpu_ms = stream_cpu / max(stream.requests, 1) * 1000
+    return Row(peer, load.rps, load.p50_ms, load.p99_ms, load.errors + stream.errors, cpu_ms,
+               stream, stream_cpu_ms, idle.p50_ms)  # fmt: skip
+
+
+def kvgate_policy(directory: Path, ups: list[int], port: int, workers: int) -> str:
+    path = directory / f"kvgate-{workers}.yaml"
+    endpoints = ", ".join(f"127.0.0.1:{p}" for p in ups)
+    path.write_text(f"""
+listen: {{host: 127.0.0.1, port: {port}, workers: {workers}}}
+pools: {{mocks: {{endpoints: [{endpoints}]}}}}
+routes: [{{model: mock, pool: mocks}}]
+observability: {{access_log: "off"}}
+""")
+    return str(path)
+
+
+def report(rows: list[Row]) -> None:
+    base = {r.peer: r for r in rows}
+    direct, nginx = base["direct"], base.get("nginx 1 worker")
+    columns = ["peer", "req/s", "p50 ms", "p99 ms", "added p50 ms", "c1 p50 ms",
+               "added c1 p50 ms", "÷ direct", "÷ nginx", "CPU ms/req", "stream req/s",
+               "TTFC p50 ms", "TTFC p99 ms", "stream CPU ms/req", "errors"]  # fmt: skip
+    print("| " + " | ".join(columns) + " |")
+    print("|---" + "|---:" * (len(columns) - 1) + "|")
+    for r in rows:
+        cells = [
+            r.peer, f"{r.rps:,.0f}", f"{r.p50:.2f}", f"{r.p99:.2f}", f"{r.p50 - direct.p50:+.2f}",
+            f"{r.idle_p50:.2f}", f"{r.idle_p50 - direct.idle_p50:+.2f}",
+            f"{r.rps / direct.rps:.2f}", f"{r.rps / nginx.rps:.2f}" if nginx else "n/a",
+            f"{r.cpu_ms:.3f}", f"{r.stream.rps:,.0f}", f"{r.stream.ttfc_p50_ms:.2f}",
+            f"{r.stream.ttfc_p99_ms:.2f}", f"{r.stream_cpu_ms:.3f}", str(r.errors),
+        ]  # fmt: skip
+        print("| " + " | ".join(cells) + " |")
+
+
+def rss_check(directory: Path, ups: list[int], total: int) -> None:
+    port = free_port()
+    policy = kvgate_policy(directory, ups, port, 1)
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    with gateway_process(policy, port) as gateway:
+        assert gateway.proc is not None
+        warm = run_wrk(url, CHAT, 32, 3)
+        start_rss = rss_mb(gateway.proc.pid)
+        seconds = max(5, math.ceil(total / max(warm.rps, 1)))
+        load = run_wrk(url, CHAT, 32, seconds)
+        end_rss = rss_mb(gateway.proc.pid)
+    change = (end_rss - start_rss) / start_rss * 100
+    print(
+        f"\nRSS of one kvgate worker: {start_rss:.1f} MiB after {warm.requests:,} warm-up "
+        f"requests, {end_rss:.1f} MiB after {load.requests:,} more ({change:+.1f}%)."
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--streams", type=int, default=2000)
+    parser.add_argument("--rss-requests", type=int, default=100_000)
+    args = parser.parse_args()
+    if not shutil.which("wrk"):
+        print("wrk is required (make bench-proxy installs it)", file=sys.stderr)
+        return 2
+    directory = Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
+    ups = [free_port(), free_port()]
+    mock = [sys.executable, "-m", "loadtest.mock_upstream", "--port"]
+    rows: list[Row] = []
+    with (
+        process([*mock, str(ups[0])], f"http://127.0.0.1:{ups[0]}/health") as up1,
+        process([*mock, str(ups[1])], f"http://127.0.0.1:{ups[1]}/health"),
+    ):
+        rows.append(measure("direct", f"http://127.0.0.1:{ups[0]}/v1/chat/completions",
+                            up1.pid, args.seconds, args.streams))  # fmt: skip
+        if shutil.which("nginx"):
+            port = free_port()
+            conf = directory / "nginx.conf"
+            conf.write_text(
+                NGINX_CONF.format(workers=1, dir=directory, up1=ups[0], up2=ups[1], port=port)
+            )
+            argv = ["nginx", "-p", str(directory), "-c", str(conf), "-g", "daemon off;"]
+            with process(argv, f"http://127.0.0.1:{port}/health") as nginx:
+                url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                rows.append(measure("nginx 1 worker", url, nginx.pid, args.seconds, args.streams))
+        else:
+            print(
+                "nginx not installed: skipping it (make bench-proxy installs it)", file=sys.stderr
+            )
+        for workers in (1, 2):
+            port = free_port()
+            policy = kvgate_policy(directory, ups, port, workers)
+            with gateway_process(policy, port) as gateway:
+                assert gateway.proc is not None
+                rows.append(measure(f"kvgate {workers} worker{'s' if workers > 1 else ''}",
+                                    f"http://127.0.0.1:{port}/v1/chat/completions",
+                                    gateway.proc.pid, args.seconds, args.streams))  # fmt: skip
+        report(rows)
+        if args.rss_requests:
+            rss_check(directory, ups, args.rss_requests)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
