@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
+from epp.gateway_picker import EmbeddedEpp
 from gateway.auth import Authenticator
 from gateway.keys import (
     AUTHENTICATOR,
@@ -40,6 +41,10 @@ def create_app(policy: Policy, *, picker: Picker | None = None) -> web.Applicati
     app[POLICY] = policy
     app[AUTHENTICATOR] = Authenticator(policy)
     app[ENDPOINTS] = endpoint_states(policy)
+    embedded: EmbeddedEpp | None = None
+    if picker is None and policy.epp.picker == "epp":
+        embedded = EmbeddedEpp(policy, app[ENDPOINTS])
+        picker = embedded
     app[PICKER] = picker or LeastInFlightPicker(app[ENDPOINTS])
     app[METRICS] = GatewayMetrics()
     app[SHUTTING_DOWN] = [False]
@@ -65,7 +70,15 @@ def create_app(policy: Policy, *, picker: Picker | None = None) -> web.Applicati
     async def mark_shutting_down(app: web.Application) -> None:
         app[SHUTTING_DOWN][0] = True
 
+    async def epp_context(app: web.Application) -> AsyncIterator[None]:
+        if embedded is not None:
+            await embedded.start()
+        yield
+        if embedded is not None:
+            await embedded.stop()
+
     app.cleanup_ctx.append(tracer_context)
+    app.cleanup_ctx.append(epp_context)
     app.cleanup_ctx.append(http_session)
     app.on_shutdown.append(mark_shutting_down)
     setup_routes(app)

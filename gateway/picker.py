@@ -40,6 +40,7 @@ class PickRequest:
     body: Mapping[str, object]
     headers: Mapping[str, str]
     identity: Identity | None
+    request_id: str = ""
 
 
 class Picker(Protocol):

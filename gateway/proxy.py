@@ -94,7 +94,7 @@ async def proxy(request: web.Request, path: str, *, streams: bool = True) -> web
         app[HTTP_SESSION], app[PICKER], app[METRICS], policy.timeouts, policy.retries, app[TRACER]
     )
     headers = upstream_headers(request.headers, ctx.request_id, pool)
-    pick = PickRequest(model, body, request.headers, ctx.identity)
+    pick = PickRequest(model, body, request.headers, ctx.identity, ctx.request_id)
     metrics = app[METRICS]
     gauge = metrics.child(metrics.in_flight, pool.name)
     gauge.inc()

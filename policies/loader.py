@@ -10,6 +10,7 @@ import json
 import re
 from pathlib import Path
 
+from policies.epp_section import load_epp
 from policies.errors import PolicyError
 from policies.fields import Fields
 from policies.schema import (
@@ -42,6 +43,7 @@ TOP_LEVEL = {
     "timeouts",
     "retries",
     "observability",
+    "epp",
 }
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$|^\[[0-9a-fA-F:]+\]:[0-9]{1,5}$")
@@ -85,6 +87,7 @@ def _build(src: Source, source: str, base_dir: Path) -> Policy:
         timeouts=_timeouts(top),
         retries=_retries(top),
         observability=_observability(top),
+        epp=load_epp(top),
         source=source,
     )
 
@@ -106,7 +109,7 @@ def _pools(top: Fields) -> dict[str, Pool]:
     if not top.has("pools"):
         top.error("pools", "is required: at least one pool of endpoints")
     for path, name, value in top.entries("pools"):
-        f = Fields(top.source, value, path, {"model", "engine", "endpoints", "api_key"})
+        f = Fields(top.source, value, path, {"model", "engine", "endpoints", "api_key", "adapters"})
         endpoints: list[Endpoint] = []
         for item_path, item in f.items("endpoints", required=True):
             endpoint = _endpoint(f, item_path, item)
@@ -123,6 +126,7 @@ def _pools(top: Fields) -> dict[str, Pool]:
             model=f.opt_str("model"),
             engine=f.text("engine", "vllm", choices=ENGINES),
             api_key=f.opt_str("api_key"),
+            adapters=f.str_list("adapters") or (),
         )
     return pools
 

@@ -92,6 +92,60 @@ class Pool:
     model: str | None = None  # the upstream model name requests are rewritten to
     engine: str = "vllm"  # metric names the picker scrapes: vllm | sglang | kvgate
     api_key: str | None = None  # sent upstream as a bearer token (clients' keys never are)
+    adapters: tuple[str, ...] = ()  # LoRA adapters served here; a request for one prefers residents
+
+
+@dataclass(frozen=True)
+class PluginSpec:
+    name: str  # how profiles refer to it
+    type: str  # a registered plugin type, e.g. prefix-cache-scorer
+    params: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProfileRef:
+    ref: str
+    weight: float | None = None  # scorers only; None means 1.0
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    name: str
+    plugins: tuple[ProfileRef, ...]
+
+
+DEFAULT_EPP_PLUGINS = (
+    PluginSpec("prefix", "prefix-cache-scorer"),
+    PluginSpec("queue", "queue-scorer"),
+    PluginSpec("kv", "kv-cache-utilization-scorer"),
+    PluginSpec("lora", "lora-affinity-scorer"),
+    PluginSpec("pick", "max-score-picker"),
+)
+DEFAULT_EPP_PROFILES = (
+    ProfileSpec(
+        "default",
+        (
+            ProfileRef("prefix", 3),
+            ProfileRef("queue", 2),
+            ProfileRef("kv", 2),
+            ProfileRef("lora", 1),
+            ProfileRef("pick"),
+        ),
+    ),
+)  # GIE's defaults (prefix 3, queue 2, KV 2, max-score picker) plus LoRA affinity
+
+
+@dataclass(frozen=True)
+class Epp:
+    """The endpoint picker: GIE-like plugins and profiles.
+
+    ``picker: least-in-flight`` turns it off (the gateway's simple picker is used instead).
+    """
+
+    picker: str = "epp"  # epp | least-in-flight
+    plugins: tuple[PluginSpec, ...] = DEFAULT_EPP_PLUGINS
+    profiles: tuple[ProfileSpec, ...] = DEFAULT_EPP_PROFILES
+    scrape_interval: float = 0.05
 
 
 @dataclass(frozen=True)
@@ -140,6 +194,7 @@ class Policy:
     timeouts: Timeouts = field(default_factory=Timeouts)
     retries: Retries = field(default_factory=Retries)
     observability: Observability = field(default_factory=Observability)
+    epp: Epp = field(default_factory=Epp)
     source: str = "<policy>"
 
     def route_for(self, model: str) -> Route | None:

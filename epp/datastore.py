@@ -1,0 +1,21 @@
+"""The endpoints of every pool, from the policy file, with their latest metrics."""
+
+from __future__ import annotations
+
+from epp.framework import Endpoint
+from policies.schema import Policy
+
+
+class Datastore:
+    def __init__(self, policy: Policy) -> None:
+        self.pools: dict[str, list[Endpoint]] = {
+            name: [Endpoint(e.address, name, e.role, dict(e.labels)) for e in pool.endpoints]
+            for name, pool in policy.pools.items()
+        }
+        self.engines = {name: pool.engine for name, pool in policy.pools.items()}
+
+    def endpoints(self, pool: str) -> list[Endpoint]:
+        return self.pools.get(pool, [])
+
+    def all(self) -> list[Endpoint]:
+        return [e for endpoints in self.pools.values() for e in endpoints]

@@ -1,0 +1,29 @@
+"""``decode-filter`` / ``prefill-filter``: keep endpoints whose role serves that phase
+(``both`` serves either)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from epp.framework import Endpoint, SchedulingRequest
+from epp.params import parse_params
+from epp.scorers.queue import Params
+
+
+class RoleFilter:
+    def __init__(self, name: str, role: str) -> None:
+        self.name = name
+        self.role = role
+
+    @classmethod
+    def decode(cls, name: str, raw: Mapping[str, object]) -> RoleFilter:
+        parse_params(Params, name, raw)
+        return cls(name, "decode")
+
+    @classmethod
+    def prefill(cls, name: str, raw: Mapping[str, object]) -> RoleFilter:
+        parse_params(Params, name, raw)
+        return cls(name, "prefill")
+
+    def filter(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
+        return [e for e in endpoints if e.role in (self.role, "both")]

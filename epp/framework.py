@@ -1,0 +1,118 @@
+"""The endpoint picker's contracts: filters, scorers and pickers over endpoints.
+
+A scheduling cycle runs the profile's filters in order, then every scorer; the framework (not
+the plugin) clamps each score to [0, 1] and applies the profile's weights; the picker ranks the
+endpoints by total score. Plugins never know their own weight.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(slots=True)
+class EndpointMetrics:
+    """What the scraper last read from an endpoint's /metrics."""
+
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0  # 0..1
+    block_size: int = 0  # 0: unknown
+    num_gpu_blocks: int = 0  # 0: unknown
+    running_loras: frozenset[str] = frozenset()
+    waiting_loras: frozenset[str] = frozenset()
+    max_loras: int = 0
+    scraped_at: float = 0.0  # time.monotonic() of the last good scrape; 0: never
+
+    def age(self, now: float | None = None) -> float:
+        if not self.scraped_at:
+            return float("inf")
+        return (time.monotonic() if now is None else now) - self.scraped_at
+
+
+@dataclass(eq=False, slots=True)
+class Endpoint:
+    """One model server the picker may choose."""
+
+    address: str  # host:port
+    pool: str
+    role: str = "both"  # both | prefill | decode
+    labels: Mapping[str, str] = field(default_factory=dict)
+    metrics: EndpointMetrics = field(default_factory=EndpointMetrics)
+    metrics_port: int | None = None  # where /metrics is served, if not on ``address``
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingRequest:
+    """What the plugins may look at."""
+
+    request_id: str
+    model: str  # the model the endpoints will be asked for (after any rewrite)
+    routing_text: str  # the prompt, or the chat messages rendered the same way every time
+    lora: str | None = None  # the adapter the request needs, if any
+    headers: Mapping[str, str] = field(default_factory=dict)
+    session_id: str | None = None
+
+
+@runtime_checkable
+class Filter(Protocol):
+    name: str
+
+    def filter(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
+        """The endpoints that may serve ``request`` (a subset, order kept)."""
+        ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    name: str
+
+    def score(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> dict[str, float]:
+        """A score per endpoint address, higher is better; clamped to [0, 1] by the framework."""
+        ...
+
+
+@runtime_checkable
+class Picker(Protocol):
+    name: str
+
+    def pick(
+        self, request: SchedulingRequest, scored: list[tuple[Endpoint, float]]
+    ) -> list[Endpoint]:
+        """Every candidate, best first (the gateway retries down the list)."""
+        ...
+
+
+@runtime_checkable
+class PickObserver(Protocol):
+    """A plugin that learns from decisions (e.g. the approximate prefix index)."""
+
+    def on_pick(self, request: SchedulingRequest, endpoint: Endpoint) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedScorer:
+    scorer: Scorer
+    weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    name: str
+    filters: tuple[Filter, ...]
+    scorers: tuple[WeightedScorer, ...]
+    picker: Picker
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingResult:
+    ranked: list[Endpoint]  # best first
+    scores: dict[str, float]  # total weighted score by address
+    winner_by: str  # the scorer that contributed most to the winner ("" if none)
+
+    @property
+    def target(self) -> Endpoint | None:
+        return self.ranked[0] if self.ranked else None

@@ -1,0 +1,1 @@
+"""EPP indexes plugins."""

@@ -1,0 +1,1 @@
+"""EPP pickers plugins."""

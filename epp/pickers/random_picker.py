@@ -1,0 +1,27 @@
+"""``random-picker``: a uniformly random order, ignoring scores (a baseline)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+from epp.framework import Endpoint, SchedulingRequest
+from epp.params import parse_params
+from epp.pickers.max_score import Params
+
+
+class RandomPicker:
+    def __init__(self, name: str, params: Params) -> None:
+        self.name = name
+        self._random = random.Random(None if params.seed < 0 else params.seed)
+
+    @classmethod
+    def from_config(cls, name: str, raw: Mapping[str, object]) -> RandomPicker:
+        return cls(name, parse_params(Params, name, raw))
+
+    def pick(
+        self, request: SchedulingRequest, scored: list[tuple[Endpoint, float]]
+    ) -> list[Endpoint]:
+        order = [endpoint for endpoint, _ in scored]
+        self._random.shuffle(order)
+        return order

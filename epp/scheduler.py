@@ -1,0 +1,42 @@
+"""One scheduling cycle: filters → weighted scorers (clamped to [0, 1]) → picker → observers."""
+
+from __future__ import annotations
+
+from epp.framework import Endpoint, PickObserver, Profile, SchedulingRequest, SchedulingResult
+
+
+def clamp(value: float) -> float:
+    return 0.0 if value < 0.0 else 1.0 if value > 1.0 else value
+
+
+class Scheduler:
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        plugins = [ws.scorer for ws in profile.scorers] + [*profile.filters, profile.picker]
+        self._observers = [p for p in plugins if isinstance(p, PickObserver)]
+
+    def schedule(self, request: SchedulingRequest, candidates: list[Endpoint]) -> SchedulingResult:
+        endpoints = candidates
+        for plugin in self.profile.filters:
+            endpoints = plugin.filter(request, endpoints)
+            if not endpoints:
+                return SchedulingResult([], {}, "")
+        totals = dict.fromkeys((e.address for e in endpoints), 0.0)
+        parts: dict[str, dict[str, float]] = {}
+        for weighted in self.profile.scorers:
+            scores = weighted.scorer.score(request, endpoints)
+            contribution = {a: weighted.weight * clamp(scores.get(a, 0.0)) for a in totals}
+            parts[weighted.scorer.name] = contribution
+            for address, value in contribution.items():
+                totals[address] += value
+        ranked = self.profile.picker.pick(request, [(e, totals[e.address]) for e in endpoints])
+        winner_by = ""
+        if ranked and parts:
+            best = ranked[0].address
+            winner_by = max(parts, key=lambda name: parts[name][best])
+        return SchedulingResult(ranked, totals, winner_by)
+
+    def observe(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
+        """Tell learning plugins which endpoint took the request."""
+        for observer in self._observers:
+            observer.on_pick(request, endpoint)

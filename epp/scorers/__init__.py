@@ -1,0 +1,1 @@
+"""EPP scorers plugins."""

@@ -1,0 +1,79 @@
+"""The ``epp:`` section: plugins by name and type, profiles of weighted references."""
+
+from __future__ import annotations
+
+from policies.fields import Fields, child
+from policies.schema import (
+    DEFAULT_EPP_PLUGINS,
+    DEFAULT_EPP_PROFILES,
+    Epp,
+    PluginSpec,
+    ProfileRef,
+    ProfileSpec,
+)
+
+
+def load_epp(top: Fields) -> Epp:
+    from epp.framework import Picker, Scorer
+    from epp.registry import build
+
+    f = top.sub("epp", {"picker", "plugins", "profiles", "scrape_interval"})
+    picker = f.text("picker", "epp", choices=("epp", "least-in-flight"))
+    plugins: list[PluginSpec] = []
+    kinds: dict[str, str] = {}
+    for path, item in f.items("plugins"):
+        p = Fields(f.source, item, path, {"name", "type", "params"})
+        name, type_name = p.text("name"), p.text("type")
+        params = p.raw("params") or {}
+        if not isinstance(params, dict):
+            p.error(child(path, "params"), "must be a mapping")
+            params = {}
+        if name in kinds:
+            p.error(child(path, "name"), f"plugin name {name!r} is used twice")
+        if name and type_name:
+            try:
+                plugin = build(type_name, name, params)
+            except ValueError as exc:
+                p.error(
+                    child(path, "params" if "unknown plugin type" not in str(exc) else "type"),
+                    str(exc),
+                )
+            else:
+                kinds[name] = (
+                    "scorer"
+                    if isinstance(plugin, Scorer)
+                    else "picker"
+                    if isinstance(plugin, Picker)
+                    else "filter"
+                )
+        plugins.append(PluginSpec(name, type_name, params))
+    if not plugins:
+        plugins, kinds = list(DEFAULT_EPP_PLUGINS), {p.name: "" for p in DEFAULT_EPP_PLUGINS}
+    profiles = _profiles(f, kinds) if f.has("profiles") else list(DEFAULT_EPP_PROFILES)
+    return Epp(picker, tuple(plugins), tuple(profiles), f.duration("scrape_interval", 0.05))
+
+
+def _profiles(f: Fields, kinds: dict[str, str]) -> list[ProfileSpec]:
+    profiles: list[ProfileSpec] = []
+    for path, item in f.items("profiles"):
+        p = Fields(f.source, item, path, {"name", "plugins"})
+        refs: list[ProfileRef] = []
+        pickers = 0
+        for ref_path, ref_item in p.items("plugins", required=True):
+            r = Fields(f.source, ref_item, ref_path, {"ref", "weight"})
+            ref = r.text("ref")
+            weight = r.number("weight", None, low=0.0) if r.has("weight") else None
+            kind = kinds.get(ref)
+            if ref and kind is None:
+                r.error(child(ref_path, "ref"), f"unknown plugin {ref!r}")
+            if kind == "picker":
+                pickers += 1
+            if weight is not None and kind in ("picker", "filter"):
+                r.error(
+                    child(ref_path, "weight"), f"only scorers take a weight; {ref!r} is a {kind}"
+                )
+            refs.append(ProfileRef(ref, weight))
+        if pickers != 1 and all(kinds.get(r.ref) for r in refs):
+            p.error(child(path, "plugins"), f"needs exactly one picker, has {pickers}")
+        profiles.append(ProfileSpec(p.text("name"), tuple(refs)))
+    return profiles
