@@ -43,6 +43,7 @@ class Endpoint:
     labels: Mapping[str, str] = field(default_factory=dict)
     metrics: EndpointMetrics = field(default_factory=EndpointMetrics)
     metrics_port: int | None = None  # where /metrics is served, if not on ``address``
+    dispatched: int = 0  # picks since the last scrape, not yet visible in ``metrics``
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,11 +22,24 @@ class MetricNames:
     num_blocks_label: str
 
 
-VLLM = MetricNames("vllm:num_requests_waiting", "vllm:num_requests_running",
-                   "vllm:kv_cache_usage_perc", "vllm:cache_config_info", "vllm:lora_requests_info",
-                   "block_size", "num_gpu_blocks")  # fmt: skip
-SGLANG = MetricNames("sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage",
-                     "sglang:cache_config_info", None, "page_size", "num_pages")  # fmt: skip
+VLLM = MetricNames(
+    "vllm:num_requests_waiting",
+    "vllm:num_requests_running",
+    "vllm:kv_cache_usage_perc",
+    "vllm:cache_config_info",
+    "vllm:lora_requests_info",
+    "block_size",
+    "num_gpu_blocks",
+)
+SGLANG = MetricNames(
+    "sglang:num_queue_reqs",
+    "sglang:num_running_reqs",
+    "sglang:token_usage",
+    "sglang:cache_config_info",
+    None,
+    "page_size",
+    "num_pages",
+)
 NAMES = {"vllm": VLLM, "kvgate": VLLM, "sglang": SGLANG}
 
 

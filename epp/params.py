@@ -17,8 +17,12 @@ class ParamError(ValueError):
     pass
 
 
-def parse_params(cls: type[T], plugin: str, raw: Mapping[str, object] | None,
-                 checks: Mapping[str, Callable[[Any], bool]] | None = None) -> T:  # fmt: skip
+def parse_params(
+    cls: type[T],
+    plugin: str,
+    raw: Mapping[str, object] | None,
+    checks: Mapping[str, Callable[[Any], bool]] | None = None,
+) -> T:
     """Build ``cls`` from ``raw``; ``checks`` maps a field to a predicate its value must meet."""
     raw = raw or {}
     if not isinstance(raw, Mapping):
@@ -26,8 +30,10 @@ def parse_params(cls: type[T], plugin: str, raw: Mapping[str, object] | None,
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = set(raw) - set(fields)
     if unknown:
-        raise ParamError(f"{plugin}: unknown param(s) {', '.join(sorted(unknown))} "
-                         f"(expected: {', '.join(fields)})")  # fmt: skip
+        raise ParamError(
+            f"{plugin}: unknown param(s) {', '.join(sorted(unknown))} "
+            f"(expected: {', '.join(fields)})"
+        )
     values: dict[str, object] = {}
     for name, value in raw.items():
         default = fields[name].default

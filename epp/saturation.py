@@ -1,5 +1,10 @@
 """Saturation: an endpoint is saturated when its waiting queue or KV usage is at a threshold,
-or its metrics are stale (GIE's utilization detector: 5 waiting, 80% KV, 200 ms)."""
+or its metrics are stale (GIE's utilization detector: 5 waiting, 80% KV, 200 ms).
+
+The queue counts the requests this picker sent since the last scrape too, so a burst that
+arrives between two scrapes cannot pile onto one endpoint (the hot-spotting that users of
+GIE, llm-d and SGLang report when one prefix is hot).
+"""
 
 from __future__ import annotations
 
@@ -23,9 +28,8 @@ class SaturationDetector:
 
     def is_saturated(self, endpoint: Endpoint, now: float | None = None) -> bool:
         t, m = self.thresholds, endpoint.metrics
-        return (
-            m.age(now) > t.max_metrics_age or m.waiting >= t.queue_depth or m.kv_usage >= t.kv_usage
-        )
+        queue = m.waiting + endpoint.dispatched
+        return m.age(now) > t.max_metrics_age or queue >= t.queue_depth or m.kv_usage >= t.kv_usage
 
     def all_saturated(self, endpoints: Iterable[Endpoint]) -> bool:
         """The capacity gate's question: may the pool take another request now?"""

@@ -37,6 +37,7 @@ class Scheduler:
         return SchedulingResult(ranked, totals, winner_by)
 
     def observe(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
-        """Tell learning plugins which endpoint took the request."""
+        """Count the dispatch and tell learning plugins which endpoint took the request."""
+        endpoint.dispatched += 1
         for observer in self._observers:
             observer.on_pick(request, endpoint)

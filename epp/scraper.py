@@ -62,6 +62,7 @@ class MetricsScraper:
             log.debug("scrape of %s failed: %s", address, exc)
             return False
         endpoint.metrics = parse_metrics(text, names)
+        endpoint.dispatched = 0
         return True
 
     async def _poll(self, endpoint: Endpoint) -> None:

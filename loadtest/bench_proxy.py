@@ -26,9 +26,15 @@ from loadtest.http_load import StreamLoadResult, run_load, run_stream_load, run_
 from loadtest.proc_stats import cpu_seconds, rss_mb
 from loadtest.processes import free_port, gateway_process, wait_http_ok
 
-CHAT = {"model": "mock", "max_tokens": 16, "temperature": 0,
-        "messages": [{"role": "system", "content": "You are a helpful assistant."},
-                     {"role": "user", "content": "Say hello in one word, please."}]}  # fmt: skip
+CHAT = {
+    "model": "mock",
+    "max_tokens": 16,
+    "temperature": 0,
+    "messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Say hello in one word, please."},
+    ],
+}
 NGINX_CONF = """
 worker_processes {workers};
 error_log {dir}/error.log warn;
@@ -88,8 +94,17 @@ def measure(peer: str, url: str, pid: int, seconds: float, streams: int) -> Row:
     stream_cpu = cpu_seconds(pid) - before
     cpu_ms = cpu / max(load.requests, 1) * 1000
     stream_cpu_ms = stream_cpu / max(stream.requests, 1) * 1000
-    return Row(peer, load.rps, load.p50_ms, load.p99_ms, load.errors + stream.errors, cpu_ms,
-               stream, stream_cpu_ms, idle.p50_ms)  # fmt: skip
+    return Row(
+        peer,
+        load.rps,
+        load.p50_ms,
+        load.p99_ms,
+        load.errors + stream.errors,
+        cpu_ms,
+        stream,
+        stream_cpu_ms,
+        idle.p50_ms,
+    )
 
 
 def kvgate_policy(directory: Path, ups: list[int], port: int, workers: int) -> str:
@@ -108,19 +123,43 @@ epp: {{picker: least-in-flight}}  # the mocks serve no /metrics: measure the bar
 def report(rows: list[Row]) -> None:
     base = {r.peer: r for r in rows}
     direct, nginx = base["direct"], base.get("nginx 1 worker")
-    columns = ["peer", "req/s", "p50 ms", "p99 ms", "added p50 ms", "c1 p50 ms",
-               "added c1 p50 ms", "÷ direct", "÷ nginx", "CPU ms/req", "stream req/s",
-               "TTFC p50 ms", "TTFC p99 ms", "stream CPU ms/req", "errors"]  # fmt: skip
+    columns = [
+        "peer",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "added p50 ms",
+        "c1 p50 ms",
+        "added c1 p50 ms",
+        "÷ direct",
+        "÷ nginx",
+        "CPU ms/req",
+        "stream req/s",
+        "TTFC p50 ms",
+        "TTFC p99 ms",
+        "stream CPU ms/req",
+        "errors",
+    ]
     print("| " + " | ".join(columns) + " |")
     print("|---" + "|---:" * (len(columns) - 1) + "|")
     for r in rows:
         cells = [
-            r.peer, f"{r.rps:,.0f}", f"{r.p50:.2f}", f"{r.p99:.2f}", f"{r.p50 - direct.p50:+.2f}",
-            f"{r.idle_p50:.2f}", f"{r.idle_p50 - direct.idle_p50:+.2f}",
-            f"{r.rps / direct.rps:.2f}", f"{r.rps / nginx.rps:.2f}" if nginx else "n/a",
-            f"{r.cpu_ms:.3f}", f"{r.stream.rps:,.0f}", f"{r.stream.ttfc_p50_ms:.2f}",
-            f"{r.stream.ttfc_p99_ms:.2f}", f"{r.stream_cpu_ms:.3f}", str(r.errors),
-        ]  # fmt: skip
+            r.peer,
+            f"{r.rps:,.0f}",
+            f"{r.p50:.2f}",
+            f"{r.p99:.2f}",
+            f"{r.p50 - direct.p50:+.2f}",
+            f"{r.idle_p50:.2f}",
+            f"{r.idle_p50 - direct.idle_p50:+.2f}",
+            f"{r.rps / direct.rps:.2f}",
+            f"{r.rps / nginx.rps:.2f}" if nginx else "n/a",
+            f"{r.cpu_ms:.3f}",
+            f"{r.stream.rps:,.0f}",
+            f"{r.stream.ttfc_p50_ms:.2f}",
+            f"{r.stream.ttfc_p99_ms:.2f}",
+            f"{r.stream_cpu_ms:.3f}",
+            str(r.errors),
+        ]
         print("| " + " | ".join(cells) + " |")
 
 
@@ -159,8 +198,15 @@ def main() -> int:
         process([*mock, str(ups[0])], f"http://127.0.0.1:{ups[0]}/health") as up1,
         process([*mock, str(ups[1])], f"http://127.0.0.1:{ups[1]}/health"),
     ):
-        rows.append(measure("direct", f"http://127.0.0.1:{ups[0]}/v1/chat/completions",
-                            up1.pid, args.seconds, args.streams))  # fmt: skip
+        rows.append(
+            measure(
+                "direct",
+                f"http://127.0.0.1:{ups[0]}/v1/chat/completions",
+                up1.pid,
+                args.seconds,
+                args.streams,
+            )
+        )
         if shutil.which("nginx"):
             port = free_port()
             conf = directory / "nginx.conf"
@@ -180,9 +226,15 @@ def main() -> int:
             policy = kvgate_policy(directory, ups, port, workers)
             with gateway_process(policy, port) as gateway:
                 assert gateway.proc is not None
-                rows.append(measure(f"kvgate {workers} worker{'s' if workers > 1 else ''}",
-                                    f"http://127.0.0.1:{port}/v1/chat/completions",
-                                    gateway.proc.pid, args.seconds, args.streams))  # fmt: skip
+                rows.append(
+                    measure(
+                        f"kvgate {workers} worker{'s' if workers > 1 else ''}",
+                        f"http://127.0.0.1:{port}/v1/chat/completions",
+                        gateway.proc.pid,
+                        args.seconds,
+                        args.streams,
+                    )
+                )
         report(rows)
         if args.rss_requests:
             rss_check(directory, ups, args.rss_requests)

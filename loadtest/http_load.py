@@ -154,8 +154,9 @@ class StreamLoadResult:
         return self.requests / self.seconds if self.seconds else 0.0
 
 
-async def _stream_load(url: str, body: dict[str, object], concurrency: int, total: int,
-                       max_seconds: float) -> StreamLoadResult:  # fmt: skip
+async def _stream_load(
+    url: str, body: dict[str, object], concurrency: int, total: int, max_seconds: float
+) -> StreamLoadResult:
     ttfc: list[float] = []
     full: list[float] = []
     errors = 0
@@ -188,11 +189,23 @@ async def _stream_load(url: str, body: dict[str, object], concurrency: int, tota
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
-    return StreamLoadResult(len(full), errors, elapsed, percentile(ttfc, 50), percentile(ttfc, 99),
-                            percentile(full, 50), percentile(full, 99))  # fmt: skip
+    return StreamLoadResult(
+        len(full),
+        errors,
+        elapsed,
+        percentile(ttfc, 50),
+        percentile(ttfc, 99),
+        percentile(full, 50),
+        percentile(full, 99),
+    )
 
 
-def run_stream_load(url: str, body: dict[str, object], concurrency: int = 32, total: int = 2000,
-                    max_seconds: float = 60.0) -> StreamLoadResult:  # fmt: skip
+def run_stream_load(
+    url: str,
+    body: dict[str, object],
+    concurrency: int = 32,
+    total: int = 2000,
+    max_seconds: float = 60.0,
+) -> StreamLoadResult:
     """Streamed requests from an aiohttp client: time to first chunk and to ``[DONE]``."""
     return asyncio.run(_stream_load(url, body, concurrency, total, max_seconds))

@@ -115,6 +115,7 @@ class ProfileSpec:
 
 
 DEFAULT_EPP_PLUGINS = (
+    PluginSpec("saturation", "saturation-filter"),
     PluginSpec("prefix", "prefix-cache-scorer"),
     PluginSpec("queue", "queue-scorer"),
     PluginSpec("kv", "kv-cache-utilization-scorer"),
@@ -125,6 +126,7 @@ DEFAULT_EPP_PROFILES = (
     ProfileSpec(
         "default",
         (
+            ProfileRef("saturation"),
             ProfileRef("prefix", 3),
             ProfileRef("queue", 2),
             ProfileRef("kv", 2),
@@ -132,7 +134,7 @@ DEFAULT_EPP_PROFILES = (
             ProfileRef("pick"),
         ),
     ),
-)  # GIE's defaults (prefix 3, queue 2, KV 2, max-score picker) plus LoRA affinity
+)  # GIE's defaults (prefix 3, queue 2, KV 2, max-score picker), LoRA affinity, saturation
 
 
 @dataclass(frozen=True)

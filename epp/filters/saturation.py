@@ -28,8 +28,11 @@ class SaturationFilter:
 
     @classmethod
     def from_config(cls, name: str, raw: Mapping[str, object]) -> SaturationFilter:
-        checks = {"queue_depth": lambda v: v > 0, "kv_usage": lambda v: 0 < v <= 1,
-                  "max_metrics_age": lambda v: v > 0}  # fmt: skip
+        checks = {
+            "queue_depth": lambda v: v > 0,
+            "kv_usage": lambda v: 0 < v <= 1,
+            "max_metrics_age": lambda v: v > 0,
+        }
         return cls(name, parse_params(Params, name, raw, checks))
 
     def filter(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> list[Endpoint]:

@@ -34,16 +34,21 @@ class PrefixCacheScorer:
 
     @classmethod
     def from_config(cls, name: str, raw: Mapping[str, object]) -> PrefixCacheScorer:
-        names = ("block_size_tokens", "chars_per_token", "max_prefix_blocks",
-                 "lru_capacity_per_endpoint")  # fmt: skip
+        names = (
+            "block_size_tokens",
+            "chars_per_token",
+            "max_prefix_blocks",
+            "lru_capacity_per_endpoint",
+        )
         positive = {k: (lambda v: v > 0) for k in names}
         return cls(name, parse_params(Params, name, raw, positive))
 
     def hashes(self, request: SchedulingRequest) -> list[int]:
         if self._last[0] == request.request_id and request.request_id:
             return self._last[1]
-        hashes = prefix_hashes(request.model, request.routing_text, self._block_chars,
-                               self.params.max_prefix_blocks)  # fmt: skip
+        hashes = prefix_hashes(
+            request.model, request.routing_text, self._block_chars, self.params.max_prefix_blocks
+        )
         self._last = (request.request_id, hashes)
         return hashes
 

@@ -1,4 +1,4 @@
-"""``queue-scorer``: (max - q) / (max - min) over the endpoints' waiting queues.
+"""``queue-scorer``: (max - q) / (max - min) over the endpoints' waiting queues (GIE's).
 
 Every endpoint scores 1.0 when all queues are equal.
 """

@@ -122,3 +122,56 @@ def test_policy_check_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert main(["policy", "check", str(bad)]) == 1
     assert "listen.port (line 6): must be at least 0" in capsys.readouterr().err
     assert main(["policy", "check", str(tmp_path / "absent.yaml")]) == 1
+
+
+@pytest.mark.parametrize(
+    ("section", "expected"),
+    [
+        ("epp: {picker: magic}", "epp.picker (line 6): must be one of epp, least-in-flight"),
+        (
+            "epp: {plugins: [{name: a, type: nope-scorer}]}",
+            "epp.plugins[0].type (line 6): unknown plugin type",
+        ),
+        (
+            "epp: {plugins: [{name: a, type: queue-scorer, params: {x: 1}}]}",
+            "epp.plugins[0].params (line 6): a: unknown param",
+        ),
+        (
+            "epp: {plugins: [{name: q, type: queue-scorer}, {name: p, type: max-score-picker}],"
+            " profiles: [{name: d, plugins: [{ref: q}, {ref: missing}, {ref: p, weight: 2}]}]}",
+            "epp.profiles[0].plugins[1].ref (line 6): unknown plugin 'missing'",
+        ),
+        (
+            "epp: {plugins: [{name: q, type: queue-scorer}, {name: p, type: max-score-picker}],"
+            " profiles: [{name: d, plugins: [{ref: q}, {ref: p, weight: 2}]}]}",
+            "only scorers take a weight; 'p' is a picker",
+        ),
+        (
+            "epp: {plugins: [{name: q, type: queue-scorer}], profiles: [{name: d, plugins: [{ref: q}]}]}",
+            "needs exactly one picker, has 0",
+        ),
+    ],
+)
+def test_epp_section_errors(section: str, expected: str) -> None:
+    with pytest.raises(PolicyError) as err:
+        load_policy_text(BASE + section)
+    assert any(expected in e for e in err.value.errors), err.value.errors
+
+
+def test_epp_section_custom_profile() -> None:
+    policy = load_policy_text(
+        BASE
+        + """epp:
+  plugins:
+    - {name: prefix, type: prefix-cache-scorer, params: {block_size_tokens: 32}}
+    - {name: sat, type: saturation-filter}
+    - {name: pick, type: max-score-picker}
+  profiles: [{name: default, plugins: [{ref: sat}, {ref: prefix, weight: 5}, {ref: pick}]}]
+"""
+    )
+    assert [p.type for p in policy.epp.plugins] == [
+        "prefix-cache-scorer",
+        "saturation-filter",
+        "max-score-picker",
+    ]
+    assert policy.epp.profiles[0].plugins[1].weight == 5

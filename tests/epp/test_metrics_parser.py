@@ -1,0 +1,68 @@
+"""Reading model-server metrics: vLLM names (from the real backend's registry) and SGLang's."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from backends.cli import build_state
+from backends.engine.sequence import SamplingParams
+from epp.metrics_parser import SGLANG, parse_metrics
+
+
+def test_parses_the_reference_backends_metrics() -> None:
+    import argparse
+
+    args = argparse.Namespace(
+        runner="sim",
+        host="127.0.0.1",
+        port=1,
+        model="m",
+        num_blocks=64,
+        block_size=16,
+        max_num_seqs=4,
+        max_num_batched_tokens=256,
+        max_model_len=256,
+        no_chunked_prefill=False,
+        no_prefix_caching=False,
+        max_loras=2,
+        lora_modules=["sql=/x"],
+        kv_events_port=None,
+        kv_events_topic=None,
+        cost="zero",
+        seed=0,
+        default_max_tokens=16,
+    )
+    state = build_state(args)
+    scheduler = state.engine.scheduler
+    state.engine.add_request([1, 2, 3], SamplingParams(max_tokens=4), lora_name="sql")
+    scheduler.schedule()
+    metrics = parse_metrics(generate_latest(state.metrics.registry).decode())
+    assert (metrics.running, metrics.waiting) == (1, 0)
+    assert metrics.block_size == 16 and metrics.num_gpu_blocks == 64
+    assert metrics.running_loras == frozenset({"sql"}) and metrics.max_loras == 2
+    assert 0 < metrics.kv_usage <= 1 and metrics.scraped_at > 0
+
+
+def test_newest_lora_series_wins_and_sglang_names() -> None:
+    text = "\n".join(
+        [
+            "# HELP x",
+            'vllm:lora_requests_info{max_lora="2",running_lora_adapters="old",waiting_lora_adapters=""} 100.0',
+            'vllm:lora_requests_info{max_lora="2",running_lora_adapters="a,b",waiting_lora_adapters="c"} 200.0',
+            'vllm:num_requests_waiting{model_name="m"} 3.0',
+        ]
+    )
+    metrics = parse_metrics(text)
+    assert metrics.running_loras == {"a", "b"} and metrics.waiting_loras == {"c"}
+    assert metrics.waiting == 3
+    sglang = parse_metrics(
+        "sglang:num_queue_reqs 4\nsglang:token_usage 0.5\n"
+        'sglang:cache_config_info{page_size="8",num_pages="100"} 1',
+        SGLANG,
+    )
+    assert (sglang.waiting, sglang.kv_usage, sglang.block_size, sglang.num_gpu_blocks) == (
+        4,
+        0.5,
+        8,
+        100,
+    )

@@ -1,0 +1,88 @@
+"""Approximate prefix index and scorer: hashing, matching, LRU eviction, removal, oracle."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from epp.indexes.approximate import ApproximatePrefixIndex, prefix_hashes
+from epp.scorers.prefix_cache import PrefixCacheScorer
+from tests.epp.builders import make_endpoint, make_request
+
+A, B = "10.0.0.1:8000", "10.0.0.2:8000"
+
+
+def test_hashes_are_chained_and_model_scoped() -> None:
+    text = "x" * 64 + "y" * 64 + "z" * 10
+    hashes = prefix_hashes("m", text, 64, 256)
+    assert len(hashes) == 3  # the trailing partial block counts
+    assert prefix_hashes("m", "x" * 64 + "q" * 64, 64, 256)[0] == hashes[0]
+    assert prefix_hashes("m", "x" * 64 + "q" * 64, 64, 256)[1] != hashes[1]
+    assert prefix_hashes("other", text, 64, 256)[0] != hashes[0]
+    assert prefix_hashes("m", "short", 64, 256) == []
+    assert len(prefix_hashes("m", "a" * 10_000, 64, 4)) == 4
+
+
+def test_match_counts_leading_blocks_only() -> None:
+    index = ApproximatePrefixIndex()
+    index.record(A, [1, 2, 3])
+    index.record(B, [1, 9])
+    assert index.match([1, 2, 3, 4], [A, B, "c"]) == {A: 3, B: 1, "c": 0}
+    assert index.match([2, 3], [A]) == {A: 2}
+    assert index.match([7, 1], [A, B]) == {A: 0, B: 0}
+
+
+def test_lru_eviction_and_removal() -> None:
+    index = ApproximatePrefixIndex()
+    index.record(A, [1, 2, 3], capacity=3)
+    index.record(A, [1], capacity=3)  # touch 1: 2 is now the oldest
+    index.record(A, [4], capacity=3)
+    assert index.match([1], [A]) == {A: 1} and index.match([2], [A]) == {A: 0}
+    assert index.blocks_of(A) == 3
+    index.remove(A)
+    assert index.blocks_of(A) == 0 and len(index) == 0
+
+
+def test_scorer_learns_from_its_picks() -> None:
+    scorer = PrefixCacheScorer.from_config("prefix", {"block_size_tokens": 4, "chars_per_token": 1})
+    a, b = make_endpoint(A), make_endpoint(B)
+    first = make_request("abcdefghijkl", request_id="r1")  # 3 blocks of 4 chars
+    assert scorer.score(first, [a, b]) == {A: 0.0, B: 0.0}
+    scorer.on_pick(first, a)
+    second = make_request("abcdefgh----", request_id="r2")
+    assert scorer.score(second, [a, b]) == {A: 2 / 3, B: 0.0}
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([A, B, "c:1"]), st.lists(st.integers(0, 12), min_size=1, max_size=6)
+        ),
+        max_size=25,
+    ),
+    st.lists(st.integers(0, 12), min_size=1, max_size=6),
+)
+def test_index_agrees_with_a_brute_force_oracle(
+    records: list[tuple[str, list[int]]], query: list[int]
+) -> None:
+    index = ApproximatePrefixIndex()
+    held: dict[str, list[int]] = {}
+    for address, blocks in records:
+        index.record(address, blocks, capacity=5)
+        lru = held.setdefault(address, [])
+        for block in blocks:
+            if block in lru:
+                lru.remove(block)
+            lru.append(block)
+        del lru[:-5]
+    expected = {}
+    for address in (A, B, "c:1"):
+        have = set(held.get(address, []))
+        depth = 0
+        for block in query:
+            if block not in have:
+                break
+            depth += 1
+        expected[address] = depth
+    assert index.match(query, [A, B, "c:1"]) == expected

@@ -1,0 +1,121 @@
+"""Gateway → in-process endpoint picker → 4 simulated backends, as a user would run them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+
+import aiohttp
+import pytest
+
+from loadtest.processes import KvgateProcess, backend_process, free_port
+from tests.integration.metrics_util import value
+
+PREFIX = "You are the support assistant of a large parcel company; answer briefly. " * 8
+
+
+@pytest.fixture
+def backends() -> Iterator[Callable[..., list[str]]]:
+    with ExitStack() as stack:
+
+        def start(count: int, *args: str) -> list[str]:
+            ports = [free_port() for _ in range(count)]
+            for port in ports:
+                stack.enter_context(backend_process(port, *args))
+            return [f"127.0.0.1:{p}" for p in ports]
+
+        yield start
+
+
+def policy(addresses: list[str], extra: str = "", adapters: str = "") -> str:
+    return f"""
+pools: {{p: {{endpoints: [{", ".join(addresses)}]{adapters}}}}}
+routes: [{{model: kvgate-sim, pool: p}}, {{model: sql, pool: p}}]
+observability: {{access_log: "off"}}
+{extra}
+"""
+
+
+async def complete(
+    session: aiohttp.ClientSession,
+    url: str,
+    prompt: str,
+    model: str = "kvgate-sim",
+    max_tokens: int = 2,
+) -> None:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
+    async with session.post(f"{url}/v1/completions", json=body) as response:
+        assert response.status == 200, await response.text()
+        await response.read()
+
+
+def hits(addresses: list[str]) -> float:
+    return sum(value(f"http://{a}", "vllm:prefix_cache_hits_total") for a in addresses)
+
+
+async def route_groups(url: str, groups: int = 6, per_group: int = 5) -> None:
+    async with aiohttp.ClientSession() as session:
+        for round_ in range(per_group):
+            for group in range(groups):
+                await complete(session, url, f"{group} {PREFIX} question {round_}")
+                await asyncio.sleep(0.01)
+
+
+async def test_shared_prefixes_land_where_they_are_cached(
+    backends: Callable[..., list[str]], start_gateway: Callable[..., tuple[str, KvgateProcess]]
+) -> None:
+    addresses = backends(4, "--cost", "zero")
+    epp_url, _ = start_gateway(policy(addresses))
+    await route_groups(epp_url)
+    prompt_len = len(f"0 {PREFIX} question 0")
+    ideal = 6 * 4 * ((prompt_len - 12) // 16 * 16)  # every repeat reuses the group's prefix
+    epp_hits = hits(addresses)
+    assert epp_hits >= 0.9 * ideal, (epp_hits, ideal)
+    # the same traffic with the least-in-flight picker, on fresh backends, hits far less often
+    fresh = backends(4, "--cost", "zero")
+    plain_url, _ = start_gateway(policy(fresh, "epp: {picker: least-in-flight}"))
+    await route_groups(plain_url)
+    assert hits(fresh) < 0.6 * epp_hits
+
+
+async def test_a_hot_prefix_still_spreads_over_backends(
+    backends: Callable[..., list[str]], start_gateway: Callable[..., tuple[str, KvgateProcess]]
+) -> None:
+    addresses = backends(4, "--cost", "0.02,0.0001,0,0", "--max-num-seqs", "4")
+    url, _ = start_gateway(policy(addresses))
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(
+            *(complete(session, url, f"{PREFIX} ticket {i}", max_tokens=8) for i in range(32))
+        )
+    served = [value(f"http://{a}", "vllm:generation_tokens_total") / 8 for a in addresses]
+    assert sum(served) == 32
+    assert max(served) <= 20, served  # not all on the prefix holder
+    assert sum(1 for s in served if s > 0) >= 3, served
+
+
+async def test_lora_requests_prefer_the_backend_running_the_adapter(
+    backends: Callable[..., list[str]], start_gateway: Callable[..., tuple[str, KvgateProcess]]
+) -> None:
+    addresses = backends(
+        4, "--cost", "0.005,0,0,0", "--max-loras", "1", "--lora-modules", "sql=/a/sql"
+    )
+    url, _ = start_gateway(policy(addresses, adapters=", adapters: [sql]"))
+    resident = addresses[2]
+    async with aiohttp.ClientSession() as session:
+        body = {
+            "model": "sql",
+            "prompt": "keep the adapter busy",
+            "max_tokens": 1500,
+            "stream": True,
+        }
+        busy = await session.post(f"http://{resident}/v1/completions", json=body)
+        await busy.content.readline()
+        await asyncio.sleep(0.3)  # let the picker scrape the new residency
+        before = [value(f"http://{a}", "vllm:prompt_tokens_total") for a in addresses]
+        for i in range(6):
+            await complete(session, url, f"select {i} from t{i * 7919}", model="sql")
+        after = [value(f"http://{a}", "vllm:prompt_tokens_total") for a in addresses]
+        busy.close()
+    gained = [b - a for a, b in zip(before, after, strict=True)]
+    assert gained[2] == sum(gained) and gained[2] > 0, gained
