@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 import aiohttp
 
@@ -25,6 +26,7 @@ class MetricsScraper:
         self.interval = interval
         self.timeout = aiohttp.ClientTimeout(total=timeout)
         self.errors = 0
+        self.on_error: Callable[[Endpoint], None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
 
@@ -59,6 +61,8 @@ class MetricsScraper:
                 text = await response.text()
         except (TimeoutError, aiohttp.ClientError) as exc:
             self.errors += 1
+            if self.on_error is not None:
+                self.on_error(endpoint)
             log.debug("scrape of %s failed: %s", address, exc)
             return False
         endpoint.metrics = parse_metrics(text, names)

@@ -13,6 +13,8 @@ import aiohttp
 from aiohttp import web
 
 from epp.gateway_picker import EmbeddedEpp
+from epp.metrics import EppMetrics
+from epp.service import EppService
 from gateway.auth import Authenticator
 from gateway.keys import (
     AUTHENTICATOR,
@@ -41,12 +43,13 @@ def create_app(policy: Policy, *, picker: Picker | None = None) -> web.Applicati
     app[POLICY] = policy
     app[AUTHENTICATOR] = Authenticator(policy)
     app[ENDPOINTS] = endpoint_states(policy)
+    app[METRICS] = GatewayMetrics()
     embedded: EmbeddedEpp | None = None
     if picker is None and policy.epp.picker == "epp":
-        embedded = EmbeddedEpp(policy, app[ENDPOINTS])
+        service = EppService(policy, EppMetrics(app[METRICS].registry))
+        embedded = EmbeddedEpp(policy, app[ENDPOINTS], service)
         picker = embedded
     app[PICKER] = picker or LeastInFlightPicker(app[ENDPOINTS])
-    app[METRICS] = GatewayMetrics()
     app[SHUTTING_DOWN] = [False]
     tracer, provider = make_tracer(policy.observability.tracing)
     app[TRACER] = tracer

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from backends import cli as backend_cli
+from epp import cli as epp_cli
 from gateway import serve_cli
 from loadtest import cli as loadtest_cli
 from policies import cli as policy_cli
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve_cli.add_parser(subparsers)
+    epp_cli.add_parser(subparsers)
     backend_cli.add_parser(subparsers)
     loadtest_cli.add_parsers(subparsers)
     policy_cli.add_parser(subparsers)

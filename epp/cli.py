@@ -1,0 +1,38 @@
+"""``kvgate epp --policy FILE``: run the endpoint picker as a gRPC service."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from epp.server import serve
+from policies.errors import PolicyError
+from policies.loader import load_policy
+
+
+def _run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        policy = load_policy(args.policy)
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(serve(policy, args.host, args.grpc_port, args.metrics_port))
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser("epp", help="run the endpoint picker (ext_proc, Pick API, health)")
+    p.add_argument("--policy", required=True)
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--grpc-port", type=int, default=9002)
+    p.add_argument("--metrics-port", type=int, default=9090)
+    p.set_defaults(func=_run)

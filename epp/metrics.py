@@ -1,0 +1,54 @@
+"""Prometheus metrics of the endpoint picker."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PICK_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
+
+
+class EppMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.pick_latency = Histogram(
+            "kvgate_epp_pick_duration_seconds",
+            "Time to schedule one request.",
+            ["pool"],
+            buckets=PICK_BUCKETS,
+            registry=r,
+        )
+        self.decisions = Counter(
+            "kvgate_epp_decisions",
+            "Picks by the scorer that decided them.",
+            ["pool", "winner"],
+            registry=r,
+        )
+        self.rejections = Counter(
+            "kvgate_epp_rejections",
+            "Requests the picker refused, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.index_blocks = Gauge(
+            "kvgate_epp_prefix_index_blocks",
+            "Prefix blocks the index holds, by endpoint.",
+            ["endpoint"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.scrape_errors = Counter(
+            "kvgate_epp_scrape_errors", "Failed metric scrapes.", ["endpoint"], registry=r
+        )
+        self.event_lag = Histogram(
+            "kvgate_epp_kv_event_lag_seconds",
+            "Delay between a KV event batch and its handling.",
+            buckets=PICK_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "kvgate_epp_tokens",
+            "Tokens seen in responses, by direction.",
+            ["direction"],
+            registry=r,
+        )

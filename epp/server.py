@@ -1,0 +1,67 @@
+"""``kvgate epp``: one gRPC server with Envoy's ext_proc, the Pick API and gRPC health; and
+Prometheus metrics on their own port."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+from aiohttp import web
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from epp.servers.ext_proc import ExternalProcessor
+from epp.servers.pick_api import PickApi
+from epp.service import EppService
+from policies.schema import Policy
+from proto import epp_pb2_grpc
+
+log = logging.getLogger("kvgate.epp")
+HEALTH_NAMES = ("", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
+MAX_MESSAGE = 64 * 2**20
+
+
+async def serve(policy: Policy, host: str, grpc_port: int, metrics_port: int) -> None:
+    service = EppService(policy)
+    await service.start()
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ("grpc.max_send_message_length", MAX_MESSAGE),
+        ]
+    )
+    ep_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(service), server)
+    epp_pb2_grpc.add_EndpointPickerServicer_to_server(PickApi(service), server)  # type: ignore[no-untyped-call]
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    server.add_insecure_port(f"{host}:{grpc_port}")
+    await server.start()
+    for name in HEALTH_NAMES:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def metrics(request: web.Request) -> web.Response:
+        service.update_gauges()
+        return web.Response(
+            body=generate_latest(service.metrics.registry),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
+        )
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, metrics_port).start()
+    log.info("epp: gRPC on %s:%d, metrics on %s:%d", host, grpc_port, host, metrics_port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    for name in HEALTH_NAMES:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await server.stop(grace=5)
+    await runner.cleanup()
+    await service.stop()

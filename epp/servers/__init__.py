@@ -1,0 +1,1 @@
+"""gRPC servers of the endpoint picker: Envoy ext_proc (GIE protocol), the Pick API, health."""

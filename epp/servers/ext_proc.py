@@ -1,0 +1,290 @@
+"""Envoy ext_proc with the Gateway API Inference Extension's protocol (FULL_DUPLEX_STREAMED).
+
+Request path: headers are stored and answered only once the body has ended; then the EPP
+parses the body, picks an endpoint and replies, in order, with the header response
+(``x-gateway-destination-endpoint``, ``Content-Length``, the echoed headers; ``envoy.lb``
+dynamic metadata with the same endpoint) and the body — re-serialized with the target model —
+in ``streamed_response`` chunks of at most 62,000 bytes. Response path: usage is read from the
+body (SSE or JSON), the model name is restored, chunks are echoed. Errors are
+``ImmediateResponse``s with OpenAI-shaped bodies: 400 bad body, 404 unknown model, 429 shed or
+no endpoint left after filtering, 503 no candidates (including an empty subset hint).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+
+from envoy.config.core.v3 import base_pb2 as core
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
+
+from epp.framework import SchedulingRequest
+from epp.routing_text import routing_text
+from epp.saturation import SaturationDetector
+from epp.service import EppService
+from gateway.sse_relay import SSERelay
+
+log = logging.getLogger("kvgate.epp")
+
+BODY_CHUNK = 62_000  # GIE's limit, a margin under Envoy's 64 KiB
+DESTINATION = "x-gateway-destination-endpoint"
+SERVED = "x-gateway-destination-endpoint-served"
+SUBSET_NAMESPACE, SUBSET_KEY = "envoy.lb.subset_hint", "x-gateway-destination-endpoint-subset"
+OBJECTIVE, FAIRNESS, REWRITE = (
+    "x-gateway-inference-objective",
+    "x-gateway-inference-fairness-id",
+    "x-gateway-model-name-rewrite",
+)
+SYSTEM_OWNED = frozenset(
+    {DESTINATION, SERVED, SUBSET_KEY, OBJECTIVE, FAIRNESS, REWRITE, "content-length", "host"}
+)
+REQUIRED_FIELD = {"/chat/completions": "messages", "/completions": "prompt", "/embeddings": "input"}
+
+
+class PickError(Exception):
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+
+
+@dataclass
+class StreamState:
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytearray = field(default_factory=bytearray)
+    incoming_model: str = ""
+    target_model: str = ""
+    endpoint: str = ""
+    served: str = ""
+    streaming: bool = False
+    subset: set[str] | None = None
+    response_body: bytearray = field(default_factory=bytearray)
+    relay: SSERelay = field(default_factory=lambda: SSERelay(strip_usage=False))
+
+
+def _header_option(key: str, value: str) -> core.HeaderValueOption:
+    return core.HeaderValueOption(header=core.HeaderValue(key=key, raw_value=value.encode()))
+
+
+def immediate(status: int, message: str, code: str) -> ep.ProcessingResponse:
+    error_type = "invalid_request_error" if status < 500 and status != 429 else "server_error"
+    if status == 429:
+        error_type = "rate_limit_error"
+    body = json.dumps(
+        {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+    )
+    return ep.ProcessingResponse(
+        immediate_response=ep.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=status),
+            body=body.encode(),
+            headers=ep.HeaderMutation(
+                set_headers=[_header_option("content-type", "application/json")]
+            ),
+            details=f"inference error: {code}",
+        )
+    )
+
+
+def body_chunks(
+    data: bytes, phase: str, end_of_stream: bool = True
+) -> Iterator[ep.ProcessingResponse]:
+    """``data`` as streamed body replies of at most BODY_CHUNK bytes; EoS on the last one."""
+    pieces = [data[i : i + BODY_CHUNK] for i in range(0, len(data), BODY_CHUNK)] or [b""]
+    for index, piece in enumerate(pieces):
+        last = end_of_stream and index == len(pieces) - 1
+        mutation = ep.BodyMutation(
+            streamed_response=ep.StreamedBodyResponse(body=piece, end_of_stream=last)
+        )
+        yield ep.ProcessingResponse(
+            **{phase: ep.BodyResponse(response=ep.CommonResponse(body_mutation=mutation))}
+        )
+
+
+class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    def __init__(self, service: EppService) -> None:
+        self.service = service
+        self.saturation = SaturationDetector()
+
+    async def Process(
+        self, requests: AsyncIterator[ep.ProcessingRequest], context: object
+    ) -> AsyncIterator[ep.ProcessingResponse]:
+        state = StreamState()
+        async for request in requests:
+            kind = request.WhichOneof("request")
+            subset = _subset(request)
+            if subset is not None:
+                state.subset = subset
+            if kind == "request_headers":
+                state.headers = _read_headers(request.request_headers.headers)
+                if request.request_headers.end_of_stream:  # no body (e.g. GET): any endpoint
+                    for reply in self._route(state, has_body=False):
+                        yield reply
+            elif kind == "request_body":
+                state.body += request.request_body.body
+                if request.request_body.end_of_stream:
+                    for reply in self._route(state, has_body=True):
+                        yield reply
+            elif kind == "request_trailers":
+                yield ep.ProcessingResponse(request_trailers=ep.TrailersResponse())
+            elif kind == "response_headers":
+                yield self._response_headers(state, request)
+            elif kind == "response_body":
+                for reply in self._response_body(state, request.response_body):
+                    yield reply
+            elif kind == "response_trailers":
+                yield ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
+
+    def _route(self, state: StreamState, *, has_body: bool) -> Iterator[ep.ProcessingResponse]:
+        try:
+            body = self._parse(state) if has_body else {}
+            endpoint = self._pick(state, body, state.subset)
+        except PickError as exc:
+            self.service.metrics.rejections.labels(exc.code).inc()
+            yield immediate(exc.status, exc.message, exc.code)
+            return
+        state.endpoint = endpoint
+        new_body = b""
+        if has_body:
+            body["model"] = state.target_model
+            new_body = json.dumps(body, separators=(",", ":")).encode()
+        set_headers = [_header_option(DESTINATION, endpoint)]
+        if has_body:
+            set_headers.append(_header_option("Content-Length", str(len(new_body))))
+        set_headers += [
+            _header_option(k, v)
+            for k, v in state.headers.items()
+            if not k.startswith(":") and k.lower() not in SYSTEM_OWNED
+        ]
+        metadata = struct_pb2.Struct()
+        metadata.update({"envoy.lb": {DESTINATION: endpoint}})
+        yield ep.ProcessingResponse(
+            request_headers=ep.HeadersResponse(
+                response=ep.CommonResponse(
+                    clear_route_cache=True,
+                    header_mutation=ep.HeaderMutation(set_headers=set_headers),
+                )
+            ),
+            dynamic_metadata=metadata,
+        )
+        if has_body:
+            yield from body_chunks(new_body, "request_body")
+
+    def _parse(self, state: StreamState) -> dict[str, object]:
+        try:
+            body = json.loads(state.body)
+        except ValueError as exc:
+            raise PickError(400, f"request body is not JSON: {exc}", "bad_request") from exc
+        if not isinstance(body, dict):
+            raise PickError(400, "request body must be a JSON object", "bad_request")
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise PickError(400, "model not found in request body", "bad_request")
+        path = state.headers.get(":path", "/v1/completions").split("?")[0]
+        needed = next((f for suffix, f in REQUIRED_FIELD.items() if path.endswith(suffix)), None)
+        if needed and not body.get(needed):
+            raise PickError(400, f"'{needed}' is required for {path}", "bad_request")
+        return body
+
+    def _pick(self, state: StreamState, body: dict[str, object], subset: set[str] | None) -> str:
+        incoming = body.get("model") if body else None
+        model = incoming if isinstance(incoming, str) else ""
+        pool = (
+            self.service.pool_for_model(model) if model else next(iter(self.service.policy.pools))
+        )
+        if pool is None:
+            raise PickError(404, f"The model `{model}` does not exist.", "model_not_found")
+        rewrite = state.headers.get(REWRITE)
+        state.incoming_model = model
+        state.target_model = rewrite or self.service.target_model(pool, model)
+        request_id = state.headers.get("x-request-id") or str(uuid.uuid4())
+        state.headers["x-request-id"] = request_id
+        candidates = self.service.candidates(pool, None, subset)
+        if not candidates:
+            raise PickError(
+                503, "failed to find endpoint candidates for serving the request", "no_candidates"
+            )
+        objective = state.headers.get(OBJECTIVE, "")
+        if objective.lower().endswith("sheddable") and self.saturation.all_saturated(candidates):
+            raise PickError(429, "system saturated, sheddable request dropped", "shed")
+        pool_spec = self.service.policy.pools[pool]
+        scheduling = SchedulingRequest(
+            request_id=request_id,
+            model=state.target_model,
+            routing_text=routing_text(body),
+            lora=state.target_model if state.target_model in pool_spec.adapters else None,
+            headers=state.headers,
+            session_id=state.headers.get("x-session-id"),
+        )
+        result = self.service.pick(pool, scheduling, subset=subset)
+        if result.target is None:
+            raise PickError(429, "failed to find target endpoint", "no_endpoint")
+        return result.target.address
+
+    def _response_headers(
+        self, state: StreamState, request: ep.ProcessingRequest
+    ) -> ep.ProcessingResponse:
+        headers = _read_headers(request.response_headers.headers)
+        state.streaming = "text/event-stream" in headers.get("content-type", "")
+        served = request.metadata_context.filter_metadata.get("envoy.lb")
+        if served is not None and SERVED in served.fields:
+            state.served = served.fields[SERVED].string_value
+        return ep.ProcessingResponse(
+            response_headers=ep.HeadersResponse(response=ep.CommonResponse())
+        )
+
+    def _response_body(
+        self, state: StreamState, body: ep.HttpBody
+    ) -> Iterator[ep.ProcessingResponse]:
+        if state.streaming:
+            state.relay.feed(body.body)
+            if body.end_of_stream and state.relay.usage:
+                self._count_usage(state.relay.usage)
+            yield from body_chunks(
+                self._restore_model(state, body.body), "response_body", body.end_of_stream
+            )
+            return
+        state.response_body += body.body
+        if not body.end_of_stream:
+            return
+        data = bytes(state.response_body)
+        try:
+            usage = json.loads(data).get("usage")
+        except (ValueError, AttributeError):
+            usage = None
+        if isinstance(usage, dict):
+            self._count_usage(usage)
+        yield from body_chunks(self._restore_model(state, data), "response_body")
+
+    def _restore_model(self, state: StreamState, data: bytes) -> bytes:
+        if not state.target_model or state.target_model == state.incoming_model:
+            return data
+        for separator in (":", ": "):
+            old = f'"model"{separator}{json.dumps(state.target_model)}'.encode()
+            new = f'"model"{separator}{json.dumps(state.incoming_model)}'.encode()
+            data = data.replace(old, new)
+        return data
+
+    def _count_usage(self, usage: dict[str, object]) -> None:
+        for key, direction in (("prompt_tokens", "prompt"), ("completion_tokens", "completion")):
+            value = usage.get(key)
+            if isinstance(value, int):
+                self.service.metrics.tokens.labels(direction).inc(value)
+
+
+def _read_headers(header_map: core.HeaderMap) -> dict[str, str]:
+    return {
+        h.key.lower(): (h.raw_value.decode() if h.raw_value else h.value)
+        for h in header_map.headers
+    }
+
+
+def _subset(request: ep.ProcessingRequest) -> set[str] | None:
+    hint = request.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
+    if hint is None or SUBSET_KEY not in hint.fields:
+        return None
+    return {v.string_value.rsplit(":", 1)[0] for v in hint.fields[SUBSET_KEY].list_value.values}

@@ -1,0 +1,55 @@
+"""kvgate's Pick API (``proto/epp.proto``), for gateways that run the picker as a service."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import grpc
+
+from epp.framework import SchedulingRequest
+from epp.service import EppService
+from proto import epp_pb2, epp_pb2_grpc
+
+
+class PickApi(epp_pb2_grpc.EndpointPickerServicer):
+    def __init__(self, service: EppService) -> None:
+        self.service = service
+
+    async def Pick(
+        self, request: epp_pb2.PickRequest, context: grpc.aio.ServicerContext
+    ) -> epp_pb2.PickResponse:
+        pool = self.service.pool_for_model(request.model)
+        if pool is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {request.model!r}")
+        assert pool is not None
+        target = self.service.target_model(pool, request.model)
+        if request.WhichOneof("prompt") == "token_ids":
+            text = json.dumps(list(request.token_ids.ids), separators=(",", ":"))
+        else:
+            text = request.routing_text
+        headers = dict(request.headers)
+        scheduling = SchedulingRequest(
+            request_id=request.request_id or str(uuid.uuid4()),
+            model=target,
+            routing_text=text,
+            lora=target if target in self.service.policy.pools[pool].adapters else None,
+            headers=headers,
+            session_id=headers.get("x-session-id"),
+        )
+        subset = {s.rsplit(":", 1)[0] for s in request.subset} if request.subset else None
+        result = self.service.pick(pool, scheduling, exclude=set(request.exclude), subset=subset)
+        if result.target is None:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, "no endpoint can serve the request"
+            )
+        endpoints = [
+            epp_pb2.EndpointScore(address=e.address, score=result.scores[e.address], role=e.role)
+            for e in result.ranked
+        ]
+        return epp_pb2.PickResponse(
+            endpoints=endpoints,
+            target_model=target,
+            decided_by=result.winner_by,
+            pd=epp_pb2.PdPair(decode=result.ranked[0].address),
+        )

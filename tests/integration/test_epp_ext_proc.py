@@ -1,0 +1,271 @@
+"""`kvgate epp` driven over gRPC the way Envoy drives GIE's picker, plus the Pick API and health."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from envoy.config.core.v3 import base_pb2 as core
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from google.protobuf import struct_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from loadtest.processes import KvgateProcess, free_port
+from proto import epp_pb2, epp_pb2_grpc
+
+ENDPOINTS = ["127.0.0.2:{p}", "127.0.0.3:{p}"]  # loopback addresses nothing listens on
+
+
+@pytest.fixture(scope="module")
+def epp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    directory: Path = tmp_path_factory.mktemp("epp")
+    dead = free_port()
+    endpoints = ", ".join(e.format(p=dead) for e in ENDPOINTS)
+    policy = directory / "policy.yaml"
+    policy.write_text(f"""
+pools:
+  main: {{model: upstream-model, endpoints: [{endpoints}]}}
+routes: [{{model: public-model, pool: main}}]
+""")
+    grpc_port, metrics_port = free_port(), free_port()
+    args = [
+        "epp",
+        "--policy",
+        str(policy),
+        "--host",
+        "127.0.0.1",
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-port",
+        str(metrics_port),
+    ]
+    with KvgateProcess(args, f"http://127.0.0.1:{metrics_port}/metrics"):
+        yield f"127.0.0.1:{grpc_port}", metrics_port
+
+
+def headers_msg(
+    headers: dict[str, str], end: bool = False, subset: list[str] | None = None
+) -> ep.ProcessingRequest:
+    request = ep.ProcessingRequest(
+        request_headers=ep.HttpHeaders(
+            headers=core.HeaderMap(
+                headers=[core.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()]
+            ),
+            end_of_stream=end,
+        )
+    )
+    if subset is not None:
+        hint = struct_pb2.Struct()
+        hint.update({"x-gateway-destination-endpoint-subset": subset})
+        request.metadata_context.filter_metadata["envoy.lb.subset_hint"].CopyFrom(hint)
+    return request
+
+
+def body_msgs(body: bytes, pieces: int = 3) -> list[ep.ProcessingRequest]:
+    size = max(1, len(body) // pieces + 1)
+    chunks = [body[i : i + size] for i in range(0, len(body), size)]
+    return [
+        ep.ProcessingRequest(request_body=ep.HttpBody(body=c, end_of_stream=i == len(chunks) - 1))
+        for i, c in enumerate(chunks)
+    ]
+
+
+def exchange(target: str, messages: list[ep.ProcessingRequest]) -> list[ep.ProcessingResponse]:
+    with grpc.insecure_channel(
+        target, options=[("grpc.max_receive_message_length", 64 << 20)]
+    ) as channel:
+        stub = ep_grpc.ExternalProcessorStub(channel)
+        return list(stub.Process(iter(messages), timeout=10))
+
+
+REQUEST_HEADERS = {
+    ":path": "/v1/chat/completions",
+    ":method": "POST",
+    "x-request-id": "req-1",
+    "content-type": "application/json",
+    "x-custom": "kept",
+    "x-gateway-inference-fairness-id": "tenant-a",
+}
+
+
+def chat_body(content: str = "hello") -> bytes:
+    return json.dumps(
+        {
+            "model": "public-model",
+            "messages": [{"role": "user", "content": content}],
+            "stream": True,
+        }
+    ).encode()
+
+
+def set_headers(reply: ep.ProcessingResponse) -> dict[str, str]:
+    mutation = reply.request_headers.response.header_mutation
+    return {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers}
+
+
+def test_request_path_like_gie(epp: tuple[str, int]) -> None:
+    target, _ = epp
+    replies = exchange(target, [headers_msg(REQUEST_HEADERS), *body_msgs(chat_body())])
+    first, *body_replies = replies
+    assert first.WhichOneof("response") == "request_headers"
+    assert first.request_headers.response.clear_route_cache
+    headers = set_headers(first)
+    endpoint = headers["x-gateway-destination-endpoint"]
+    assert endpoint in {e.format(p=endpoint.rsplit(":", 1)[1]) for e in ENDPOINTS}
+    lb = first.dynamic_metadata.fields["envoy.lb"].struct_value
+    assert lb.fields["x-gateway-destination-endpoint"].string_value == endpoint
+    assert headers["x-custom"] == "kept" and headers["x-request-id"] == "req-1"
+    assert "x-gateway-inference-fairness-id" not in headers and ":path" not in headers
+    body = b"".join(
+        r.request_body.response.body_mutation.streamed_response.body for r in body_replies
+    )
+    assert int(headers["Content-Length"]) == len(body)
+    assert json.loads(body)["model"] == "upstream-model"  # the route's rewrite
+    assert body_replies[-1].request_body.response.body_mutation.streamed_response.end_of_stream
+    assert (
+        list(first.request_headers.response.header_mutation.set_headers)[0].header.key
+        == "x-gateway-destination-endpoint"
+    )
+
+
+def test_one_megabyte_body_is_rechunked(epp: tuple[str, int]) -> None:
+    target, _ = epp
+    big = chat_body("x" * 1_000_000)
+    replies = exchange(target, [headers_msg(REQUEST_HEADERS), *body_msgs(big, pieces=20)])
+    chunks = [r.request_body.response.body_mutation.streamed_response for r in replies[1:]]
+    assert all(len(c.body) <= 62_000 for c in chunks) and len(chunks) == 17
+    assert [c.end_of_stream for c in chunks] == [False] * 16 + [True]
+    assert len(json.loads(b"".join(c.body for c in chunks))["messages"][0]["content"]) == 1_000_000
+
+
+def test_model_name_rewrite_header_wins(epp: tuple[str, int]) -> None:
+    target, _ = epp
+    headers = {**REQUEST_HEADERS, "x-gateway-model-name-rewrite": "other-model"}
+    replies = exchange(target, [headers_msg(headers), *body_msgs(chat_body())])
+    body = b"".join(
+        r.request_body.response.body_mutation.streamed_response.body for r in replies[1:]
+    )
+    assert json.loads(body)["model"] == "other-model"
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "subset", "status"),
+    [
+        (REQUEST_HEADERS, b"{not json", None, 400),
+        (REQUEST_HEADERS, b'{"messages": [{"role": "user", "content": "x"}]}', None, 400),
+        (REQUEST_HEADERS, b'{"model": "public-model", "messages": []}', None, 400),
+        (
+            REQUEST_HEADERS,
+            b'{"model": "unknown", "messages": [{"role": "user", "content": "x"}]}',
+            None,
+            404,
+        ),
+        (REQUEST_HEADERS, chat_body(), [], 503),
+        (REQUEST_HEADERS, chat_body(), ["192.0.2.1:8000"], 503),
+    ],
+)
+def test_errors_are_immediate_responses(
+    epp: tuple[str, int],
+    headers: dict[str, str],
+    body: bytes,
+    subset: list[str] | None,
+    status: int,
+) -> None:
+    target, _ = epp
+    (reply,) = exchange(target, [headers_msg(headers, subset=subset), *body_msgs(body)])
+    assert reply.WhichOneof("response") == "immediate_response"
+    assert reply.immediate_response.status.code == status
+    assert "error" in json.loads(reply.immediate_response.body)
+
+
+def test_subset_hint_is_honoured(epp: tuple[str, int]) -> None:
+    target, _ = epp
+    for _ in range(5):
+        replies = exchange(
+            target,
+            [headers_msg(REQUEST_HEADERS, subset=["127.0.0.3:1234"]), *body_msgs(chat_body())],
+        )
+        assert set_headers(replies[0])["x-gateway-destination-endpoint"].startswith("127.0.0.3:")
+
+
+def test_response_path_reads_usage_and_restores_the_model(epp: tuple[str, int]) -> None:
+    target, metrics_port = epp
+    events = [
+        b'data: {"model":"upstream-model","choices":[{"delta":{"content":"hi"}}]}\n\n',
+        b'data: {"model":"upstream-model","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3}}\n\ndata: [DONE]\n\n',
+    ]
+    served = struct_pb2.Struct()
+    served.update({"x-gateway-destination-endpoint-served": "127.0.0.2:1"})
+    response_headers = ep.ProcessingRequest(
+        response_headers=ep.HttpHeaders(
+            headers=core.HeaderMap(
+                headers=[
+                    core.HeaderValue(key=":status", raw_value=b"200"),
+                    core.HeaderValue(key="content-type", raw_value=b"text/event-stream"),
+                ]
+            )
+        )
+    )
+    response_headers.metadata_context.filter_metadata["envoy.lb"].CopyFrom(served)
+    messages = [
+        headers_msg(REQUEST_HEADERS),
+        *body_msgs(chat_body(), pieces=1),
+        response_headers,
+        ep.ProcessingRequest(response_body=ep.HttpBody(body=events[0])),
+        ep.ProcessingRequest(response_body=ep.HttpBody(body=events[1], end_of_stream=True)),
+    ]
+    replies = exchange(target, messages)
+    kinds = [r.WhichOneof("response") for r in replies]
+    assert kinds == [
+        "request_headers",
+        "request_body",
+        "response_headers",
+        "response_body",
+        "response_body",
+    ]
+    out = b"".join(
+        r.response_body.response.body_mutation.streamed_response.body for r in replies[3:]
+    )
+    assert b'"model":"public-model"' in out and b"upstream-model" not in out
+    assert replies[-1].response_body.response.body_mutation.streamed_response.end_of_stream
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as response:
+        text = response.read().decode()
+    assert 'kvgate_epp_tokens_total{direction="prompt"} 7.0' in text
+    assert "kvgate_epp_pick_duration_seconds_bucket" in text
+
+
+def test_health_services(epp: tuple[str, int]) -> None:
+    target, _ = epp
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for name in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
+            status = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5).status
+            assert status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_pick_api(epp: tuple[str, int]) -> None:
+    target, _ = epp
+    with grpc.insecure_channel(target) as channel:
+        stub = epp_pb2_grpc.EndpointPickerStub(channel)
+        response = stub.Pick(
+            epp_pb2.PickRequest(model="public-model", routing_text="hello " * 40), timeout=5
+        )
+        assert response.target_model == "upstream-model" and len(response.endpoints) == 2
+        assert response.pd.decode == response.endpoints[0].address
+        again = stub.Pick(
+            epp_pb2.PickRequest(
+                model="public-model",
+                routing_text="hello " * 40,
+                exclude=[response.endpoints[0].address],
+            ),
+            timeout=5,
+        )
+        assert [e.address for e in again.endpoints] == [response.endpoints[1].address]
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Pick(epp_pb2.PickRequest(model="nope", routing_text="x"), timeout=5)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
