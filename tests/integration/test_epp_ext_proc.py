@@ -128,7 +128,7 @@ def test_request_path_like_gie(epp: tuple[str, int]) -> None:
     assert json.loads(body)["model"] == "upstream-model"  # the route's rewrite
     assert body_replies[-1].request_body.response.body_mutation.streamed_response.end_of_stream
     assert (
-        list(first.request_headers.response.header_mutation.set_headers)[0].header.key
+        first.request_headers.response.header_mutation.set_headers[0].header.key
         == "x-gateway-destination-endpoint"
     )
 
