@@ -9,7 +9,16 @@ from policies.schema import Policy
 class Datastore:
     def __init__(self, policy: Policy) -> None:
         self.pools: dict[str, list[Endpoint]] = {
-            name: [Endpoint(e.address, name, e.role, dict(e.labels)) for e in pool.endpoints]
+            name: [
+                Endpoint(
+                    e.address,
+                    name,
+                    e.role,
+                    dict(e.labels),
+                    kv_events_port=e.kv_events_port or pool.kv_events_port,
+                )
+                for e in pool.endpoints
+            ]
             for name, pool in policy.pools.items()
         }
         self.engines = {name: pool.engine for name, pool in policy.pools.items()}

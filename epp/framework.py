@@ -44,6 +44,7 @@ class Endpoint:
     metrics: EndpointMetrics = field(default_factory=EndpointMetrics)
     metrics_port: int | None = None  # where /metrics is served, if not on ``address``
     dispatched: int = 0  # picks since the last scrape, not yet visible in ``metrics``
+    kv_events_port: int | None = None  # where the engine publishes KV events (ZMQ PUB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,7 @@ class SchedulingRequest:
     lora: str | None = None  # the adapter the request needs, if any
     headers: Mapping[str, str] = field(default_factory=dict)
     session_id: str | None = None
+    body: Mapping[str, object] = field(default_factory=dict)  # the OpenAI request, for tokenizing
 
 
 @runtime_checkable

@@ -37,6 +37,7 @@ class EmbeddedEpp:
             lora=model if model in self.service.policy.pools[pool].adapters else None,
             headers=request.headers,
             session_id=request.headers.get("x-session-id"),
+            body=request.body,
         )
         target = self.service.pick(pool, scheduling, exclude=exclude).target
         return None if target is None else self._states[(pool, target.address)]

@@ -10,6 +10,7 @@ import time
 from epp.config import build_profile
 from epp.datastore import Datastore
 from epp.framework import Endpoint, SchedulingRequest, SchedulingResult
+from epp.kv_events import KVEventSubscriber
 from epp.metrics import EppMetrics
 from epp.scheduler import Scheduler
 from epp.scorers.prefix_cache import PrefixCacheScorer
@@ -25,12 +26,22 @@ class EppService:
         self.scraper = MetricsScraper(self.datastore, policy.epp.scrape_interval)
         self.metrics = metrics or EppMetrics()
         self.scraper.on_error = lambda e: self.metrics.scrape_errors.labels(e.address).inc()
+        self.prefix = next((ws.scorer for ws in self.scheduler.profile.scorers
+                            if isinstance(ws.scorer, PrefixCacheScorer)), None)  # fmt: skip
+        self.events: KVEventSubscriber | None = None
+        if self.prefix is not None and self.prefix.precise:
+            self.events = KVEventSubscriber(self.prefix.precise_index, self.datastore.all(),
+                                            self.metrics.event_lag.observe)  # fmt: skip
 
     async def start(self) -> None:
         await self.scraper.start()
+        if self.events is not None:
+            await self.events.start()
 
     async def stop(self) -> None:
         await self.scraper.stop()
+        if self.events is not None:
+            await self.events.stop()
 
     def pool_for_model(self, model: str) -> str | None:
         route = self.policy.route_for(model)
@@ -46,6 +57,8 @@ class EppService:
         *,
         exclude: set[str] | None = None,
         subset: set[str] | None = None,
+        roles: tuple[str, ...] = (),
+        learn: bool = True,
     ) -> SchedulingResult:
         """Rank ``pool``'s endpoints for ``request``; the winner learns the request's prefix.
 
@@ -53,12 +66,42 @@ class EppService:
         """
         started = time.perf_counter()
         candidates = self.candidates(pool, exclude, subset)
+        if roles:
+            candidates = [e for e in candidates if e.role in roles]
         result = self.scheduler.schedule(request, candidates)
         if result.target is not None:
-            self.scheduler.observe(request, result.target)
+            if learn:
+                self.scheduler.observe(request, result.target)
             self.metrics.decisions.labels(pool, result.winner_by or "none").inc()
         self.metrics.pick_latency.labels(pool).observe(time.perf_counter() - started)
         return result
+
+    def pick_pd(
+        self,
+        pool: str,
+        request: SchedulingRequest,
+        *,
+        exclude: set[str] | None = None,
+        subset: set[str] | None = None,
+    ) -> tuple[SchedulingResult, Endpoint | None]:
+        """A decode pick and, when the prompt's uncached part there is at least the pool's
+        ``pd.min_uncached_tokens``, a prefill endpoint to compute it (else None)."""
+        roles = ("decode", "both")
+        decode = self.pick(pool, request, exclude=exclude, subset=subset, roles=roles, learn=False)
+        threshold = self.policy.pools[pool].pd_min_uncached_tokens
+        target = decode.target
+        if target is None:
+            return decode, None
+        needs_prefill = (
+            threshold is not None
+            and self.prefix is not None
+            and self.prefix.uncached_tokens(request, target) >= threshold
+        )
+        self.scheduler.observe(request, target)
+        if not needs_prefill:
+            return decode, None
+        prefill = self.pick(pool, request, exclude=exclude, subset=subset, roles=("prefill",))
+        return decode, prefill.target
 
     def candidates(
         self, pool: str, exclude: set[str] | None, subset: set[str] | None
@@ -71,8 +114,10 @@ class EppService:
         return endpoints
 
     def update_gauges(self) -> None:
-        for weighted in self.scheduler.profile.scorers:
-            if isinstance(weighted.scorer, PrefixCacheScorer):
-                for endpoint in self.datastore.all():
-                    blocks = weighted.scorer.index.blocks_of(endpoint.address)
-                    self.metrics.index_blocks.labels(endpoint.address).set(blocks)
+        if self.prefix is None:
+            return
+        index = self.prefix.precise_index if self.prefix.precise else self.prefix.index
+        for endpoint in self.datastore.all():
+            self.metrics.index_blocks.labels(endpoint.address).set(
+                index.blocks_of(endpoint.address)
+            )

@@ -98,6 +98,10 @@ class Fields:
         self._range(key, value, low, high)
         return value
 
+    def opt_int(self, key: str, *, low: int | None = None, high: int | None = None) -> int | None:
+        """An optional integer; None when absent."""
+        return self.integer(key, low=low, high=high) if self.has(key) else None
+
     def number(
         self,
         key: str,

@@ -109,7 +109,14 @@ def _pools(top: Fields) -> dict[str, Pool]:
     if not top.has("pools"):
         top.error("pools", "is required: at least one pool of endpoints")
     for path, name, value in top.entries("pools"):
-        f = Fields(top.source, value, path, {"model", "engine", "endpoints", "api_key", "adapters"})
+        f = Fields(
+            top.source,
+            value,
+            path,
+            {"model", "engine", "endpoints", "api_key", "adapters", "kv_events", "pd"},
+        )
+        kv_events = f.sub("kv_events", {"port"})
+        pd = f.sub("pd", {"min_uncached_tokens"})
         endpoints: list[Endpoint] = []
         for item_path, item in f.items("endpoints", required=True):
             endpoint = _endpoint(f, item_path, item)
@@ -127,6 +134,8 @@ def _pools(top: Fields) -> dict[str, Pool]:
             engine=f.text("engine", "vllm", choices=ENGINES),
             api_key=f.opt_str("api_key"),
             adapters=f.str_list("adapters") or (),
+            kv_events_port=kv_events.opt_int("port", low=1, high=65535),
+            pd_min_uncached_tokens=pd.opt_int("min_uncached_tokens", low=0),
         )
     return pools
 
@@ -134,7 +143,7 @@ def _pools(top: Fields) -> dict[str, Pool]:
 def _endpoint(parent: Fields, path: str, item: object) -> Endpoint | None:
     if isinstance(item, str):
         item = {"address": item}
-    f = Fields(parent.source, item, path, {"address", "role", "labels"})
+    f = Fields(parent.source, item, path, {"address", "role", "labels", "kv_events_port"})
     address = f.text("address")
     if address and not _ADDRESS.match(address):
         f.error(f"{path}.address", f"must be host:port; got {address!r}")
@@ -144,7 +153,13 @@ def _endpoint(parent: Fields, path: str, item: object) -> Endpoint | None:
         labels = {}
     if not address:
         return None
-    return Endpoint(address=address, role=f.text("role", "both", choices=ROLES), labels=labels)
+    port = f.opt_int("kv_events_port", low=1, high=65535)
+    return Endpoint(
+        address=address,
+        role=f.text("role", "both", choices=ROLES),
+        labels=labels,
+        kv_events_port=port,
+    )
 
 
 def _tenants(top: Fields) -> dict[str, Tenant]:

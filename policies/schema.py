@@ -79,6 +79,7 @@ class Endpoint:
     address: str  # host:port
     role: str = "both"  # both | prefill | decode
     labels: Mapping[str, str] = field(default_factory=dict)
+    kv_events_port: int | None = None  # overrides the pool's kv_events.port for this endpoint
 
     @property
     def url(self) -> str:
@@ -93,6 +94,8 @@ class Pool:
     engine: str = "vllm"  # metric names the picker scrapes: vllm | sglang | kvgate
     api_key: str | None = None  # sent upstream as a bearer token (clients' keys never are)
     adapters: tuple[str, ...] = ()  # LoRA adapters served here; a request for one prefers residents
+    kv_events_port: int | None = None  # the endpoints' KV-event port, for precise prefix routing
+    pd_min_uncached_tokens: int | None = None  # prefill/decode pools: when to add a prefill pick
 
 
 @dataclass(frozen=True)

@@ -219,6 +219,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
             lora=state.target_model if state.target_model in pool_spec.adapters else None,
             headers=state.headers,
             session_id=state.headers.get("x-session-id"),
+            body=body,
         )
         result = self.service.pick(pool, scheduling, subset=subset)
         if result.target is None:

@@ -24,10 +24,12 @@ class PickApi(epp_pb2_grpc.EndpointPickerServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {request.model!r}")
         assert pool is not None
         target = self.service.target_model(pool, request.model)
+        body: dict[str, object]
         if request.WhichOneof("prompt") == "token_ids":
-            text = json.dumps(list(request.token_ids.ids), separators=(",", ":"))
+            ids = list(request.token_ids.ids)
+            text, body = json.dumps(ids, separators=(",", ":")), {"prompt": ids}
         else:
-            text = request.routing_text
+            text, body = request.routing_text, {"prompt": request.routing_text}
         headers = dict(request.headers)
         scheduling = SchedulingRequest(
             request_id=request.request_id or str(uuid.uuid4()),
@@ -36,9 +38,12 @@ class PickApi(epp_pb2_grpc.EndpointPickerServicer):
             lora=target if target in self.service.policy.pools[pool].adapters else None,
             headers=headers,
             session_id=headers.get("x-session-id"),
+            body=body,
         )
         subset = {s.rsplit(":", 1)[0] for s in request.subset} if request.subset else None
-        result = self.service.pick(pool, scheduling, exclude=set(request.exclude), subset=subset)
+        result, prefill = self.service.pick_pd(
+            pool, scheduling, exclude=set(request.exclude), subset=subset
+        )
         if result.target is None:
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, "no endpoint can serve the request"
@@ -51,5 +56,7 @@ class PickApi(epp_pb2_grpc.EndpointPickerServicer):
             endpoints=endpoints,
             target_model=target,
             decided_by=result.winner_by,
-            pd=epp_pb2.PdPair(decode=result.ranked[0].address),
+            pd=epp_pb2.PdPair(
+                decode=result.ranked[0].address, prefill=prefill.address if prefill else ""
+            ),
         )

@@ -119,3 +119,43 @@ async def test_lora_requests_prefer_the_backend_running_the_adapter(
         busy.close()
     gained = [b - a for a, b in zip(before, after, strict=True)]
     assert gained[2] == sum(gained) and gained[2] > 0, gained
+
+
+async def test_precise_mode_learns_from_kv_events(
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+) -> None:
+    """A prefix cached on a backend behind the gateway's back is found through KV events."""
+    with ExitStack() as stack:
+        addresses = []
+        for _ in range(3):
+            port, events = free_port(), free_port()
+            stack.enter_context(
+                backend_process(port, "--cost", "zero", "--kv-events-port", str(events))
+            )
+            addresses.append(f"{{address: 127.0.0.1:{port}, kv_events_port: {events}}}")
+        url, _ = start_gateway(f"""
+pools: {{p: {{endpoints: [{", ".join(addresses)}]}}}}
+routes: [{{model: kvgate-sim, pool: p}}]
+epp:
+  plugins:
+    - {{name: prefix, type: prefix-cache-scorer, params: {{mode: precise, block_size_tokens: 16}}}}
+    - {{name: queue, type: queue-scorer}}
+    - {{name: pick, type: max-score-picker}}
+  profiles: [{{name: default, plugins: [{{ref: prefix, weight: 3}}, {{ref: queue, weight: 1}}, {{ref: pick}}]}}]
+""")
+        backends = [a.split("address: ")[1].split(",")[0] for a in addresses]
+        await asyncio.sleep(0.5)  # let the subscriptions connect
+        async with aiohttp.ClientSession() as session:
+            for i, backend in enumerate(backends):
+                prompt = f"{i} {PREFIX}"
+                await complete(
+                    session, f"http://{backend}", prompt
+                )  # directly, not via the gateway
+            await asyncio.sleep(0.3)
+            before = [hits([b]) for b in backends]
+            for i in range(len(backends)):
+                for _ in range(2):
+                    await complete(session, url, f"{i} {PREFIX}")
+            gained = [hits([b]) - h for b, h in zip(backends, before, strict=True)]
+    prefix_tokens = (len(f"0 {PREFIX}") - 1) // 16 * 16
+    assert gained == [2 * prefix_tokens] * 3, gained

@@ -1,0 +1,126 @@
+"""Precise prefix index fed by vLLM-format KV events: stores, removals, clears, gaps, restarts,
+speculation, and agreement with a brute-force oracle."""
+
+from __future__ import annotations
+
+import time
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from epp.indexes.precise import PreciseIndex, block_keys
+
+A, B = "127.0.0.1:1", "127.0.0.1:2"
+BS = 4
+
+
+def stored(
+    hashes: list[int], parent: int | None, tokens: list[int], lora: str | None = None
+) -> list[object]:
+    return ["BlockStored", hashes, parent, tokens, BS, None, "GPU", lora]
+
+
+def test_keys_do_not_depend_on_engine_hashes() -> None:
+    tokens = list(range(12))
+    index = PreciseIndex()
+    index.apply_batch(A, 0, [stored([111, 222], None, tokens[:8])])
+    index.apply_batch(A, 1, [stored([333], 222, tokens[8:12])])  # continues the chain
+    index.apply_batch(B, 0, [stored([9, 8, 7], None, tokens)])  # other engine, other hashes
+    keys = block_keys(tokens, BS)
+    assert index.match(keys, [A, B]) == {A: 3, B: 3}
+    assert index.match(block_keys([*tokens[:4], 99, 99, 99, 99], BS), [A]) == {A: 1}
+    assert index.match(block_keys(tokens, BS, lora="sql"), [A]) == {A: 0}
+
+
+def test_removed_and_all_cleared() -> None:
+    tokens = list(range(8))
+    index = PreciseIndex()
+    index.apply_batch(A, 0, [stored([1, 2], None, tokens)])
+    index.apply_batch(A, 1, [["BlockRemoved", [2], "GPU"]])
+    assert index.match(block_keys(tokens, BS), [A]) == {A: 1}
+    index.apply_batch(A, 2, [["AllBlocksCleared"]])
+    assert index.match(block_keys(tokens, BS), [A]) == {A: 0} and len(index) == 0
+    index.apply_batch(A, 3, [stored([5], None, tokens[:4])])  # the sequence carries on
+    assert index.match(block_keys(tokens, BS), [A]) == {A: 1}
+
+
+def test_unknown_parent_is_not_indexed() -> None:
+    index = PreciseIndex()
+    index.apply_batch(A, 0, [stored([7], 12345, list(range(4)))])
+    assert len(index) == 0
+
+
+def test_gap_and_restart_clear_the_endpoint() -> None:
+    tokens = list(range(8))
+    index = PreciseIndex()
+    index.apply_batch(A, 0, [stored([1, 2], None, tokens)])
+    index.apply_batch(B, 0, [stored([1, 2], None, tokens)])
+    index.apply_batch(A, 5, [])  # seq 1..4 lost
+    assert index.gaps == 1 and index.match(block_keys(tokens, BS), [A, B]) == {A: 0, B: 2}
+    index.apply_batch(B, 0, [stored([3], None, tokens[:4])])  # B restarted: seq back to 0
+    assert index.restarts == 1 and index.match(block_keys(tokens, BS), [B]) == {B: 1}
+
+
+def test_duplicate_blocks_survive_one_removal() -> None:
+    tokens = list(range(4))
+    index = PreciseIndex()
+    index.apply_batch(A, 0, [stored([1], None, tokens), stored([2], None, tokens)])
+    index.apply_batch(A, 1, [["BlockRemoved", [1], "GPU"]])
+    assert index.match(block_keys(tokens, BS), [A]) == {A: 1}
+    index.apply_batch(A, 2, [["BlockRemoved", [2], "GPU"]])
+    assert index.match(block_keys(tokens, BS), [A]) == {A: 0}
+
+
+def test_speculative_records_expire() -> None:
+    index = PreciseIndex(speculative_ttl=0.05)
+    keys = block_keys(list(range(8)), BS)
+    index.record_speculative(A, keys)
+    assert index.match(keys, [A, B]) == {A: 2, B: 0}
+    time.sleep(0.08)
+    assert index.match(keys, [A]) == {A: 0}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([A, B]),
+            st.sampled_from(["store", "remove", "clear"]),
+            st.lists(st.integers(0, 3), min_size=1, max_size=3),
+        ),
+        max_size=30,
+    ),
+    st.lists(st.integers(0, 3), min_size=1, max_size=3),
+)
+def test_agrees_with_a_brute_force_oracle(
+    ops: list[tuple[str, str, list[int]]], query: list[int]
+) -> None:
+    """Prompts are chains of 4-token blocks drawn from a small alphabet of block contents."""
+    index = PreciseIndex()
+    oracle: dict[str, dict[int, tuple[int, ...]]] = {A: {}, B: {}}  # engine hash -> block chain
+    seqs = {A: 0, B: 0}
+    for address, op, blocks in ops:
+        chain = tuple(blocks)
+        engine_hashes = [hash((address, chain[: i + 1])) & 0xFFFFFFFF for i in range(len(chain))]
+        if op == "store":
+            tokens = [t for b in chain for t in [b] * BS]
+            event = stored(engine_hashes, None, tokens)
+            for i, h in enumerate(engine_hashes):
+                oracle[address][h] = chain[: i + 1]
+        elif op == "remove":
+            event = ["BlockRemoved", engine_hashes[-1:], "GPU"]
+            oracle[address].pop(engine_hashes[-1], None)
+        else:
+            event = ["AllBlocksCleared"]
+            oracle[address].clear()
+        index.apply_batch(address, seqs[address], [event])
+        seqs[address] += 1
+    keys = block_keys([t for b in query for t in [b] * BS], BS)
+    expected = {}
+    for address in (A, B):
+        held = set(oracle[address].values())
+        depth = 0
+        while depth < len(query) and tuple(query[: depth + 1]) in held:
+            depth += 1
+        expected[address] = depth
+    assert index.match(keys, [A, B]) == expected
