@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench bench-proxy wrk nginx proto clean
+.PHONY: demo test lint format bench bench-proxy bench-epp wrk nginx proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,9 @@ bench: $(STAMP) wrk
 
 bench-proxy: $(STAMP) wrk nginx
 	$(BIN)/python -m loadtest.bench_proxy
+
+bench-epp: $(STAMP)
+	$(BIN)/python -m loadtest.bench_epp
 
 nginx:
 	@command -v nginx >/dev/null || (apt-get update -qq && apt-get install -y -qq nginx >/dev/null) \

@@ -3,8 +3,6 @@ an in-process ``EppService``."""
 
 from __future__ import annotations
 
-from epp.framework import SchedulingRequest
-from epp.routing_text import routing_text
 from epp.service import EppService
 from gateway.picker import EndpointState, PickRequest
 from policies.schema import Policy
@@ -30,14 +28,8 @@ class EmbeddedEpp:
         self, pool: str, request: PickRequest, exclude: set[str]
     ) -> EndpointState | None:
         model = self.service.target_model(pool, request.model)
-        scheduling = SchedulingRequest(
-            request_id=request.request_id,
-            model=model,
-            routing_text=routing_text(request.body),
-            lora=model if model in self.service.policy.pools[pool].adapters else None,
-            headers=request.headers,
-            session_id=request.headers.get("x-session-id"),
-            body=request.body,
+        scheduling = self.service.scheduling_request(
+            pool, request.request_id, model, request.body, request.headers
         )
         target = self.service.pick(pool, scheduling, exclude=exclude).target
         return None if target is None else self._states[(pool, target.address)]

@@ -20,8 +20,12 @@ log = logging.getLogger("kvgate.epp")
 
 
 class KVEventSubscriber:
-    def __init__(self, index: PreciseIndex, endpoints: list[Endpoint],
-                 on_lag: Callable[[float], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        index: PreciseIndex,
+        endpoints: list[Endpoint],
+        on_lag: Callable[[float], None] | None = None,
+    ) -> None:
         self.index = index
         self.endpoints = [e for e in endpoints if e.kv_events_port]
         self.on_lag = on_lag

@@ -1,19 +1,42 @@
-"""The text a request is routed on: the prompt, or every chat message rendered the same way."""
+"""The text a request is routed on: the prompt, or every chat message rendered the same way.
+
+Only a prefix is ever hashed, so ``limit`` (characters) stops the rendering early: each message
+is rendered with its content cut to what is still needed, which keeps the output a stable
+prefix of the full rendering for requests that share their first ``limit`` characters.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
 
+_COMPACT = (",", ":")
 
-def routing_text(body: Mapping[str, object]) -> str:
+
+def routing_text(body: Mapping[str, object], limit: int | None = None) -> str:
     messages = body.get("messages")
     if isinstance(messages, list):
-        return json.dumps(messages, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+        return _render_messages(messages, limit)
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list):
-        return json.dumps(prompt, separators=(",", ":"))
-    value = body.get("input")
-    return json.dumps(value, separators=(",", ":")) if value is not None else ""
+        return prompt if limit is None else prompt[:limit]
+    value = prompt if isinstance(prompt, list) else body.get("input")
+    text = json.dumps(value, separators=_COMPACT) if value is not None else ""
+    return text if limit is None else text[:limit]
+
+
+def _render_messages(messages: list[object], limit: int | None) -> str:
+    parts: list[str] = []
+    size = 0
+    for message in messages:
+        if limit is not None and size >= limit:
+            break
+        if isinstance(message, dict):
+            content = message.get("content")
+            if limit is not None and isinstance(content, str) and len(content) > limit - size:
+                message = {**message, "content": content[: limit - size]}
+        part = json.dumps(message, separators=_COMPACT, sort_keys=True, ensure_ascii=False)
+        parts.append(part)
+        size += len(part) + 1
+    text = "\n".join(parts)
+    return text if limit is None else text[:limit]

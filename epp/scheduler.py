@@ -25,7 +25,9 @@ class Scheduler:
         parts: dict[str, dict[str, float]] = {}
         for weighted in self.profile.scorers:
             scores = weighted.scorer.score(request, endpoints)
-            contribution = {a: weighted.weight * clamp(scores.get(a, 0.0)) for a in totals}
+            weight = weighted.weight
+            get = scores.get
+            contribution = {a: weight * min(1.0, max(0.0, get(a, 0.0))) for a in totals}
             parts[weighted.scorer.name] = contribution
             for address, value in contribution.items():
                 totals[address] += value

@@ -70,6 +70,10 @@ class MetricsScraper:
         return True
 
     async def _poll(self, endpoint: Endpoint) -> None:
+        failures = 0
         while True:
-            await self.scrape_once(endpoint)
-            await asyncio.sleep(self.interval)
+            failures = 0 if await self.scrape_once(endpoint) else failures + 1
+            # a dead endpoint is retried with exponential backoff (up to 5 s), not hammered
+            await asyncio.sleep(
+                min(self.interval * 2 ** min(failures, 10), max(self.interval, 5.0))
+            )

@@ -6,12 +6,14 @@ The embedded gateway picker, the Pick API and the ext_proc server all call ``pic
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from epp.config import build_profile
 from epp.datastore import Datastore
 from epp.framework import Endpoint, SchedulingRequest, SchedulingResult
 from epp.kv_events import KVEventSubscriber
 from epp.metrics import EppMetrics
+from epp.routing_text import routing_text
 from epp.scheduler import Scheduler
 from epp.scorers.prefix_cache import PrefixCacheScorer
 from epp.scraper import MetricsScraper
@@ -26,12 +28,19 @@ class EppService:
         self.scraper = MetricsScraper(self.datastore, policy.epp.scrape_interval)
         self.metrics = metrics or EppMetrics()
         self.scraper.on_error = lambda e: self.metrics.scrape_errors.labels(e.address).inc()
-        self.prefix = next((ws.scorer for ws in self.scheduler.profile.scorers
-                            if isinstance(ws.scorer, PrefixCacheScorer)), None)  # fmt: skip
+        self.prefix = next(
+            (
+                ws.scorer
+                for ws in self.scheduler.profile.scorers
+                if isinstance(ws.scorer, PrefixCacheScorer)
+            ),
+            None,
+        )
         self.events: KVEventSubscriber | None = None
         if self.prefix is not None and self.prefix.precise:
-            self.events = KVEventSubscriber(self.prefix.precise_index, self.datastore.all(),
-                                            self.metrics.event_lag.observe)  # fmt: skip
+            self.events = KVEventSubscriber(
+                self.prefix.precise_index, self.datastore.all(), self.metrics.event_lag.observe
+            )
 
     async def start(self) -> None:
         await self.scraper.start()
@@ -49,6 +58,33 @@ class EppService:
 
     def target_model(self, pool: str, model: str) -> str:
         return self.policy.pools[pool].model or model
+
+    @property
+    def routing_limit(self) -> int | None:
+        """How much routing text the prefix scorer can use (None: all of it)."""
+        if self.prefix is None or self.prefix.precise:
+            return None
+        params = self.prefix.params
+        return params.block_size_tokens * params.chars_per_token * params.max_prefix_blocks
+
+    def scheduling_request(
+        self,
+        pool: str,
+        request_id: str,
+        target_model: str,
+        body: Mapping[str, object],
+        headers: Mapping[str, str],
+    ) -> SchedulingRequest:
+        """What the plugins see for one OpenAI request body sent to ``pool``."""
+        return SchedulingRequest(
+            request_id=request_id,
+            model=target_model,
+            routing_text=routing_text(body, self.routing_limit),
+            lora=target_model if target_model in self.policy.pools[pool].adapters else None,
+            headers=headers,
+            session_id=headers.get("x-session-id"),
+            body=body,
+        )
 
     def pick(
         self,

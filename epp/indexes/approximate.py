@@ -2,9 +2,10 @@
 picker's own decisions (no feedback from the model servers).
 
 A request's routing text is cut into blocks of ``block_chars`` characters (a trailing partial
-block included, at most ``max_blocks``); block *i* is ``xxh64(chunk_i ‖ LE64(hash_{i-1}))``
-with the chain seeded by ``xxh64(model)``, as GIE does. Each endpoint keeps an LRU of the
-hashes routed to it, sized from its KV capacity; eviction also removes it from the reverse map.
+block included, at most ``max_blocks``); block *i* is xxh64 of chunk *i* seeded with the hash of
+block *i-1*, the chain rooted at ``xxh64(model)`` (GIE chains the same way, by concatenation).
+Each endpoint keeps an LRU of the hashes routed to it, sized from its KV capacity; eviction
+also removes it from the reverse map.
 """
 
 from __future__ import annotations
@@ -18,16 +19,19 @@ DEFAULT_CAPACITY = 31_250  # blocks per endpoint when its KV size is unknown (GI
 
 
 def prefix_hashes(model: str, text: str, block_chars: int, max_blocks: int) -> list[int]:
-    """Chained block hashes of ``text``; empty if it is shorter than one block."""
+    """Chained block hashes of ``text``; empty if it is shorter than one block.
+
+    Block *i* is xxh64 of its characters seeded with block *i-1*'s hash (the chain's root is
+    ``xxh64(model)``), so a block's hash depends on everything before it.
+    """
     if len(text) < block_chars:
         return []
     data = text[: block_chars * max_blocks].encode()
     previous = xxhash.xxh64_intdigest(model.encode())
+    digest = xxhash.xxh64_intdigest
     hashes: list[int] = []
     for start in range(0, len(data), block_chars):
-        previous = xxhash.xxh64_intdigest(
-            data[start : start + block_chars] + previous.to_bytes(8, "little")
-        )
+        previous = digest(data[start : start + block_chars], previous)
         hashes.append(previous)
     return hashes
 
@@ -47,15 +51,22 @@ class ApproximatePrefixIndex:
         """Per address, how many leading blocks of ``hashes`` it holds."""
         matched = dict.fromkeys(addresses, 0)
         alive = set(matched)
-        for depth, block in enumerate(hashes):
-            owners = self._owners.get(block)
+        depth = 0
+        owners_of = self._owners.get
+        for block in hashes:
+            owners = owners_of(block)
             if not owners:
                 break
-            alive &= owners
-            if not alive:
-                break
-            for address in alive:
-                matched[address] = depth + 1
+            if not alive <= owners:
+                still = alive & owners
+                for address in alive - still:
+                    matched[address] = depth
+                alive = still
+                if not alive:
+                    break
+            depth += 1
+        for address in alive:
+            matched[address] = depth
         return matched
 
     def record(self, address: str, hashes: list[int], capacity: int = DEFAULT_CAPACITY) -> None:

@@ -21,8 +21,13 @@ import xxhash
 ROOT = 0x6B766761_74650000  # the chain's seed ("kvgate")
 
 
-def block_keys(token_ids: Sequence[int], block_size: int, lora: str | None = None,
-               parent: int = ROOT, max_blocks: int | None = None) -> list[int]:  # fmt: skip
+def block_keys(
+    token_ids: Sequence[int],
+    block_size: int,
+    lora: str | None = None,
+    parent: int = ROOT,
+    max_blocks: int | None = None,
+) -> list[int]:
     """Chained keys of the full blocks of ``token_ids``."""
     keys: list[int] = []
     extra = lora.encode() if lora else b""

@@ -46,9 +46,16 @@ class PrefixCacheScorer:
 
     @classmethod
     def from_config(cls, name: str, raw: Mapping[str, object]) -> PrefixCacheScorer:
-        checks = {k: (lambda v: v > 0) for k in ("block_size_tokens", "chars_per_token",
-                                                  "max_prefix_blocks", "lru_capacity_per_endpoint",
-                                                  "speculative_ttl")}  # fmt: skip
+        checks = {
+            k: (lambda v: v > 0)
+            for k in (
+                "block_size_tokens",
+                "chars_per_token",
+                "max_prefix_blocks",
+                "lru_capacity_per_endpoint",
+                "speculative_ttl",
+            )
+        }
         checks["mode"] = lambda v: v in ("approximate", "precise")
         params = parse_params(Params, name, raw, checks)
         try:

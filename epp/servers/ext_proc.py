@@ -24,8 +24,6 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
-from epp.framework import SchedulingRequest
-from epp.routing_text import routing_text
 from epp.saturation import SaturationDetector
 from epp.service import EppService
 from gateway.sse_relay import SSERelay
@@ -211,15 +209,8 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         objective = state.headers.get(OBJECTIVE, "")
         if objective.lower().endswith("sheddable") and self.saturation.all_saturated(candidates):
             raise PickError(429, "system saturated, sheddable request dropped", "shed")
-        pool_spec = self.service.policy.pools[pool]
-        scheduling = SchedulingRequest(
-            request_id=request_id,
-            model=state.target_model,
-            routing_text=routing_text(body),
-            lora=state.target_model if state.target_model in pool_spec.adapters else None,
-            headers=state.headers,
-            session_id=state.headers.get("x-session-id"),
-            body=body,
+        scheduling = self.service.scheduling_request(
+            pool, request_id, state.target_model, body, state.headers
         )
         result = self.service.pick(pool, scheduling, subset=subset)
         if result.target is None:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import grpc
 
-from epp.framework import SchedulingRequest
 from epp.service import EppService
 from proto import epp_pb2, epp_pb2_grpc
 
@@ -24,21 +22,15 @@ class PickApi(epp_pb2_grpc.EndpointPickerServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {request.model!r}")
         assert pool is not None
         target = self.service.target_model(pool, request.model)
-        body: dict[str, object]
+        prompt: object = request.routing_text
         if request.WhichOneof("prompt") == "token_ids":
-            ids = list(request.token_ids.ids)
-            text, body = json.dumps(ids, separators=(",", ":")), {"prompt": ids}
-        else:
-            text, body = request.routing_text, {"prompt": request.routing_text}
-        headers = dict(request.headers)
-        scheduling = SchedulingRequest(
-            request_id=request.request_id or str(uuid.uuid4()),
-            model=target,
-            routing_text=text,
-            lora=target if target in self.service.policy.pools[pool].adapters else None,
-            headers=headers,
-            session_id=headers.get("x-session-id"),
-            body=body,
+            prompt = list(request.token_ids.ids)
+        scheduling = self.service.scheduling_request(
+            pool,
+            request.request_id or str(uuid.uuid4()),
+            target,
+            {"prompt": prompt},
+            dict(request.headers),
         )
         subset = {s.rsplit(":", 1)[0] for s in request.subset} if request.subset else None
         result, prefill = self.service.pick_pd(

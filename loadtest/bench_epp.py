@@ -1,0 +1,189 @@
+"""Endpoint-picker latency and throughput: `make bench-epp`.
+
+In-process: ``EppService.pick`` (the embedded default: parse, hash, score, pick, learn) for 8,
+64 and 256 endpoints and 1k / 8k / 32k-token chat prompts, against an index warmed with many
+prefixes. Over ext_proc: a ``kvgate epp`` process driven by a gRPC client the way Envoy drives
+it (headers, the body in 62,000-byte chunks, then the replies), one stream per request; the
+added latency is the full round trip. Picks/s: concurrent streams for a few seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+from envoy.config.core.v3 import base_pb2 as core
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+
+from epp.service import EppService
+from loadtest.http_load import percentile
+from loadtest.processes import KvgateProcess, free_port
+from policies.loader import load_policy_text
+
+CHARS_PER_TOKEN = 4
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "parcels",
+    "travel",
+    "across",
+    "the",
+    "harbour",
+]
+
+
+def policy_text(endpoints: int) -> str:
+    # loopback addresses that nothing serves: the benchmark measures the picker, not a scrape
+    addresses = ", ".join(f"127.0.1.{i // 250 + 1}:{10000 + i}" for i in range(endpoints))
+    return f"pools: {{p: {{endpoints: [{addresses}]}}}}\nroutes: [{{model: m, pool: p}}]\n"
+
+
+def prompt(tokens: int, seed: int) -> str:
+    words, size, i = [f"tenant-{seed}"], 0, 0
+    while size < tokens * CHARS_PER_TOKEN:
+        word = WORDS[(seed * 7 + i) % len(WORDS)]
+        words.append(word)
+        size += len(word) + 1
+        i += 1
+    return " ".join(words)
+
+
+def chat(tokens: int, seed: int) -> dict[str, object]:
+    return {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": prompt(tokens, seed % 50)},
+            {"role": "user", "content": f"question {seed}"},
+        ],
+    }
+
+
+def in_process(endpoints: int, tokens: int, picks: int) -> tuple[float, float, float]:
+    service = EppService(load_policy_text(policy_text(endpoints)))
+    now = time.monotonic()
+    for endpoint in service.datastore.all():
+        endpoint.metrics.scraped_at = now + 3600  # fresh for the whole run
+    bodies = [chat(tokens, seed) for seed in range(200)]
+    for i, body in enumerate(bodies[:100]):  # warm the index: 50 shared system prompts
+        service.pick("p", service.scheduling_request("p", f"w{i}", "m", body, {}))
+    times = []
+    for i in range(picks):
+        body = bodies[i % len(bodies)]
+        started = time.perf_counter()
+        service.pick("p", service.scheduling_request("p", f"r{i}", "m", body, {}))
+        times.append((time.perf_counter() - started) * 1000)
+    return percentile(times, 50), percentile(times, 99), 1000 / statistics.fmean(times)
+
+
+def envoy_messages(body: bytes) -> list[ep.ProcessingRequest]:
+    headers = [
+        core.HeaderValue(key=":path", raw_value=b"/v1/chat/completions"),
+        core.HeaderValue(key=":method", raw_value=b"POST"),
+        core.HeaderValue(key="content-type", raw_value=b"application/json"),
+    ]
+    messages = [
+        ep.ProcessingRequest(
+            request_headers=ep.HttpHeaders(headers=core.HeaderMap(headers=headers))
+        )
+    ]
+    chunks = [body[i : i + 62_000] for i in range(0, len(body), 62_000)]
+    messages += [
+        ep.ProcessingRequest(request_body=ep.HttpBody(body=c, end_of_stream=i == len(chunks) - 1))
+        for i, c in enumerate(chunks)
+    ]
+    return messages
+
+
+async def over_ext_proc(
+    target: str, tokens: int, requests: int, seconds: float
+) -> tuple[float, float, float]:
+    bodies = [json.dumps(chat(tokens, seed)).encode() for seed in range(100)]
+    options = [
+        ("grpc.max_receive_message_length", 64 << 20),
+        ("grpc.max_send_message_length", 64 << 20),
+    ]
+    async with grpc.aio.insecure_channel(target, options=options) as channel:
+        stub = ep_grpc.ExternalProcessorStub(channel)
+
+        async def one(i: int) -> float:
+            messages = envoy_messages(bodies[i % len(bodies)])
+            started = time.perf_counter()
+            async for _ in stub.Process(iter(messages)):
+                pass
+            return (time.perf_counter() - started) * 1000
+
+        for i in range(20):
+            await one(i)  # warm-up
+        latencies = [await one(i) for i in range(requests)]
+        done, deadline = 0, time.perf_counter() + seconds
+
+        async def worker(w: int) -> None:
+            nonlocal done
+            while time.perf_counter() < deadline:
+                await one(done + w)
+                done += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(w) for w in range(16)))
+        rate = done / (time.perf_counter() - started)
+    return percentile(latencies, 50), percentile(latencies, 99), rate
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--picks", type=int, default=2000)
+    parser.add_argument("--requests", type=int, default=300, help="sequential ext_proc requests")
+    parser.add_argument("--seconds", type=float, default=3.0, help="ext_proc throughput run")
+    args = parser.parse_args()
+    print("## In-process pick (approximate prefix mode, default profile)\n")
+    print("| endpoints | prompt tokens | p50 ms | p99 ms | picks/s |")
+    print("|---:|---:|---:|---:|---:|")
+    for endpoints in (8, 64, 256):
+        for tokens in (1_000, 8_000, 32_000):
+            p50, p99, rate = in_process(endpoints, tokens, args.picks)
+            print(f"| {endpoints} | {tokens:,} | {p50:.3f} | {p99:.3f} | {rate:,.0f} |")
+    print("\n## Over ext_proc (`kvgate epp`, one gRPC stream per request, loopback)\n")
+    print("| endpoints | prompt tokens | round trip p50 ms | p99 ms | picks/s (16 streams) |")
+    print("|---:|---:|---:|---:|---:|")
+    directory = Path(tempfile.mkdtemp(prefix="kvgate-bench-epp-"))
+    for endpoints in (8, 64, 256):
+        policy = directory / f"epp-{endpoints}.yaml"
+        policy.write_text(policy_text(endpoints))
+        grpc_port, metrics_port = free_port(), free_port()
+        argv = [
+            "epp",
+            "--policy",
+            str(policy),
+            "--host",
+            "127.0.0.1",
+            "--grpc-port",
+            str(grpc_port),
+            "--metrics-port",
+            str(metrics_port),
+        ]
+        with KvgateProcess(argv, f"http://127.0.0.1:{metrics_port}/metrics"):
+            for tokens in (1_000, 8_000, 32_000):
+                p50, p99, rate = asyncio.run(
+                    over_ext_proc(f"127.0.0.1:{grpc_port}", tokens, args.requests, args.seconds)
+                )
+                print(f"| {endpoints} | {tokens:,} | {p50:.3f} | {p99:.3f} | {rate:,.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
