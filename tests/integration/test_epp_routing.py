@@ -76,7 +76,7 @@ async def test_shared_prefixes_land_where_they_are_cached(
     fresh = backends(4, "--cost", "zero")
     plain_url, _ = start_gateway(policy(fresh, "epp: {picker: least-in-flight}"))
     await route_groups(plain_url)
-    assert hits(fresh) < 0.6 * epp_hits
+    assert hits(fresh) < 0.75 * epp_hits  # random ties land ~50% of the ideal on average
 
 
 async def test_a_hot_prefix_still_spreads_over_backends(
@@ -97,26 +97,37 @@ async def test_a_hot_prefix_still_spreads_over_backends(
 async def test_lora_requests_prefer_the_backend_running_the_adapter(
     backends: Callable[..., list[str]], start_gateway: Callable[..., tuple[str, KvgateProcess]]
 ) -> None:
-    addresses = backends(
-        4, "--cost", "0.005,0,0,0", "--max-loras", "1", "--lora-modules", "sql=/a/sql"
+    """Each backend (one LoRA slot) is busy with a different adapter; `sql` requests go to the
+    one running `sql` instead of waiting for a slot elsewhere."""
+    adapters = ["chat", "x", "sql", "y"]
+    modules = [f"{a}=/adapters/{a}" for a in adapters]
+    addresses = backends(4, "--cost", "0.005,0,0,0", "--max-loras", "1", "--lora-modules", *modules)
+    lora_profile = """epp:
+  plugins:
+    - {name: lora, type: lora-affinity-scorer}
+    - {name: queue, type: queue-scorer}
+    - {name: kv, type: kv-cache-utilization-scorer}
+    - {name: pick, type: max-score-picker}
+  profiles: [{name: default, plugins: [{ref: lora, weight: 4}, {ref: queue, weight: 1},
+                                       {ref: kv, weight: 1}, {ref: pick}]}]
+"""
+    url, _ = start_gateway(
+        policy(addresses, lora_profile, adapters=", adapters: [sql, chat, x, y]")
     )
-    url, _ = start_gateway(policy(addresses, adapters=", adapters: [sql]"))
-    resident = addresses[2]
     async with aiohttp.ClientSession() as session:
-        body = {
-            "model": "sql",
-            "prompt": "keep the adapter busy",
-            "max_tokens": 1500,
-            "stream": True,
-        }
-        busy = await session.post(f"http://{resident}/v1/completions", json=body)
-        await busy.content.readline()
-        await asyncio.sleep(0.3)  # let the picker scrape the new residency
+        busy = []
+        for address, adapter in zip(addresses, adapters, strict=True):
+            body = {"model": adapter, "prompt": "keep busy", "max_tokens": 1500, "stream": True}
+            response = await session.post(f"http://{address}/v1/completions", json=body)
+            await response.content.readline()
+            busy.append(response)
+        await asyncio.sleep(0.3)  # let the picker scrape who runs what
         before = [value(f"http://{a}", "vllm:prompt_tokens_total") for a in addresses]
         for i in range(6):
             await complete(session, url, f"select {i} from t{i * 7919}", model="sql")
         after = [value(f"http://{a}", "vllm:prompt_tokens_total") for a in addresses]
-        busy.close()
+        for response in busy:
+            response.close()
     gained = [b - a for a, b in zip(before, after, strict=True)]
     assert gained[2] == sum(gained) and gained[2] > 0, gained
 
