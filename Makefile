@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench bench-proxy bench-epp wrk nginx proto clean
+.PHONY: demo test lint format bench bench-proxy bench-epp wrk nginx redis proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,8 +19,13 @@ proto: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/kvgate demo
 
-test: $(STAMP)
+test: $(STAMP) redis
 	$(BIN)/python -m pytest -q
+
+# The rate-limit tests run a real redis-server.
+redis:
+	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null)
+	@command -v redis-server >/dev/null || (echo "redis-server is required by the tests" && false)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -20,12 +20,14 @@ from gateway.keys import (
     AUTHENTICATOR,
     ENDPOINTS,
     HTTP_SESSION,
+    LIMITER,
     METRICS,
     PICKER,
     POLICY,
     SHUTTING_DOWN,
     TRACER,
 )
+from gateway.limits.limiter import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.middleware.auth import auth
 from gateway.middleware.errors import errors
@@ -51,6 +53,7 @@ def create_app(policy: Policy, *, picker: Picker | None = None) -> web.Applicati
         picker = embedded
     app[PICKER] = picker or LeastInFlightPicker(app[ENDPOINTS])
     app[SHUTTING_DOWN] = [False]
+    app[LIMITER] = Limiter(policy.limits, workers=policy.listen.workers)
     tracer, provider = make_tracer(policy.observability.tracing)
     app[TRACER] = tracer
 
@@ -70,6 +73,10 @@ def create_app(policy: Policy, *, picker: Picker | None = None) -> web.Applicati
         if provider is not None:
             provider.shutdown()
 
+    async def limiter_context(app: web.Application) -> AsyncIterator[None]:
+        yield
+        await app[LIMITER].close()
+
     async def mark_shutting_down(app: web.Application) -> None:
         app[SHUTTING_DOWN][0] = True
 
@@ -81,6 +88,7 @@ def create_app(policy: Policy, *, picker: Picker | None = None) -> web.Applicati
             await embedded.stop()
 
     app.cleanup_ctx.append(tracer_context)
+    app.cleanup_ctx.append(limiter_context)
     app.cleanup_ctx.append(epp_context)
     app.cleanup_ctx.append(http_session)
     app.on_shutdown.append(mark_shutting_down)

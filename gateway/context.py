@@ -25,6 +25,8 @@ class RequestContext:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str = ""  # kind of failure, for logs
+    usage_known: bool = False  # the upstream reported usage (prompt_tokens, completion_tokens)
+    extra_headers: dict[str, str] = field(default_factory=dict)  # added to the client's response
 
     @property
     def tenant(self) -> str:

@@ -6,6 +6,7 @@ from aiohttp import ClientSession, web
 from opentelemetry.trace import Tracer
 
 from gateway.auth import Authenticator
+from gateway.limits.limiter import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.picker import EndpointState, Picker
 from policies.schema import Policy
@@ -18,3 +19,4 @@ HTTP_SESSION = web.AppKey("http_session", ClientSession)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 TRACER: web.AppKey[Tracer | None] = web.AppKey("tracer")
 SHUTTING_DOWN = web.AppKey("shutting_down", list[bool])
+LIMITER = web.AppKey("limiter", Limiter)

@@ -24,10 +24,11 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from gateway.keys import HTTP_SESSION, METRICS, PICKER, POLICY, TRACER
+from gateway.keys import HTTP_SESSION, LIMITER, METRICS, PICKER, POLICY, TRACER
 from gateway.picker import PickRequest
 from gateway.sse_relay import SSERelay
 from gateway.upstream import UpstreamCall, open_upstream, response_headers, upstream_headers
+from policies.schema import Pool
 
 MID_STREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 
@@ -90,11 +91,35 @@ async def proxy(request: web.Request, path: str, *, streams: bool = True) -> web
         }
         changed = True
     payload = json.dumps(body, separators=(",", ":")).encode() if changed else raw
+    limiter = app[LIMITER]
+    reservation = None
+    if limiter.active:
+        reservation = await limiter.reserve(ctx.identity, model, request.path, body)
+        if reservation is not None:
+            ctx.extra_headers.update(reservation.headers)
+    try:
+        return await _forward(request, ctx, pool, path, payload, body, client_wants_usage)
+    finally:
+        used = ctx.prompt_tokens + ctx.completion_tokens if ctx.usage_known else None
+        limiter.settle(reservation, used)
+
+
+async def _forward(
+    request: web.Request,
+    ctx: RequestContext,
+    pool: Pool,
+    path: str,
+    payload: bytes,
+    body: dict[str, object],
+    client_wants_usage: bool,
+) -> web.StreamResponse:
+    app = request.app
+    policy = app[POLICY]
     call = UpstreamCall(
         app[HTTP_SESSION], app[PICKER], app[METRICS], policy.timeouts, policy.retries, app[TRACER]
     )
     headers = upstream_headers(request.headers, ctx.request_id, pool)
-    pick = PickRequest(model, body, request.headers, ctx.identity, ctx.request_id)
+    pick = PickRequest(ctx.model, body, request.headers, ctx.identity, ctx.request_id)
     metrics = app[METRICS]
     gauge = metrics.child(metrics.in_flight, pool.name)
     gauge.inc()
@@ -130,7 +155,7 @@ async def _relay_body(
     return web.Response(
         body=data,
         status=upstream.status,
-        headers=response_headers(upstream.headers, ctx.request_id),
+        headers=response_headers(upstream.headers, ctx.request_id, ctx.extra_headers),
     )
 
 
@@ -143,7 +168,8 @@ async def _relay_stream(
     strip_usage: bool,
 ) -> web.StreamResponse:
     response = web.StreamResponse(
-        status=upstream.status, headers=response_headers(upstream.headers, ctx.request_id)
+        status=upstream.status,
+        headers=response_headers(upstream.headers, ctx.request_id, ctx.extra_headers),
     )
     await response.prepare(request)
     ctx.status = upstream.status
@@ -214,3 +240,4 @@ def _record_usage(ctx: RequestContext, usage: dict[str, object]) -> None:
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     ctx.prompt_tokens = prompt if isinstance(prompt, int) else 0
     ctx.completion_tokens = completion if isinstance(completion, int) else 0
+    ctx.usage_known = isinstance(prompt, int) and isinstance(completion, int)

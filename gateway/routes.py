@@ -9,7 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import proxy
 from gateway.context import CONTEXT
-from gateway.keys import METRICS, POLICY, SHUTTING_DOWN
+from gateway.keys import LIMITER, METRICS, POLICY, SHUTTING_DOWN
 
 
 async def models(request: web.Request) -> web.Response:
@@ -29,9 +29,12 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    limiter = request.app[LIMITER].status
     if request.app[SHUTTING_DOWN][0]:
-        return web.json_response({"status": "shutting down"}, status=503)
-    return web.json_response({"status": "ready"})
+        return web.json_response({"status": "shutting down", "limiter": limiter}, status=503)
+    if limiter == "down":  # fail-closed and the limit store is unreachable: nothing is admitted
+        return web.json_response({"status": "not ready", "limiter": limiter}, status=503)
+    return web.json_response({"status": "ready", "limiter": limiter})
 
 
 async def metrics(request: web.Request) -> web.Response:

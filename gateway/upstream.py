@@ -76,11 +76,15 @@ def upstream_headers(client: Mapping[str, str], request_id: str, pool: Pool) -> 
     return headers
 
 
-def response_headers(upstream: Mapping[str, str], request_id: str) -> CIMultiDict[str]:
+def response_headers(
+    upstream: Mapping[str, str], request_id: str, extra: Mapping[str, str] | None = None
+) -> CIMultiDict[str]:
     headers = CIMultiDict(
         (k, v) for k, v in upstream.items() if k.lower() not in DROP_RESPONSE_HEADERS
     )
     headers["x-request-id"] = request_id
+    if extra:
+        headers.update(extra)
     return headers
 
 

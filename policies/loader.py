@@ -13,6 +13,7 @@ from pathlib import Path
 from policies.epp_section import load_epp
 from policies.errors import PolicyError
 from policies.fields import Fields
+from policies.limits_section import load_limits
 from policies.schema import (
     ENGINES,
     JWT_ALGORITHMS,
@@ -44,6 +45,7 @@ TOP_LEVEL = {
     "retries",
     "observability",
     "epp",
+    "limits",
 }
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$|^\[[0-9a-fA-F:]+\]:[0-9]{1,5}$")
@@ -88,6 +90,7 @@ def _build(src: Source, source: str, base_dir: Path) -> Policy:
         retries=_retries(top),
         observability=_observability(top),
         epp=load_epp(top),
+        limits=load_limits(top),
         source=source,
     )
 

@@ -154,6 +154,37 @@ class Epp:
 
 
 @dataclass(frozen=True)
+class LimitRule:
+    """Token buckets for the requests a ``match`` selects.
+
+    Each match field is a value (only that one) or ``*`` (one bucket per distinct value);
+    fields left out do not split the bucket.
+    """
+
+    name: str
+    match: Mapping[str, str]  # tenant | api_key | model | route -> value or "*"
+    requests_per_min: int | None = None
+    tokens_per_min: int | None = None
+
+
+@dataclass(frozen=True)
+class LimitStore:
+    kind: str = "memory"  # memory | redis
+    url: str | None = None
+    timeout: float = 0.02  # per Redis call; then the failure policy applies
+    on_failure: str = "fail_open"  # fail_open: enforce this replica's share locally | fail_closed
+    replicas: int = 1  # gateway replicas sharing the limit (sizes the fail-open share)
+
+
+@dataclass(frozen=True)
+class Limits:
+    store: LimitStore = field(default_factory=LimitStore)
+    rules: tuple[LimitRule, ...] = ()
+    default_max_tokens: int = 512  # reserved for output when a request sets no max_tokens
+    chars_per_token: int = 4  # prompt estimate at admission
+
+
+@dataclass(frozen=True)
 class Route:
     model: str  # the public model name clients send
     pool: str
@@ -200,6 +231,7 @@ class Policy:
     retries: Retries = field(default_factory=Retries)
     observability: Observability = field(default_factory=Observability)
     epp: Epp = field(default_factory=Epp)
+    limits: Limits = field(default_factory=Limits)
     source: str = "<policy>"
 
     def route_for(self, model: str) -> Route | None:

@@ -1,0 +1,1 @@
+"""Token-bucket rate limits: rules, buckets, and the in-memory and Redis stores."""

@@ -1,0 +1,133 @@
+"""Rate limits with real processes: gateway replicas sharing one redis-server, Redis killed
+and restarted mid-test, fail-open and fail-closed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+
+import aiohttp
+import pytest
+
+from loadtest.processes import KvgateProcess, free_port
+from tests.integration.redis_server import RedisServer
+
+LIMIT = 300  # requests per minute, shared: refills 5 per second
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer(free_port()).start()
+    yield server
+    server.stop()
+
+
+def policy(
+    backend: str, url: str, on_failure: str = "fail_open", replicas: int = 3, timeout: str = "50ms"
+) -> str:
+    return f"""
+pools: {{p: {{endpoints: [{backend}]}}}}
+routes: [{{model: kvgate-sim, pool: p}}]
+observability: {{access_log: "off"}}
+limits:
+  store: {{kind: redis, url: "{url}", timeout: {timeout}, on_failure: {on_failure}, replicas: {replicas}}}
+  rules: [{{name: per-tenant, match: {{tenant: "*"}}, requests_per_min: {LIMIT}}}]
+"""
+
+
+async def burst(
+    urls: list[str], total: int, concurrency: int = 30
+) -> tuple[list[int], list[float], float]:
+    statuses: list[int] = []
+    latencies: list[float] = []
+    body = {"model": "kvgate-sim", "prompt": "x", "max_tokens": 1}
+    queue = list(range(total))
+    started = time.perf_counter()
+    async with aiohttp.ClientSession() as session:
+
+        async def worker() -> None:
+            while queue:
+                i = queue.pop()
+                t0 = time.perf_counter()
+                async with session.post(
+                    f"{urls[i % len(urls)]}/v1/completions", json=body
+                ) as response:
+                    await response.read()
+                    statuses.append(response.status)
+                latencies.append(time.perf_counter() - t0)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return statuses, latencies, time.perf_counter() - started
+
+
+async def test_replicas_share_one_limit(
+    redis_server: RedisServer,
+    start_backend: Callable[..., str],
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+) -> None:
+    backend = start_backend("--cost", "zero").removeprefix("http://")
+    # a generous timeout: three replicas, a backend and the client share two cores here
+    gateways = [
+        start_gateway(policy(backend, redis_server.url, timeout="500ms"))[0] for _ in range(3)
+    ]
+    statuses, _, elapsed = await burst(gateways, 600)
+    admitted = statuses.count(200)
+    assert set(statuses) <= {200, 429}
+    refill = LIMIT / 60 * elapsed
+    assert LIMIT * 0.99 <= admitted <= LIMIT + refill + LIMIT * 0.01, (admitted, elapsed)
+
+
+async def test_limited_responses_carry_openai_headers(
+    redis_server: RedisServer,
+    start_backend: Callable[..., str],
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+) -> None:
+    backend = start_backend("--cost", "zero").removeprefix("http://")
+    url, _ = start_gateway(policy(backend, redis_server.url))
+    body = {"model": "kvgate-sim", "prompt": "x", "max_tokens": 1}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/v1/completions", json=body) as response:
+            assert response.status == 200
+            assert response.headers["x-ratelimit-limit-requests"] == str(LIMIT)
+            assert int(response.headers["x-ratelimit-remaining-requests"]) == LIMIT - 1
+            assert response.headers["x-ratelimit-reset-requests"].endswith("s")
+        await burst([url], LIMIT + 20)
+        async with session.post(f"{url}/v1/completions", json=body) as response:
+            assert response.status == 429
+            assert int(response.headers["retry-after"]) >= 1
+            assert (await response.json())["error"]["code"] == "rate_limit_exceeded"
+
+
+@pytest.mark.parametrize("on_failure", ["fail_open", "fail_closed"])
+async def test_redis_outage_and_recovery(
+    on_failure: str,
+    redis_server: RedisServer,
+    start_backend: Callable[..., str],
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+) -> None:
+    backend = start_backend("--cost", "zero").removeprefix("http://")
+    url, _ = start_gateway(
+        policy(backend, redis_server.url, on_failure, replicas=3, timeout="200ms")
+    )
+    statuses, _, _ = await burst([url], 20)
+    assert statuses == [200] * 20
+    redis_server.stop()
+    statuses, latencies, _ = await burst([url], 60, concurrency=10)
+    assert max(latencies) < 1.0, max(latencies)  # the 50 ms timeout, then local decisions
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/readyz") as ready:
+        readiness = await ready.json()
+    if on_failure == "fail_open":
+        # this replica's share of what is left of the minute: about 300/3, minus nothing shared
+        assert set(statuses) <= {200, 429} and statuses.count(200) >= 20
+        assert ready.status == 200 and readiness["limiter"] == "degraded"
+    else:
+        assert set(statuses) == {503}
+        assert ready.status == 503 and readiness["limiter"] == "down"
+    redis_server.start()
+    await asyncio.sleep(1.2)  # the store is retried after a failure back-off of 1 s
+    statuses, _, _ = await burst([url], LIMIT, concurrency=8)
+    # shared limiting resumes: the Redis buckets are fresh, so they admit the full limit again
+    assert statuses.count(200) >= LIMIT * 0.99 - 1
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/readyz") as ready:
+        assert ready.status == 200 and (await ready.json())["limiter"] == "ok"
