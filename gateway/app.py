@@ -16,6 +16,7 @@ from epp.gateway_picker import EmbeddedEpp
 from epp.metrics import EppMetrics
 from epp.service import EppService
 from gateway.auth import Authenticator
+from gateway.breaker import RetryBudget
 from gateway.keys import (
     AUTHENTICATOR,
     ENDPOINTS,
@@ -24,6 +25,7 @@ from gateway.keys import (
     METRICS,
     PICKER,
     POLICY,
+    RETRY_BUDGETS,
     SHUTTING_DOWN,
     TRACER,
 )
@@ -44,8 +46,12 @@ def create_app(policy: Policy, *, picker: Picker | None = None) -> web.Applicati
     )
     app[POLICY] = policy
     app[AUTHENTICATOR] = Authenticator(policy)
-    app[ENDPOINTS] = endpoint_states(policy)
-    app[METRICS] = GatewayMetrics()
+    metrics = app[METRICS] = GatewayMetrics()
+    app[ENDPOINTS] = endpoint_states(policy, metrics.breaker_changed)
+    app[RETRY_BUDGETS] = {
+        name: RetryBudget(policy.retries.budget_ratio, policy.retries.min_retries_per_second)
+        for name in policy.pools
+    }
     embedded: EmbeddedEpp | None = None
     if picker is None and policy.epp.picker == "epp":
         service = EppService(policy, EppMetrics(app[METRICS].registry))

@@ -6,6 +6,7 @@ from aiohttp import ClientSession, web
 from opentelemetry.trace import Tracer
 
 from gateway.auth import Authenticator
+from gateway.breaker import RetryBudget
 from gateway.limits.limiter import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.picker import EndpointState, Picker
@@ -20,3 +21,4 @@ METRICS = web.AppKey("metrics", GatewayMetrics)
 TRACER: web.AppKey[Tracer | None] = web.AppKey("tracer")
 SHUTTING_DOWN = web.AppKey("shutting_down", list[bool])
 LIMITER = web.AppKey("limiter", Limiter)
+RETRY_BUDGETS = web.AppKey("retry_budgets", dict[str, RetryBudget])

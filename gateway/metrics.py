@@ -6,11 +6,19 @@ parent before the workers start) and ``/metrics`` on any worker reports the sum 
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
+
+from gateway.breaker import BreakerState
+
+if TYPE_CHECKING:
+    from gateway.picker import EndpointState
+
+log = logging.getLogger("kvgate.gateway")
 
 LATENCY_BUCKETS = (
     0.001,
@@ -82,7 +90,32 @@ class GatewayMetrics:
             "kvgate_retries", "Upstream attempts retried on another endpoint.", ["pool"], registry=r
         )
 
+        self.breaker_state = Gauge(
+            "kvgate_breaker_state",
+            "Circuit breaker per endpoint: 0 closed, 1 half-open, 2 open.",
+            ["endpoint"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.breaker_transitions = Counter(
+            "kvgate_breaker_transitions",
+            "Breaker state changes, by endpoint and new state.",
+            ["endpoint", "state"],
+            registry=r,
+        )
+        self.retry_budget_exhausted = Counter(
+            "kvgate_retry_budget_exhausted",
+            "Retries skipped because the pool's budget was spent.",
+            ["pool"],
+            registry=r,
+        )
         self._children: dict[tuple[object, ...], Any] = {}
+
+    def breaker_changed(self, endpoint: EndpointState, state: BreakerState) -> None:
+        level = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}[state]
+        self.breaker_state.labels(endpoint.address).set(level)
+        self.breaker_transitions.labels(endpoint.address, state.value).inc()
+        log.warning("breaker of %s is now %s", endpoint.address, state.value)
 
     def child(self, metric: Counter | Gauge | Histogram, *labels: str) -> Any:
         key = (id(metric), *labels)

@@ -7,10 +7,12 @@ gateway only ever calls ``pick`` and keeps the in-flight counts up to date.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
+from gateway.breaker import BreakerState, CircuitBreaker
 from gateway.identity import Identity
 from policies.schema import Endpoint, Policy
 
@@ -21,6 +23,7 @@ class EndpointState:
 
     endpoint: Endpoint
     pool: str
+    breaker: CircuitBreaker
     in_flight: int = 0
     url: str = field(init=False)
 
@@ -51,11 +54,19 @@ class Picker(Protocol):
         ...
 
 
-def endpoint_states(policy: Policy) -> dict[str, list[EndpointState]]:
-    return {
-        name: [EndpointState(e, name) for e in pool.endpoints]
-        for name, pool in policy.pools.items()
-    }
+def endpoint_states(
+    policy: Policy, on_change: Callable[[EndpointState, BreakerState], None] | None = None
+) -> dict[str, list[EndpointState]]:
+    """Every pool's endpoints, each with its own circuit breaker."""
+    states: dict[str, list[EndpointState]] = {}
+    for name, pool in policy.pools.items():
+        states[name] = []
+        for endpoint in pool.endpoints:
+            state = EndpointState(endpoint, name, CircuitBreaker(policy.breakers))
+            if on_change is not None:
+                state.breaker.on_change = partial(on_change, state)
+            states[name].append(state)
+    return states
 
 
 class LeastInFlightPicker:

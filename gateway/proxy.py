@@ -24,13 +24,23 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from gateway.keys import HTTP_SESSION, LIMITER, METRICS, PICKER, POLICY, TRACER
+from gateway.keys import (
+    ENDPOINTS,
+    HTTP_SESSION,
+    LIMITER,
+    METRICS,
+    PICKER,
+    POLICY,
+    RETRY_BUDGETS,
+    TRACER,
+)
 from gateway.picker import PickRequest
 from gateway.sse_relay import SSERelay
 from gateway.upstream import UpstreamCall, open_upstream, response_headers, upstream_headers
 from policies.schema import Pool
 
 MID_STREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+BROKEN_RESPONSES = frozenset({"upstream_stream_broken", "upstream_body_error"})
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -116,7 +126,14 @@ async def _forward(
     app = request.app
     policy = app[POLICY]
     call = UpstreamCall(
-        app[HTTP_SESSION], app[PICKER], app[METRICS], policy.timeouts, policy.retries, app[TRACER]
+        app[HTTP_SESSION],
+        app[PICKER],
+        app[METRICS],
+        policy.timeouts,
+        policy.retries,
+        app[TRACER],
+        app[ENDPOINTS][pool.name],
+        app[RETRY_BUDGETS][pool.name],
     )
     headers = upstream_headers(request.headers, ctx.request_id, pool)
     pick = PickRequest(ctx.model, body, request.headers, ctx.identity, ctx.request_id)
@@ -135,6 +152,8 @@ async def _forward(
         finally:
             endpoint.in_flight -= 1
             upstream.close()
+            if ctx.error in BROKEN_RESPONSES:
+                endpoint.breaker.record(ok=False)
     finally:
         gauge.dec()
 

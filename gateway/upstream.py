@@ -18,6 +18,7 @@ from multidict import CIMultiDict
 from opentelemetry import trace
 from opentelemetry.propagate import inject
 
+from gateway.breaker import RetryBudget
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, NoEndpoint, UpstreamError, UpstreamTimeout
 from gateway.metrics import GatewayMetrics
@@ -96,6 +97,8 @@ class UpstreamCall:
     timeouts: Timeouts
     retries: Retries
     tracer: trace.Tracer | None
+    endpoints: list[EndpointState]  # the pool's endpoints (their breakers)
+    budget: RetryBudget  # the pool's retry budget
 
 
 async def open_upstream(
@@ -114,8 +117,13 @@ async def open_upstream(
     tried: set[str] = set()
     last: GatewayError | None = None
     held: tuple[EndpointState, aiohttp.ClientResponse] | None = None  # a 5xx kept as last resort
+    call.budget.deposit()
     for attempt in range(call.retries.attempts + 1):
-        endpoint = await call.picker.pick(pool.name, pick, tried)
+        if attempt and not call.budget.try_spend():
+            call.metrics.retry_budget_exhausted.labels(pool.name).inc()
+            break
+        exclude = tried | {e.address for e in call.endpoints if not e.breaker.available()}
+        endpoint = await call.picker.pick(pool.name, pick, exclude)
         if endpoint is None:
             break
         if attempt:
@@ -124,10 +132,12 @@ async def open_upstream(
         tried.add(endpoint.address)
         ctx.attempts = attempt + 1
         endpoint.in_flight += 1
+        endpoint.breaker.on_dispatch()
         try:
             response = await _send(call, endpoint, path, payload, headers)
         except RETRYABLE as exc:
             endpoint.in_flight -= 1
+            endpoint.breaker.record(ok=False)
             kind = "timeout" if isinstance(exc, asyncio.TimeoutError) else "connect"
             call.metrics.upstream_errors.labels(endpoint.address, kind).inc()
             last = _as_gateway_error(exc, endpoint)
@@ -136,6 +146,7 @@ async def open_upstream(
             endpoint.in_flight -= 1
             _release(held)
             raise
+        endpoint.breaker.record(ok=response.status < 500)
         if response.status >= 500:
             call.metrics.upstream_errors.labels(endpoint.address, f"http_{response.status}").inc()
             if attempt < call.retries.attempts:

@@ -20,6 +20,7 @@ from policies.schema import (
     ROLES,
     ApiKey,
     Auth,
+    Breakers,
     Endpoint,
     JwtIssuer,
     Listen,
@@ -46,6 +47,7 @@ TOP_LEVEL = {
     "observability",
     "epp",
     "limits",
+    "breakers",
 }
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$|^\[[0-9a-fA-F:]+\]:[0-9]{1,5}$")
@@ -88,6 +90,7 @@ def _build(src: Source, source: str, base_dir: Path) -> Policy:
         tenants=tenants,
         timeouts=_timeouts(top),
         retries=_retries(top),
+        breakers=_breakers(top),
         observability=_observability(top),
         epp=load_epp(top),
         limits=load_limits(top),
@@ -260,12 +263,30 @@ def _timeouts(top: Fields) -> Timeouts:
 
 
 def _retries(top: Fields) -> Retries:
-    f = top.sub("retries", {"attempts", "backoff", "max_backoff"})
+    f = top.sub(
+        "retries", {"attempts", "backoff", "max_backoff", "budget_ratio", "min_retries_per_second"}
+    )
     d = Retries()
     return Retries(
         f.integer("attempts", d.attempts, low=0, high=10),
         f.duration("backoff", d.backoff),
         f.duration("max_backoff", d.max_backoff),
+        f.number("budget_ratio", d.budget_ratio, low=0.0, high=10.0),
+        f.number("min_retries_per_second", d.min_retries_per_second, low=0.0),
+    )
+
+
+def _breakers(top: Fields) -> Breakers:
+    f = top.sub("breakers", {"consecutive_failures", "failure_ratio", "window", "min_requests",
+                             "cool_down", "half_open_probes"})  # fmt: skip
+    d = Breakers()
+    return Breakers(
+        f.integer("consecutive_failures", d.consecutive_failures, low=1),
+        f.number("failure_ratio", d.failure_ratio, low=0.0, high=1.0),
+        f.duration("window", d.window),
+        f.integer("min_requests", d.min_requests, low=1),
+        f.duration("cool_down", d.cool_down),
+        f.integer("half_open_probes", d.half_open_probes, low=1),
     )
 
 

@@ -202,6 +202,20 @@ class Retries:
     attempts: int = 2  # extra tries on another endpoint, only before the first byte
     backoff: float = 0.025  # base delay, doubled per attempt, with full jitter
     max_backoff: float = 0.5
+    budget_ratio: float = 0.2  # retries may add at most this share of a pool's requests
+    min_retries_per_second: float = 3.0  # retries always allowed at this rate (low traffic)
+
+
+@dataclass(frozen=True)
+class Breakers:
+    """Per-endpoint circuit breakers."""
+
+    consecutive_failures: int = 5  # open after this many failures in a row
+    failure_ratio: float = 0.5  # or when this share of the window's requests failed
+    window: float = 30.0  # seconds of outcomes the ratio looks at
+    min_requests: int = 20  # the ratio needs at least this many outcomes in the window
+    cool_down: float = 10.0  # open for this long, then half-open
+    half_open_probes: int = 2  # requests let through half-open; all must succeed to close
 
 
 @dataclass(frozen=True)
@@ -229,6 +243,7 @@ class Policy:
     tenants: Mapping[str, Tenant] = field(default_factory=dict)
     timeouts: Timeouts = field(default_factory=Timeouts)
     retries: Retries = field(default_factory=Retries)
+    breakers: Breakers = field(default_factory=Breakers)
     observability: Observability = field(default_factory=Observability)
     epp: Epp = field(default_factory=Epp)
     limits: Limits = field(default_factory=Limits)

@@ -1,0 +1,136 @@
+"""Per-endpoint circuit breaker: closed → open → half-open → closed.
+
+Closed: requests flow; the breaker opens after ``consecutive_failures`` failures in a row, or
+when at least ``min_requests`` outcomes in the last ``window`` seconds include a
+``failure_ratio`` share of failures. Open: the endpoint is skipped for ``cool_down`` seconds.
+Half-open: up to ``half_open_probes`` requests are let through; if they all succeed the breaker
+closes, and any failure opens it again. A failure is a connect error, a timeout, a 5xx or a
+stream that broke; a 4xx is the client's doing and counts as a success.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from enum import Enum
+
+from policies.schema import Breakers
+
+
+class BreakerState(Enum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class CircuitBreaker:
+    def __init__(self, config: Breakers, clock: Callable[[], float] = time.monotonic,
+                 on_change: Callable[[BreakerState], None] | None = None) -> None:  # fmt: skip
+        self.config = config
+        self.clock = clock
+        self.on_change = on_change
+        self._state = BreakerState.CLOSED
+        self._opened_at = 0.0
+        self._consecutive = 0
+        self._outcomes: deque[tuple[float, bool]] = deque()
+        self._probes = 0  # half-open requests let through
+        self._probe_successes = 0
+
+    @property
+    def state(self) -> BreakerState:
+        if (
+            self._state is BreakerState.OPEN
+            and self.clock() >= self._opened_at + self.config.cool_down
+        ):
+            self._move(BreakerState.HALF_OPEN)
+        return self._state
+
+    def available(self) -> bool:
+        """May the picker choose this endpoint now? (No side effects.)"""
+        state = self.state
+        return state is BreakerState.CLOSED or (
+            state is BreakerState.HALF_OPEN and self._probes < self.config.half_open_probes
+        )
+
+    def on_dispatch(self) -> None:
+        """A request was sent; half-open, it uses up one probe."""
+        if self.state is BreakerState.HALF_OPEN:
+            self._probes += 1
+
+    def record(self, ok: bool) -> None:
+        now = self.clock()
+        state = self.state
+        if state is BreakerState.HALF_OPEN:
+            if not ok:
+                self._open(now)
+                return
+            self._probe_successes += 1
+            if self._probe_successes >= self.config.half_open_probes:
+                self._move(BreakerState.CLOSED)
+            return
+        if state is BreakerState.OPEN:
+            return  # a late answer from before the breaker opened
+        self._outcomes.append((now, ok))
+        horizon = now - self.config.window
+        while self._outcomes and self._outcomes[0][0] < horizon:
+            self._outcomes.popleft()
+        self._consecutive = 0 if ok else self._consecutive + 1
+        if self._consecutive >= self.config.consecutive_failures or self._ratio_tripped():
+            self._open(now)
+
+    def _ratio_tripped(self) -> bool:
+        total = len(self._outcomes)
+        if total < self.config.min_requests:
+            return False
+        failures = sum(1 for _, ok in self._outcomes if not ok)
+        return failures / total >= self.config.failure_ratio
+
+    def _open(self, now: float) -> None:
+        self._opened_at = now
+        self._move(BreakerState.OPEN)
+
+    def _move(self, state: BreakerState) -> None:
+        if state is self._state:
+            return
+        self._state = state
+        self._probes = self._probe_successes = 0
+        if state is BreakerState.CLOSED:
+            self._consecutive = 0
+            self._outcomes.clear()
+        if self.on_change is not None:
+            self.on_change(state)
+
+
+class RetryBudget:
+    """Retries may add at most ``ratio`` of the requests, plus ``min_per_second`` always.
+
+    Each request deposits ``ratio`` of a retry; the balance also refills at ``min_per_second``;
+    a retry spends one. The balance is capped, so a quiet period does not bank a retry storm.
+    """
+
+    def __init__(
+        self, ratio: float, min_per_second: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.ratio = ratio
+        self.min_per_second = min_per_second
+        self.clock = clock
+        self.cap = max(10.0, min_per_second * 10)
+        self._balance = self.cap
+        self._last = clock()
+
+    def deposit(self) -> None:
+        self._refill()
+        self._balance = min(self.cap, self._balance + self.ratio)
+
+    def try_spend(self) -> bool:
+        self._refill()
+        if self._balance >= 1.0:
+            self._balance -= 1.0
+            return True
+        return False
+
+    def _refill(self) -> None:
+        now = self.clock()
+        self._balance = min(self.cap, self._balance + (now - self._last) * self.min_per_second)
+        self._last = now
