@@ -14,10 +14,14 @@ from aiohttp import web
 
 from epp.gateway_picker import EmbeddedEpp
 from epp.metrics import EppMetrics
+from epp.saturation import SaturationDetector
 from epp.service import EppService
+from gateway.admission import AdmissionQueue
 from gateway.auth import Authenticator
 from gateway.breaker import RetryBudget
+from gateway.capacity import AllGates, CapacityGate, ConcurrencyGate, SaturationGate
 from gateway.keys import (
+    ADMISSION,
     AUTHENTICATOR,
     ENDPOINTS,
     HTTP_SESSION,
@@ -30,7 +34,7 @@ from gateway.keys import (
     TRACER,
 )
 from gateway.limits.limiter import Limiter
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, QueueCollector
 from gateway.middleware.auth import auth
 from gateway.middleware.errors import errors
 from gateway.middleware.request_context import request_context
@@ -58,6 +62,12 @@ def create_app(policy: Policy, *, picker: Picker | None = None) -> web.Applicati
         embedded = EmbeddedEpp(policy, app[ENDPOINTS], service)
         picker = embedded
     app[PICKER] = picker or LeastInFlightPicker(app[ENDPOINTS])
+    gate: CapacityGate = ConcurrencyGate({n: p.max_concurrency for n, p in policy.pools.items()})
+    if embedded is not None:
+        saturation = SaturationGate(embedded.service.datastore.endpoints, SaturationDetector())
+        gate = AllGates(gate, saturation)
+    app[ADMISSION] = AdmissionQueue(dict(policy.classes), gate)
+    metrics.registry.register(QueueCollector(app[ADMISSION]))
     app[SHUTTING_DOWN] = [False]
     app[LIMITER] = Limiter(policy.limits, workers=policy.listen.workers)
     tracer, provider = make_tracer(policy.observability.tracing)

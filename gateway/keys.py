@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import ClientSession, web
 from opentelemetry.trace import Tracer
 
+from gateway.admission import AdmissionQueue
 from gateway.auth import Authenticator
 from gateway.breaker import RetryBudget
 from gateway.limits.limiter import Limiter
@@ -22,3 +23,4 @@ TRACER: web.AppKey[Tracer | None] = web.AppKey("tracer")
 SHUTTING_DOWN = web.AppKey("shutting_down", list[bool])
 LIMITER = web.AppKey("limiter", Limiter)
 RETRY_BUDGETS = web.AppKey("retry_budgets", dict[str, RetryBudget])
+ADMISSION = web.AppKey("admission", AdmissionQueue)

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 from gateway.breaker import BreakerState
 
 if TYPE_CHECKING:
+    from gateway.admission import AdmissionQueue
     from gateway.picker import EndpointState
 
 log = logging.getLogger("kvgate.gateway")
@@ -109,6 +113,19 @@ class GatewayMetrics:
             ["pool"],
             registry=r,
         )
+        self.queue_wait = Histogram(
+            "kvgate_queue_wait_seconds",
+            "Time requests waited in the admission queue.",
+            ["class"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_rejections = Counter(
+            "kvgate_queue_rejections",
+            "Requests refused (full) or given up (expired) by class.",
+            ["class", "reason"],
+            registry=r,
+        )
         self._children: dict[tuple[object, ...], Any] = {}
 
     def breaker_changed(self, endpoint: EndpointState, state: BreakerState) -> None:
@@ -130,3 +147,18 @@ class GatewayMetrics:
             MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
             return generate_latest(registry)
         return generate_latest(self.registry)
+
+
+class QueueCollector(Collector):
+    """Admission queue depth by pool and class, read at scrape time (this worker's queue)."""
+
+    def __init__(self, admission: AdmissionQueue) -> None:
+        self.admission = admission
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily("kvgate_queue_depth", "Requests waiting for capacity.",
+                                  labels=["pool", "class"])  # fmt: skip
+        for pool, queue in self.admission.pools.items():
+            for name, class_queue in queue.classes.items():
+                gauge.add_metric([pool, name], float(class_queue.size))
+        yield gauge

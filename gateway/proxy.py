@@ -16,6 +16,7 @@ import time
 import aiohttp
 from aiohttp import web
 
+from gateway.admission import Evicted, Rejected
 from gateway.context import CONTEXT, RequestContext
 from gateway.errors import (
     BadRequest,
@@ -25,6 +26,7 @@ from gateway.errors import (
     UpstreamTimeout,
 )
 from gateway.keys import (
+    ADMISSION,
     ENDPOINTS,
     HTTP_SESSION,
     LIMITER,
@@ -108,10 +110,27 @@ async def proxy(request: web.Request, path: str, *, streams: bool = True) -> web
         if reservation is not None:
             ctx.extra_headers.update(reservation.headers)
     try:
-        return await _forward(request, ctx, pool, path, payload, body, client_wants_usage)
+        await _queue(request, ctx, pool.name)
+        try:
+            return await _forward(request, ctx, pool, path, payload, body, client_wants_usage)
+        finally:
+            app[ADMISSION].done(pool.name)
     finally:
         used = ctx.prompt_tokens + ctx.completion_tokens if ctx.usage_known else None
         limiter.settle(reservation, used)
+
+
+async def _queue(request: web.Request, ctx: RequestContext, pool: str) -> None:
+    """Wait for capacity in ``pool``, in the caller's priority class."""
+    admission, metrics = request.app[ADMISSION], request.app[METRICS]
+    cls = admission.class_of(ctx.identity.priority_class if ctx.identity else None).name
+    try:
+        waited = await admission.admit(pool, cls, ctx.tenant)
+    except (Rejected, Evicted) as exc:
+        reason = "full" if isinstance(exc, Rejected) else "expired"
+        metrics.child(metrics.queue_rejections, cls, reason).inc()
+        raise
+    metrics.child(metrics.queue_wait, cls).observe(waited)
 
 
 async def _forward(

@@ -15,6 +15,8 @@ from policies.errors import PolicyError
 from policies.fields import Fields
 from policies.limits_section import load_limits
 from policies.schema import (
+    DEFAULT_CLASS,
+    DEFAULT_CLASSES,
     ENGINES,
     JWT_ALGORITHMS,
     ROLES,
@@ -27,6 +29,7 @@ from policies.schema import (
     Observability,
     Policy,
     Pool,
+    PriorityClass,
     Retries,
     Route,
     Tenant,
@@ -48,6 +51,7 @@ TOP_LEVEL = {
     "epp",
     "limits",
     "breakers",
+    "classes",
 }
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$|^\[[0-9a-fA-F:]+\]:[0-9]{1,5}$")
@@ -80,7 +84,9 @@ def _build(src: Source, source: str, base_dir: Path) -> Policy:
     pools = _pools(top)
     tenants = _tenants(top)
     routes = _routes(top, pools)
+    classes = _classes(top)
     auth = _auth(top, tenants, base_dir)
+    _check_classes(top, classes, tenants, auth)
     return Policy(
         pools=pools,
         routes=routes,
@@ -91,6 +97,7 @@ def _build(src: Source, source: str, base_dir: Path) -> Policy:
         timeouts=_timeouts(top),
         retries=_retries(top),
         breakers=_breakers(top),
+        classes=classes,
         observability=_observability(top),
         epp=load_epp(top),
         limits=load_limits(top),
@@ -119,7 +126,16 @@ def _pools(top: Fields) -> dict[str, Pool]:
             top.source,
             value,
             path,
-            {"model", "engine", "endpoints", "api_key", "adapters", "kv_events", "pd"},
+            {
+                "model",
+                "engine",
+                "endpoints",
+                "api_key",
+                "adapters",
+                "kv_events",
+                "pd",
+                "max_concurrency",
+            },
         )
         kv_events = f.sub("kv_events", {"port"})
         pd = f.sub("pd", {"min_uncached_tokens"})
@@ -142,6 +158,7 @@ def _pools(top: Fields) -> dict[str, Pool]:
             adapters=f.str_list("adapters") or (),
             kv_events_port=kv_events.opt_int("port", low=1, high=65535),
             pd_min_uncached_tokens=pd.opt_int("min_uncached_tokens", low=0),
+            max_concurrency=f.opt_int("max_concurrency", low=1),
         )
     return pools
 
@@ -274,6 +291,32 @@ def _retries(top: Fields) -> Retries:
         f.number("budget_ratio", d.budget_ratio, low=0.0, high=10.0),
         f.number("min_retries_per_second", d.min_retries_per_second, low=0.0),
     )
+
+
+def _classes(top: Fields) -> dict[str, PriorityClass]:
+    if not top.has("classes"):
+        return dict(DEFAULT_CLASSES)
+    classes: dict[str, PriorityClass] = {}
+    for path, name, value in top.entries("classes"):
+        f = Fields(top.source, value, path, {"weight", "max_queue", "max_wait"})
+        weight = f.number("weight", low=0.001)
+        classes[name] = PriorityClass(
+            name, weight, f.integer("max_queue", 1000, low=1), f.duration("max_wait", 30.0)
+        )
+    if DEFAULT_CLASS not in classes and classes:
+        top.error("classes", f"must define the default class {DEFAULT_CLASS!r}")
+    return classes
+
+
+def _check_classes(
+    top: Fields, classes: dict[str, PriorityClass], tenants: dict[str, Tenant], auth: Auth
+) -> None:
+    for name, tenant in tenants.items():
+        if tenant.priority_class and tenant.priority_class not in classes:
+            top.error(f"tenants.{name}.class", f"unknown class {tenant.priority_class!r}")
+    for i, key in enumerate(auth.api_keys):
+        if key.priority_class and key.priority_class not in classes:
+            top.error(f"auth.api_keys[{i}].class", f"unknown class {key.priority_class!r}")
 
 
 def _breakers(top: Fields) -> Breakers:

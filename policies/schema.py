@@ -96,6 +96,7 @@ class Pool:
     adapters: tuple[str, ...] = ()  # LoRA adapters served here; a request for one prefers residents
     kv_events_port: int | None = None  # the endpoints' KV-event port, for precise prefix routing
     pd_min_uncached_tokens: int | None = None  # prefill/decode pools: when to add a prefill pick
+    max_concurrency: int | None = None  # requests in flight per gateway process; more are queued
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,23 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class PriorityClass:
+    """A class of the admission queue: served in proportion to ``weight`` under saturation."""
+
+    name: str
+    weight: float
+    max_queue: int = 1000  # queued requests beyond this are refused (429)
+    max_wait: float = 30.0  # seconds a request may wait before it is given up (503)
+
+
+DEFAULT_CLASSES = {
+    "interactive": PriorityClass("interactive", 6, 1000, 5.0),
+    "standard": PriorityClass("standard", 3, 5000, 30.0),
+    "batch": PriorityClass("batch", 1, 20000, 600.0),
+}
+
+
+@dataclass(frozen=True)
 class Route:
     model: str  # the public model name clients send
     pool: str
@@ -247,6 +265,7 @@ class Policy:
     observability: Observability = field(default_factory=Observability)
     epp: Epp = field(default_factory=Epp)
     limits: Limits = field(default_factory=Limits)
+    classes: Mapping[str, PriorityClass] = field(default_factory=lambda: dict(DEFAULT_CLASSES))
     source: str = "<policy>"
 
     def route_for(self, model: str) -> Route | None:

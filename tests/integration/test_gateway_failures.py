@@ -83,7 +83,8 @@ async def test_5xx_before_first_byte_is_retried(
 ) -> None:
     bad, hits = failing_upstream
     live = start_backend("--cost", "zero").removeprefix("http://")
-    url, _ = start_gateway(policy(bad, live))
+    # the least-in-flight picker: the EPP would never pick an endpoint without metrics
+    url, _ = start_gateway(policy(bad, live, extra="epp: {picker: least-in-flight}"))
     for _ in range(10):
         status, _ = await post(url, {"model": "kvgate-sim", "prompt": "x", "max_tokens": 1})
         assert status == 200

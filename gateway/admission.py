@@ -1,0 +1,180 @@
+"""Priority weighted-fair admission queue, gated by pool capacity.
+
+Under saturation each priority class is served in proportion to its weight (start-time fair
+queueing): a class's next request starts at ``S = max(V, F_class)`` and finishes at
+``S + 1 / weight``; the smallest start goes first and sets ``V``, so a class that was idle
+cannot bank credit. Inside a class, tenants take turns (round robin over tenants with
+queued requests), so a tenant sending ten times more gets the same share as the others.
+A full class queue refuses at once (``QueueFull``, 429); a request that waits longer than its
+class's ``max_wait`` is given up (``Expired``, 503); a client that goes away leaves the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from gateway.capacity import CapacityGate
+from gateway.errors import GatewayError
+from policies.schema import DEFAULT_CLASS, PriorityClass
+
+POLL_INTERVAL = 0.02  # re-check gates that change without a release (metrics, saturation)
+
+
+class Rejected(GatewayError):
+    """Refused before queueing."""
+
+    status, type, code = 429, "rate_limit_error", "queue_full"
+
+
+class QueueFull(Rejected):
+    pass
+
+
+class Evicted(GatewayError):
+    """Given up after queueing."""
+
+    status, type, code = 503, "server_error", "queue_timeout"
+
+
+class Expired(Evicted):
+    pass
+
+
+@dataclass(eq=False)
+class Ticket:
+    pool: str
+    cls: str
+    tenant: str
+    future: asyncio.Future[None]
+    queued_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _ClassQueue:
+    spec: PriorityClass
+    tenants: OrderedDict[str, deque[Ticket]] = field(default_factory=OrderedDict)
+    size: int = 0
+    finish: float = 0.0
+
+    def push(self, ticket: Ticket) -> None:
+        self.tenants.setdefault(ticket.tenant, deque()).append(ticket)
+        self.size += 1
+
+    def pop(self) -> Ticket:
+        tenant, queue = next(iter(self.tenants.items()))
+        ticket = queue.popleft()
+        self.tenants.move_to_end(tenant)  # the next tenant's turn
+        if not queue:
+            del self.tenants[tenant]
+        self.size -= 1
+        return ticket
+
+    def remove(self, ticket: Ticket) -> bool:
+        queue = self.tenants.get(ticket.tenant)
+        if queue is None or ticket not in queue:
+            return False
+        queue.remove(ticket)
+        if not queue:
+            del self.tenants[ticket.tenant]
+        self.size -= 1
+        return True
+
+
+class PoolQueue:
+    def __init__(self, pool: str, classes: dict[str, PriorityClass]) -> None:
+        self.pool = pool
+        self.classes = {name: _ClassQueue(spec) for name, spec in classes.items()}
+        self.virtual = 0.0
+
+    @property
+    def depth(self) -> int:
+        return sum(q.size for q in self.classes.values())
+
+    def next_ticket(self) -> Ticket | None:
+        """Start-time fair queueing over classes: smallest start tag, then smallest finish."""
+        best: tuple[float, float, _ClassQueue] | None = None
+        for queue in self.classes.values():
+            if queue.size:
+                start = max(self.virtual, queue.finish)
+                finish = start + 1.0 / queue.spec.weight
+                if best is None or (start, finish) < best[:2]:
+                    best = (start, finish, queue)
+        if best is None:
+            return None
+        start, finish, queue = best
+        self.virtual, queue.finish = start, finish
+        return queue.pop()
+
+
+class AdmissionQueue:
+    def __init__(self, classes: dict[str, PriorityClass], gate: CapacityGate) -> None:
+        self.classes = classes
+        self.gate = gate
+        self.pools: dict[str, PoolQueue] = {}
+        self._pollers: dict[str, asyncio.Task[None]] = {}
+
+    def class_of(self, name: str | None) -> PriorityClass:
+        return self.classes.get(name or DEFAULT_CLASS) or self.classes.get(DEFAULT_CLASS) or next(
+            iter(self.classes.values()))  # fmt: skip
+
+    def depth(self, pool: str, cls: str) -> int:
+        queue = self.pools.get(pool)
+        return queue.classes[cls].size if queue and cls in queue.classes else 0
+
+    async def admit(self, pool: str, cls_name: str | None, tenant: str) -> float:
+        """Wait for a slot in ``pool``; returns the seconds waited. Pair with ``done(pool)``."""
+        spec = self.class_of(cls_name)
+        queue = self.pools.setdefault(pool, PoolQueue(pool, self.classes))
+        if queue.depth == 0 and self.gate.has_capacity(pool):
+            self.gate.acquire(pool)
+            return 0.0
+        class_queue = queue.classes[spec.name]
+        if class_queue.size >= spec.max_queue:
+            raise QueueFull(f"The {spec.name} queue is full; retry later.",
+                            headers={"retry-after": "1"})  # fmt: skip
+        ticket = Ticket(pool, spec.name, tenant, asyncio.get_running_loop().create_future())
+        class_queue.push(ticket)
+        self._ensure_poller(pool)
+        try:
+            async with asyncio.timeout(spec.max_wait):
+                await ticket.future
+        except TimeoutError as exc:
+            class_queue.remove(ticket)
+            raise Expired(
+                f"Waited {spec.max_wait:g}s in the {spec.name} queue; the pool is saturated."
+            ) from exc
+        except asyncio.CancelledError:
+            if not class_queue.remove(ticket) and ticket.future.done():
+                self.done(pool)  # dispatched just as the client left: give the slot back
+            raise
+        return time.monotonic() - ticket.queued_at
+
+    def done(self, pool: str) -> None:
+        """A dispatched request of ``pool`` finished: its slot may go to the next in line."""
+        self.gate.release(pool)
+        self._dispatch(pool)
+
+    def _dispatch(self, pool: str) -> None:
+        queue = self.pools.get(pool)
+        while queue is not None and queue.depth and self.gate.has_capacity(pool):
+            ticket = queue.next_ticket()
+            if ticket is None:
+                return
+            if ticket.future.done():  # cancelled meanwhile
+                continue
+            self.gate.acquire(pool)
+            ticket.future.set_result(None)
+
+    def _ensure_poller(self, pool: str) -> None:
+        task = self._pollers.get(pool)
+        if task is None or task.done():
+            self._pollers[pool] = asyncio.create_task(self._poll(pool))
+
+    async def _poll(self, pool: str) -> None:
+        queue = self.pools[pool]
+        while queue.depth:
+            self._dispatch(pool)
+            await asyncio.sleep(POLL_INTERVAL)

@@ -1,0 +1,84 @@
+"""Capacity gates: may a pool take another request now? The admission queue asks before it
+dispatches, and is told when capacity may have come back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from epp.framework import Endpoint
+from epp.saturation import SaturationDetector
+
+
+class CapacityGate(Protocol):
+    def has_capacity(self, pool: str) -> bool:
+        """True if one more request may be dispatched to ``pool`` now."""
+        ...
+
+    def acquire(self, pool: str) -> None:
+        """A request was dispatched to ``pool``."""
+        ...
+
+    def release(self, pool: str) -> None:
+        """A request of ``pool`` finished."""
+        ...
+
+
+class ConcurrencyGate:
+    """At most ``limits[pool]`` requests in flight per pool (pools without a limit: no cap)."""
+
+    def __init__(self, limits: dict[str, int | None]) -> None:
+        self.limits = limits
+        self.in_flight = dict.fromkeys(limits, 0)
+
+    def has_capacity(self, pool: str) -> bool:
+        limit = self.limits.get(pool)
+        return limit is None or self.in_flight.get(pool, 0) < limit
+
+    def acquire(self, pool: str) -> None:
+        self.in_flight[pool] = self.in_flight.get(pool, 0) + 1
+
+    def release(self, pool: str) -> None:
+        self.in_flight[pool] = max(0, self.in_flight.get(pool, 0) - 1)
+
+
+class SaturationGate:
+    """No capacity while every scraped endpoint of the pool is saturated (the EPP's view).
+
+    Endpoints never scraped are unknown, not saturated: a pool whose servers expose no metrics
+    is never held back by this gate.
+    """
+
+    def __init__(
+        self, endpoints: Callable[[str], list[Endpoint]], detector: SaturationDetector
+    ) -> None:
+        self.endpoints = endpoints
+        self.detector = detector
+
+    def has_capacity(self, pool: str) -> bool:
+        known = [e for e in self.endpoints(pool) if e.metrics.scraped_at]
+        return not known or not self.detector.all_saturated(known)
+
+    def acquire(self, pool: str) -> None:
+        return None
+
+    def release(self, pool: str) -> None:
+        return None
+
+
+class AllGates:
+    """Capacity only when every gate agrees."""
+
+    def __init__(self, *gates: CapacityGate) -> None:
+        self.gates = gates
+
+    def has_capacity(self, pool: str) -> bool:
+        return all(g.has_capacity(pool) for g in self.gates)
+
+    def acquire(self, pool: str) -> None:
+        for gate in self.gates:
+            gate.acquire(pool)
+
+    def release(self, pool: str) -> None:
+        for gate in self.gates:
+            gate.release(pool)
