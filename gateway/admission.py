@@ -117,8 +117,11 @@ class AdmissionQueue:
         self._pollers: dict[str, asyncio.Task[None]] = {}
 
     def class_of(self, name: str | None) -> PriorityClass:
-        return self.classes.get(name or DEFAULT_CLASS) or self.classes.get(DEFAULT_CLASS) or next(
-            iter(self.classes.values()))  # fmt: skip
+        return (
+            self.classes.get(name or DEFAULT_CLASS)
+            or self.classes.get(DEFAULT_CLASS)
+            or next(iter(self.classes.values()))
+        )
 
     def depth(self, pool: str, cls: str) -> int:
         queue = self.pools.get(pool)
@@ -133,8 +136,9 @@ class AdmissionQueue:
             return 0.0
         class_queue = queue.classes[spec.name]
         if class_queue.size >= spec.max_queue:
-            raise QueueFull(f"The {spec.name} queue is full; retry later.",
-                            headers={"retry-after": "1"})  # fmt: skip
+            raise QueueFull(
+                f"The {spec.name} queue is full; retry later.", headers={"retry-after": "1"}
+            )
         ticket = Ticket(pool, spec.name, tenant, asyncio.get_running_loop().create_future())
         class_queue.push(ticket)
         self._ensure_poller(pool)

@@ -30,6 +30,7 @@ from gateway.keys import (
     PICKER,
     POLICY,
     RETRY_BUDGETS,
+    SHADOW,
     SHUTTING_DOWN,
     TRACER,
 )
@@ -40,6 +41,7 @@ from gateway.middleware.errors import errors
 from gateway.middleware.request_context import request_context
 from gateway.picker import LeastInFlightPicker, Picker, endpoint_states
 from gateway.routes import setup_routes
+from gateway.routing.shadow import ShadowMirror
 from gateway.tracing import make_tracer
 from policies.schema import Policy
 
@@ -81,7 +83,9 @@ def create_app(policy: Policy, *, picker: Picker | None = None) -> web.Applicati
             connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)
         )
         app[HTTP_SESSION] = session
+        app[SHADOW] = ShadowMirror(policy, session, app[PICKER], app[METRICS])
         yield
+        await app[SHADOW].close()
         await session.close()
 
     async def tracer_context(app: web.Application) -> AsyncIterator[None]:

@@ -25,8 +25,12 @@ class BreakerState(Enum):
 
 
 class CircuitBreaker:
-    def __init__(self, config: Breakers, clock: Callable[[], float] = time.monotonic,
-                 on_change: Callable[[BreakerState], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: Breakers,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[BreakerState], None] | None = None,
+    ) -> None:
         self.config = config
         self.clock = clock
         self.on_change = on_change

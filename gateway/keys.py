@@ -11,6 +11,7 @@ from gateway.breaker import RetryBudget
 from gateway.limits.limiter import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.picker import EndpointState, Picker
+from gateway.routing.shadow import ShadowMirror
 from policies.schema import Policy
 
 POLICY = web.AppKey("policy", Policy)
@@ -24,3 +25,4 @@ SHUTTING_DOWN = web.AppKey("shutting_down", list[bool])
 LIMITER = web.AppKey("limiter", Limiter)
 RETRY_BUDGETS = web.AppKey("retry_budgets", dict[str, RetryBudget])
 ADMISSION = web.AppKey("admission", AdmissionQueue)
+SHADOW = web.AppKey("shadow", ShadowMirror)

@@ -126,6 +126,31 @@ class GatewayMetrics:
             ["class", "reason"],
             registry=r,
         )
+        self.ab_requests = Counter(
+            "kvgate_ab_requests",
+            "Requests of A/B tests by test, arm and status.",
+            ["test", "arm", "status"],
+            registry=r,
+        )
+        self.shadow_results = Counter(
+            "kvgate_shadow_results",
+            "Shadow copies by route and outcome (match, mismatch, error, dropped).",
+            ["route", "result"],
+            registry=r,
+        )
+        self.shadow_latency_ratio = Histogram(
+            "kvgate_shadow_latency_ratio",
+            "Shadow latency / primary latency.",
+            ["route"],
+            buckets=(0.25, 0.5, 0.8, 1.0, 1.25, 2.0, 4.0, 10.0),
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "kvgate_fallbacks",
+            "Requests sent to a fallback model, by route and reason.",
+            ["route", "reason"],
+            registry=r,
+        )
         self._children: dict[tuple[object, ...], Any] = {}
 
     def breaker_changed(self, endpoint: EndpointState, state: BreakerState) -> None:
@@ -156,8 +181,9 @@ class QueueCollector(Collector):
         self.admission = admission
 
     def collect(self) -> Iterator[Metric]:
-        gauge = GaugeMetricFamily("kvgate_queue_depth", "Requests waiting for capacity.",
-                                  labels=["pool", "class"])  # fmt: skip
+        gauge = GaugeMetricFamily(
+            "kvgate_queue_depth", "Requests waiting for capacity.", labels=["pool", "class"]
+        )
         for pool, queue in self.admission.pools.items():
             for name, class_queue in queue.classes.items():
                 gauge.add_metric([pool, name], float(class_queue.size))

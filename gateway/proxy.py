@@ -9,11 +9,9 @@ away cancels the handler, which closes the upstream connection at once.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
-import aiohttp
 from aiohttp import web
 
 from gateway.admission import Evicted, Rejected
@@ -21,6 +19,7 @@ from gateway.context import CONTEXT, RequestContext
 from gateway.errors import (
     BadRequest,
     ModelNotFound,
+    NoEndpoint,
     PayloadTooLarge,
     UpstreamError,
     UpstreamTimeout,
@@ -34,15 +33,16 @@ from gateway.keys import (
     PICKER,
     POLICY,
     RETRY_BUDGETS,
+    SHADOW,
     TRACER,
 )
+from gateway.metrics import GatewayMetrics
 from gateway.picker import PickRequest
-from gateway.sse_relay import SSERelay
-from gateway.upstream import UpstreamCall, open_upstream, response_headers, upstream_headers
-from policies.schema import Pool
-
-MID_STREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
-BROKEN_RESPONSES = frozenset({"upstream_stream_broken", "upstream_body_error"})
+from gateway.relay import BROKEN_RESPONSES, relay_body, relay_stream
+from gateway.routing.selector import select
+from gateway.routing.shadow import Outcome, text_of
+from gateway.upstream import UpstreamCall, open_upstream, upstream_headers
+from policies.schema import Pool, Route
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -86,38 +86,107 @@ async def proxy(request: web.Request, path: str, *, streams: bool = True) -> web
         raise ModelNotFound(
             f"The model `{model}` does not exist or you do not have access to it.", param="model"
         )
-    pool = policy.pools[route.pool]
-    ctx.pool = pool.name
-    stream = streams and body.get("stream") is True
-    ctx.stream = stream
+    ctx.stream = streams and body.get("stream") is True
     options = body.get("stream_options")
     client_wants_usage = isinstance(options, dict) and options.get("include_usage") is True
-    changed = False
-    if pool.model and pool.model != model:
-        body["model"] = pool.model
-        changed = True
-    if stream and not client_wants_usage:
-        body["stream_options"] = {
-            **(options if isinstance(options, dict) else {}),
-            "include_usage": True,
-        }
-        changed = True
-    payload = json.dumps(body, separators=(",", ":")).encode() if changed else raw
+    selection = select(route, body, request.headers, ctx.identity)
+    if selection.ab_arm:
+        ctx.extra_headers["x-kvgate-ab-arm"] = selection.ab_arm
     limiter = app[LIMITER]
     reservation = None
     if limiter.active:
         reservation = await limiter.reserve(ctx.identity, model, request.path, body)
         if reservation is not None:
             ctx.extra_headers.update(reservation.headers)
+    pick = PickRequest(model, body, request.headers, ctx.identity, ctx.request_id)
+    shadow = app[SHADOW].start(route, path, body, pick) if route.shadow else None
     try:
-        await _queue(request, ctx, pool.name)
-        try:
-            return await _forward(request, ctx, pool, path, payload, body, client_wants_usage)
-        finally:
-            app[ADMISSION].done(pool.name)
+        response = await _serve_with_fallbacks(
+            request, ctx, route, selection.pool, path, raw, body, client_wants_usage
+        )
     finally:
         used = ctx.prompt_tokens + ctx.completion_tokens if ctx.usage_known else None
         limiter.settle(reservation, used)
+        _record_ab(app[METRICS], selection.ab_arm, ctx)
+    if shadow is not None:
+        primary = Outcome(
+            ctx.status,
+            time.perf_counter() - ctx.start,
+            ctx.completion_tokens if ctx.usage_known else None,
+            text_of(response.body)
+            if isinstance(response, web.Response) and isinstance(response.body, bytes)
+            else None,
+        )
+        app[SHADOW].compare(route, shadow, primary)
+    return response
+
+
+async def _serve_with_fallbacks(
+    request: web.Request,
+    ctx: RequestContext,
+    route: Route,
+    first_pool: str,
+    path: str,
+    raw: bytes,
+    body: dict[str, object],
+    client_wants_usage: bool,
+) -> web.StreamResponse:
+    """Serve from ``first_pool``; if it is saturated or none of its endpoints can answer before
+    the first byte, from the pools of the route's fallback models, in order."""
+    app = request.app
+    policy, admission, metrics = app[POLICY], app[ADMISSION], app[METRICS]
+    pools = [first_pool]
+    for name in route.fallback:
+        fallback = policy.route_for(name)
+        if fallback is not None:
+            pools.append(select(fallback, body, request.headers, ctx.identity).pool)
+    for index, pool_name in enumerate(pools):
+        last = index == len(pools) - 1
+        if not last and not admission.gate.has_capacity(pool_name):
+            metrics.child(metrics.fallbacks, route.model, "saturated").inc()
+            continue
+        pool = policy.pools[pool_name]
+        ctx.pool = pool.name
+        payload = _payload(raw, body, pool, ctx.model, ctx.stream, client_wants_usage)
+        await _queue(request, ctx, pool.name)
+        try:
+            return await _forward(request, ctx, pool, path, payload, body, client_wants_usage)
+        except (NoEndpoint, UpstreamError, UpstreamTimeout):
+            if last:
+                raise
+            metrics.child(metrics.fallbacks, route.model, "unavailable").inc()
+        finally:
+            admission.done(pool.name)
+    raise NoEndpoint(f"no pool of route '{route.model}' can serve the request")
+
+
+def _payload(
+    raw: bytes,
+    body: dict[str, object],
+    pool: Pool,
+    model: str,
+    stream: bool,
+    client_wants_usage: bool,
+) -> bytes:
+    """The body for ``pool``: the original bytes unless the model or stream options change."""
+    changes: dict[str, object] = {}
+    if pool.model and pool.model != model:
+        changes["model"] = pool.model
+    if stream and not client_wants_usage:
+        options = body.get("stream_options")
+        changes["stream_options"] = {
+            **(options if isinstance(options, dict) else {}),
+            "include_usage": True,
+        }
+    if not changes:
+        return raw
+    return json.dumps({**body, **changes}, separators=(",", ":")).encode()
+
+
+def _record_ab(metrics: GatewayMetrics, arm: str | None, ctx: RequestContext) -> None:
+    if arm:
+        test, _, name = arm.partition("=")
+        metrics.child(metrics.ab_requests, test, name, str(ctx.status or 0)).inc()
 
 
 async def _queue(request: web.Request, ctx: RequestContext, pool: str) -> None:
@@ -164,10 +233,10 @@ async def _forward(
         ctx.endpoint = endpoint.address
         try:
             if upstream.content_type == "text/event-stream":
-                return await _relay_stream(
+                return await relay_stream(
                     request, ctx, upstream, policy.timeouts.idle, strip_usage=not client_wants_usage
                 )
-            return await _relay_body(ctx, upstream, policy.timeouts.idle)
+            return await relay_body(ctx, upstream, policy.timeouts.idle)
         finally:
             endpoint.in_flight -= 1
             upstream.close()
@@ -175,107 +244,3 @@ async def _forward(
                 endpoint.breaker.record(ok=False)
     finally:
         gauge.dec()
-
-
-async def _relay_body(
-    ctx: RequestContext, upstream: aiohttp.ClientResponse, idle: float
-) -> web.Response:
-    try:
-        async with asyncio.timeout(idle):  # a whole JSON body comes at once after generation
-            data = await upstream.read()
-    except MID_STREAM_ERRORS as exc:
-        ctx.error = "upstream_body_error"
-        raise _upstream_failed(ctx, exc) from exc
-    ctx.ttft = time.perf_counter() - ctx.start
-    ctx.status = upstream.status
-    if upstream.status == 200 and upstream.content_type == "application/json":
-        _count_usage(ctx, data)
-    return web.Response(
-        body=data,
-        status=upstream.status,
-        headers=response_headers(upstream.headers, ctx.request_id, ctx.extra_headers),
-    )
-
-
-async def _relay_stream(
-    request: web.Request,
-    ctx: RequestContext,
-    upstream: aiohttp.ClientResponse,
-    idle: float,
-    *,
-    strip_usage: bool,
-) -> web.StreamResponse:
-    response = web.StreamResponse(
-        status=upstream.status,
-        headers=response_headers(upstream.headers, ctx.request_id, ctx.extra_headers),
-    )
-    await response.prepare(request)
-    ctx.status = upstream.status
-    relay = SSERelay(strip_usage=strip_usage)
-    failure = ""
-    try:
-        while chunk := await _next_chunk(upstream, idle):
-            out = relay.feed(chunk)
-            if out:
-                if ctx.ttft is None:
-                    ctx.ttft = time.perf_counter() - ctx.start
-                await response.write(out)
-    except MID_STREAM_ERRORS as exc:
-        failure = (
-            "upstream stalled mid-stream"
-            if isinstance(exc, asyncio.TimeoutError)
-            else ("upstream connection lost mid-stream")
-        )
-    if not failure and not relay.saw_done:
-        failure = "upstream ended the stream without [DONE]"
-    if relay.usage:
-        _record_usage(ctx, relay.usage)
-    if failure:
-        ctx.error = "upstream_stream_broken"
-        error = {
-            "error": {
-                "message": failure,
-                "type": "server_error",
-                "param": None,
-                "code": "upstream_stream_broken",
-            }
-        }
-        await response.write(f"data: {json.dumps(error)}\n\n".encode())
-    await response.write_eof()
-    return response
-
-
-async def _next_chunk(upstream: aiohttp.ClientResponse, idle: float) -> bytes:
-    async with asyncio.timeout(idle):
-        return await upstream.content.readany()
-
-
-def _upstream_failed(ctx: RequestContext, exc: BaseException) -> Exception:
-    if isinstance(exc, asyncio.TimeoutError):
-        return UpstreamTimeout(f"upstream {ctx.endpoint} stalled while sending its response")
-    return UpstreamError(f"upstream {ctx.endpoint} failed while sending its response")
-
-
-_DECODER = json.JSONDecoder()
-
-
-def _count_usage(ctx: RequestContext, data: bytes) -> None:
-    """Read ``usage`` without parsing the whole body (choices can be large)."""
-    at = data.rfind(b'"usage"')
-    if at < 0:
-        return
-    text = data[at:].decode(errors="replace")
-    start = text.find("{")
-    try:
-        usage, _ = _DECODER.raw_decode(text, start) if start > 0 else (None, 0)
-    except ValueError:
-        return
-    if isinstance(usage, dict):
-        _record_usage(ctx, usage)
-
-
-def _record_usage(ctx: RequestContext, usage: dict[str, object]) -> None:
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    ctx.prompt_tokens = prompt if isinstance(prompt, int) else 0
-    ctx.completion_tokens = completion if isinstance(completion, int) else 0
-    ctx.usage_known = isinstance(prompt, int) and isinstance(completion, int)

@@ -14,6 +14,7 @@ from policies.epp_section import load_epp
 from policies.errors import PolicyError
 from policies.fields import Fields
 from policies.limits_section import load_limits
+from policies.routes_section import load_routes
 from policies.schema import (
     DEFAULT_CLASS,
     DEFAULT_CLASSES,
@@ -31,7 +32,6 @@ from policies.schema import (
     Pool,
     PriorityClass,
     Retries,
-    Route,
     Tenant,
     Timeouts,
     Tracing,
@@ -83,7 +83,7 @@ def _build(src: Source, source: str, base_dir: Path) -> Policy:
     version = top.integer("version", 1, low=1, high=1)
     pools = _pools(top)
     tenants = _tenants(top)
-    routes = _routes(top, pools)
+    routes = load_routes(top, pools)
     classes = _classes(top)
     auth = _auth(top, tenants, base_dir)
     _check_classes(top, classes, tenants, auth)
@@ -191,22 +191,6 @@ def _tenants(top: Fields) -> dict[str, Tenant]:
         f = Fields(top.source, value, path, {"class", "models"})
         tenants[name] = Tenant(name, f.opt_str("class"), f.str_list("models"))
     return tenants
-
-
-def _routes(top: Fields, pools: dict[str, Pool]) -> tuple[Route, ...]:
-    routes: list[Route] = []
-    seen: set[str] = set()
-    for path, item in top.items("routes", required=True):
-        f = Fields(top.source, item, path, {"model", "pool"})
-        model, pool = f.text("model"), f.text("pool")
-        if model in seen:
-            f.error(f"{path}.model", f"model {model!r} is routed twice")
-        seen.add(model)
-        if pool and pool not in pools:
-            known = ", ".join(sorted(pools)) or "none"
-            f.error(f"{path}.pool", f"unknown pool {pool!r} (pools: {known})")
-        routes.append(Route(model=model, pool=pool))
-    return tuple(routes)
 
 
 def _auth(top: Fields, tenants: dict[str, Tenant], base_dir: Path) -> Auth:
@@ -320,8 +304,17 @@ def _check_classes(
 
 
 def _breakers(top: Fields) -> Breakers:
-    f = top.sub("breakers", {"consecutive_failures", "failure_ratio", "window", "min_requests",
-                             "cool_down", "half_open_probes"})  # fmt: skip
+    f = top.sub(
+        "breakers",
+        {
+            "consecutive_failures",
+            "failure_ratio",
+            "window",
+            "min_requests",
+            "cool_down",
+            "half_open_probes",
+        },
+    )
     d = Breakers()
     return Breakers(
         f.integer("consecutive_failures", d.consecutive_failures, low=1),

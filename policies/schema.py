@@ -203,9 +203,38 @@ DEFAULT_CLASSES = {
 
 
 @dataclass(frozen=True)
-class Route:
-    model: str  # the public model name clients send
+class WeightedPool:
     pool: str
+    weight: float  # canary: relative weight; A/B: basis points (all arms sum to 10,000)
+    name: str = ""  # the A/B arm's name (defaults to the pool)
+
+
+@dataclass(frozen=True)
+class AbTest:
+    name: str
+    key: str  # "user" (the body's ``user`` field) or "header:<name>"
+    arms: tuple[WeightedPool, ...]
+
+
+@dataclass(frozen=True)
+class Shadow:
+    pool: str
+    sample: float  # share of requests copied, 0..1
+    compare: tuple[str, ...] = ("status", "tokens", "latency")  # also: text
+    max_in_flight: int = 4  # shadow requests at once per process; more are dropped
+
+
+@dataclass(frozen=True)
+class Route:
+    """A public model name and where its requests go: one pool, a canary split or an A/B test;
+    optionally shadowed, with fallback models when its pools cannot serve."""
+
+    model: str  # the public model name clients send
+    pool: str  # the pool (for a split: the first one)
+    canary: tuple[WeightedPool, ...] = ()
+    ab_test: AbTest | None = None
+    shadow: Shadow | None = None
+    fallback: tuple[str, ...] = ()  # other public models, tried in order
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,126 @@
+"""Relaying an upstream response to the client: a JSON body at once, or SSE event by event.
+
+An upstream that dies or stalls (``idle`` seconds between chunks) mid-stream ends the client's
+stream with an SSE error event and no ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+from aiohttp import web
+
+from gateway.context import RequestContext
+from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.sse_relay import SSERelay
+from gateway.upstream import response_headers
+
+MID_STREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+BROKEN_RESPONSES = frozenset({"upstream_stream_broken", "upstream_body_error"})
+
+
+async def relay_body(
+    ctx: RequestContext, upstream: aiohttp.ClientResponse, idle: float
+) -> web.Response:
+    try:
+        async with asyncio.timeout(idle):  # a whole JSON body comes at once after generation
+            data = await upstream.read()
+    except MID_STREAM_ERRORS as exc:
+        ctx.error = "upstream_body_error"
+        raise _upstream_failed(ctx, exc) from exc
+    ctx.ttft = time.perf_counter() - ctx.start
+    ctx.status = upstream.status
+    if upstream.status == 200 and upstream.content_type == "application/json":
+        _count_usage(ctx, data)
+    return web.Response(
+        body=data,
+        status=upstream.status,
+        headers=response_headers(upstream.headers, ctx.request_id, ctx.extra_headers),
+    )
+
+
+async def relay_stream(
+    request: web.Request,
+    ctx: RequestContext,
+    upstream: aiohttp.ClientResponse,
+    idle: float,
+    *,
+    strip_usage: bool,
+) -> web.StreamResponse:
+    response = web.StreamResponse(
+        status=upstream.status,
+        headers=response_headers(upstream.headers, ctx.request_id, ctx.extra_headers),
+    )
+    await response.prepare(request)
+    ctx.status = upstream.status
+    relay = SSERelay(strip_usage=strip_usage)
+    failure = ""
+    try:
+        while chunk := await _next_chunk(upstream, idle):
+            out = relay.feed(chunk)
+            if out:
+                if ctx.ttft is None:
+                    ctx.ttft = time.perf_counter() - ctx.start
+                await response.write(out)
+    except MID_STREAM_ERRORS as exc:
+        failure = (
+            "upstream stalled mid-stream"
+            if isinstance(exc, asyncio.TimeoutError)
+            else ("upstream connection lost mid-stream")
+        )
+    if not failure and not relay.saw_done:
+        failure = "upstream ended the stream without [DONE]"
+    if relay.usage:
+        _record_usage(ctx, relay.usage)
+    if failure:
+        ctx.error = "upstream_stream_broken"
+        error = {
+            "error": {
+                "message": failure,
+                "type": "server_error",
+                "param": None,
+                "code": "upstream_stream_broken",
+            }
+        }
+        await response.write(f"data: {json.dumps(error)}\n\n".encode())
+    await response.write_eof()
+    return response
+
+
+async def _next_chunk(upstream: aiohttp.ClientResponse, idle: float) -> bytes:
+    async with asyncio.timeout(idle):
+        return await upstream.content.readany()
+
+
+def _upstream_failed(ctx: RequestContext, exc: BaseException) -> Exception:
+    if isinstance(exc, asyncio.TimeoutError):
+        return UpstreamTimeout(f"upstream {ctx.endpoint} stalled while sending its response")
+    return UpstreamError(f"upstream {ctx.endpoint} failed while sending its response")
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _count_usage(ctx: RequestContext, data: bytes) -> None:
+    """Read ``usage`` without parsing the whole body (choices can be large)."""
+    at = data.rfind(b'"usage"')
+    if at < 0:
+        return
+    text = data[at:].decode(errors="replace")
+    start = text.find("{")
+    try:
+        usage, _ = _DECODER.raw_decode(text, start) if start > 0 else (None, 0)
+    except ValueError:
+        return
+    if isinstance(usage, dict):
+        _record_usage(ctx, usage)
+
+
+def _record_usage(ctx: RequestContext, usage: dict[str, object]) -> None:
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    ctx.prompt_tokens = prompt if isinstance(prompt, int) else 0
+    ctx.completion_tokens = completion if isinstance(completion, int) else 0
+    ctx.usage_known = isinstance(prompt, int) and isinstance(completion, int)

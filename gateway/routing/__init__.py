@@ -1,0 +1,1 @@
+"""Traffic routing: canary splits, sticky A/B tests, shadow copies."""

@@ -1,0 +1,164 @@
+"""Shadow traffic: a sampled copy of a route's requests goes to a shadow pool in the background.
+
+The copy is sent non-streaming, read fully, and compared with the primary response (status,
+completion tokens, latency ratio, and optionally the exact text) once both are done; the result
+goes to metrics and the log. It never reaches or delays the client: it runs in its own task,
+at most ``max_in_flight`` at once (more are dropped and counted), and its failures are only
+recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+import aiohttp
+
+from gateway.metrics import GatewayMetrics
+from gateway.picker import Picker, PickRequest
+from policies.schema import Policy, Route, Shadow
+
+log = logging.getLogger("kvgate.shadow")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    status: int
+    latency: float
+    completion_tokens: int | None
+    text: str | None  # None when not captured (streams)
+
+
+def text_of(body: bytes) -> str | None:
+    try:
+        choices = json.loads(body).get("choices") or []
+    except (ValueError, AttributeError):
+        return None
+    parts = []
+    for choice in choices:
+        if isinstance(choice, dict):
+            message = choice.get("message")
+            parts.append(
+                message.get("content") or ""
+                if isinstance(message, dict)
+                else choice.get("text") or ""
+            )
+    return "".join(str(p) for p in parts)
+
+
+class ShadowMirror:
+    def __init__(
+        self,
+        policy: Policy,
+        session: aiohttp.ClientSession,
+        picker: Picker,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.policy = policy
+        self.session = session
+        self.picker = picker
+        self.metrics = metrics
+        self.in_flight: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(
+        self, route: Route, path: str, body: dict[str, object], pick: PickRequest
+    ) -> asyncio.Task[Outcome | None] | None:
+        spec = route.shadow
+        if spec is None or random.random() >= spec.sample:
+            return None
+        if self.in_flight.get(route.model, 0) >= spec.max_in_flight:
+            self.metrics.child(self.metrics.shadow_results, route.model, "dropped").inc()
+            return None
+        self.in_flight[route.model] = self.in_flight.get(route.model, 0) + 1
+        return asyncio.create_task(self._send(route, spec, path, dict(body), pick))
+
+    def compare(self, route: Route, job: asyncio.Task[Outcome | None], primary: Outcome) -> None:
+        task = asyncio.create_task(self._compare(route, job, primary))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(
+        self, route: Route, spec: Shadow, path: str, body: dict[str, object], pick: PickRequest
+    ) -> Outcome | None:
+        try:
+            pool = self.policy.pools[spec.pool]
+            endpoint = await self.picker.pick(pool.name, pick, set())
+            if endpoint is None:
+                return None
+            body.update(stream=False, model=pool.model or body.get("model"))
+            body.pop("stream_options", None)
+            headers = {"x-kvgate-shadow": "1", "content-type": "application/json"}
+            if pool.api_key:
+                headers["authorization"] = f"Bearer {pool.api_key}"
+            started = time.perf_counter()
+            async with asyncio.timeout(self.policy.timeouts.first_byte):
+                async with self.session.post(
+                    endpoint.url + path, json=body, headers=headers
+                ) as response:
+                    data = await response.read()
+            usage = _usage_tokens(data)
+            return Outcome(response.status, time.perf_counter() - started, usage, text_of(data))
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            log.info("shadow request for %s failed: %s", route.model, exc)
+            return None
+        finally:
+            self.in_flight[route.model] -= 1
+
+    async def _compare(
+        self, route: Route, job: asyncio.Task[Outcome | None], primary: Outcome
+    ) -> None:
+        shadow = await job
+        spec = route.shadow
+        assert spec is not None
+        if shadow is None:
+            self.metrics.child(self.metrics.shadow_results, route.model, "error").inc()
+            return
+        mismatches = []
+        if "status" in spec.compare and shadow.status != primary.status:
+            mismatches.append("status")
+        if (
+            "tokens" in spec.compare
+            and primary.completion_tokens is not None
+            and shadow.completion_tokens != primary.completion_tokens
+        ):
+            mismatches.append("tokens")
+        if "text" in spec.compare and primary.text is not None and shadow.text != primary.text:
+            mismatches.append("text")
+        if "latency" in spec.compare and primary.latency > 0:
+            self.metrics.child(self.metrics.shadow_latency_ratio, route.model).observe(
+                shadow.latency / primary.latency
+            )
+        result = "mismatch" if mismatches else "match"
+        self.metrics.child(self.metrics.shadow_results, route.model, result).inc()
+        log.info(
+            json.dumps(
+                {
+                    "shadow": route.model,
+                    "result": result,
+                    "mismatches": mismatches,
+                    "primary_status": primary.status,
+                    "shadow_status": shadow.status,
+                    "latency_ratio": round(shadow.latency / primary.latency, 3)
+                    if primary.latency
+                    else None,
+                }
+            )
+        )
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            await task
+
+
+def _usage_tokens(data: bytes) -> int | None:
+    try:
+        usage = json.loads(data).get("usage") or {}
+    except (ValueError, AttributeError):
+        return None
+    value = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return value if isinstance(value, int) else None
