@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -87,7 +88,7 @@ epp: {{picker: least-in-flight}}
             )
             assert status == 200
     assert max(latencies) < 0.3  # a shadow takes > 0.4 s: the client never waited for one
-    time.sleep(1.5)
+    await asyncio.sleep(1.5)
     results = {
         (s.labels["route"], s.labels["result"]): s.value
         for s in scrape(url)["kvgate_shadow_results_total"]
