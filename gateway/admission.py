@@ -116,6 +116,26 @@ class AdmissionQueue:
         self.pools: dict[str, PoolQueue] = {}
         self._pollers: dict[str, asyncio.Task[None]] = {}
 
+    def update(self, classes: dict[str, PriorityClass], gate: CapacityGate) -> None:
+        """A reloaded policy: new weights and bounds apply to the next dispatch; queued
+        requests stay queued (in the default class if theirs was removed)."""
+        self.classes = classes
+        self.gate = gate
+        for queue in self.pools.values():
+            old = queue.classes
+            queue.classes = {
+                name: old.get(name) or _ClassQueue(spec) for name, spec in classes.items()
+            }
+            for name, class_queue in queue.classes.items():
+                class_queue.spec = classes[name]
+            fallback = queue.classes.get(DEFAULT_CLASS) or next(iter(queue.classes.values()))
+            for name, class_queue in old.items():
+                if name not in classes:
+                    while class_queue.size:
+                        fallback.push(class_queue.pop())
+        for pool in self.pools:
+            self._dispatch(pool)
+
     def class_of(self, name: str | None) -> PriorityClass:
         return (
             self.classes.get(name or DEFAULT_CLASS)

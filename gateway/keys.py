@@ -1,4 +1,9 @@
-"""Typed keys of the gateway's shared state (aiohttp ``AppKey``)."""
+"""Typed keys of the gateway's shared state (aiohttp ``AppKey``).
+
+Everything that comes from the policy lives in the ``RUNTIME`` holder, swapped as a whole on
+reload; what outlives a policy (the upstream session, metrics, the admission queue) has its
+own key.
+"""
 
 from __future__ import annotations
 
@@ -6,23 +11,14 @@ from aiohttp import ClientSession, web
 from opentelemetry.trace import Tracer
 
 from gateway.admission import AdmissionQueue
-from gateway.auth import Authenticator
-from gateway.breaker import RetryBudget
-from gateway.limits.limiter import Limiter
 from gateway.metrics import GatewayMetrics
-from gateway.picker import EndpointState, Picker
 from gateway.routing.shadow import ShadowMirror
-from policies.schema import Policy
+from gateway.runtime import RuntimeHolder
 
-POLICY = web.AppKey("policy", Policy)
-AUTHENTICATOR = web.AppKey("authenticator", Authenticator)
-PICKER = web.AppKey("picker", Picker)
-ENDPOINTS: web.AppKey[dict[str, list[EndpointState]]] = web.AppKey("endpoints")
+RUNTIME = web.AppKey("runtime", RuntimeHolder)
 HTTP_SESSION = web.AppKey("http_session", ClientSession)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 TRACER: web.AppKey[Tracer | None] = web.AppKey("tracer")
 SHUTTING_DOWN = web.AppKey("shutting_down", list[bool])
-LIMITER = web.AppKey("limiter", Limiter)
-RETRY_BUDGETS = web.AppKey("retry_budgets", dict[str, RetryBudget])
 ADMISSION = web.AppKey("admission", AdmissionQueue)
 SHADOW = web.AppKey("shadow", ShadowMirror)

@@ -151,6 +151,12 @@ class GatewayMetrics:
             ["route", "reason"],
             registry=r,
         )
+        self.reloads = Counter(
+            "kvgate_policy_reloads",
+            "Policy reloads by result (applied, rejected).",
+            ["result"],
+            registry=r,
+        )
         self._children: dict[tuple[object, ...], Any] = {}
 
     def breaker_changed(self, endpoint: EndpointState, state: BreakerState) -> None:

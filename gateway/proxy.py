@@ -24,23 +24,13 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from gateway.keys import (
-    ADMISSION,
-    ENDPOINTS,
-    HTTP_SESSION,
-    LIMITER,
-    METRICS,
-    PICKER,
-    POLICY,
-    RETRY_BUDGETS,
-    SHADOW,
-    TRACER,
-)
+from gateway.keys import ADMISSION, HTTP_SESSION, METRICS, RUNTIME, SHADOW, TRACER
 from gateway.metrics import GatewayMetrics
 from gateway.picker import PickRequest
 from gateway.relay import BROKEN_RESPONSES, relay_body, relay_stream
 from gateway.routing.selector import select
 from gateway.routing.shadow import Outcome, text_of
+from gateway.runtime import Runtime
 from gateway.upstream import UpstreamCall, open_upstream, upstream_headers
 from policies.schema import Pool, Route
 
@@ -61,7 +51,7 @@ async def _read_json(request: web.Request) -> tuple[bytes, dict[str, object]]:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        limit = request.app[POLICY].listen.max_body_bytes
+        limit = request.app[RUNTIME].current.policy.listen.max_body_bytes
         raise PayloadTooLarge(f"request body exceeds {limit} bytes") from exc
     try:
         body = json.loads(raw)
@@ -74,7 +64,8 @@ async def _read_json(request: web.Request) -> tuple[bytes, dict[str, object]]:
 
 async def proxy(request: web.Request, path: str, *, streams: bool = True) -> web.StreamResponse:
     app = request.app
-    policy = app[POLICY]
+    runtime = app[RUNTIME].current
+    policy = runtime.policy
     ctx = request[CONTEXT]
     raw, body = await _read_json(request)
     model = body.get("model")
@@ -92,17 +83,19 @@ async def proxy(request: web.Request, path: str, *, streams: bool = True) -> web
     selection = select(route, body, request.headers, ctx.identity)
     if selection.ab_arm:
         ctx.extra_headers["x-kvgate-ab-arm"] = selection.ab_arm
-    limiter = app[LIMITER]
+    limiter = runtime.limiter
     reservation = None
     if limiter.active:
         reservation = await limiter.reserve(ctx.identity, model, request.path, body)
         if reservation is not None:
             ctx.extra_headers.update(reservation.headers)
     pick = PickRequest(model, body, request.headers, ctx.identity, ctx.request_id)
-    shadow = app[SHADOW].start(route, path, body, pick) if route.shadow else None
+    shadow = None
+    if route.shadow:
+        shadow = app[SHADOW].start(policy, runtime.picker, route, path, body, pick)
     try:
         response = await _serve_with_fallbacks(
-            request, ctx, route, selection.pool, path, raw, body, client_wants_usage
+            request, runtime, ctx, route, selection.pool, path, raw, body, client_wants_usage
         )
     finally:
         used = ctx.prompt_tokens + ctx.completion_tokens if ctx.usage_known else None
@@ -123,6 +116,7 @@ async def proxy(request: web.Request, path: str, *, streams: bool = True) -> web
 
 async def _serve_with_fallbacks(
     request: web.Request,
+    runtime: Runtime,
     ctx: RequestContext,
     route: Route,
     first_pool: str,
@@ -134,7 +128,7 @@ async def _serve_with_fallbacks(
     """Serve from ``first_pool``; if it is saturated or none of its endpoints can answer before
     the first byte, from the pools of the route's fallback models, in order."""
     app = request.app
-    policy, admission, metrics = app[POLICY], app[ADMISSION], app[METRICS]
+    policy, admission, metrics = runtime.policy, app[ADMISSION], app[METRICS]
     pools = [first_pool]
     for name in route.fallback:
         fallback = policy.route_for(name)
@@ -150,7 +144,9 @@ async def _serve_with_fallbacks(
         payload = _payload(raw, body, pool, ctx.model, ctx.stream, client_wants_usage)
         await _queue(request, ctx, pool.name)
         try:
-            return await _forward(request, ctx, pool, path, payload, body, client_wants_usage)
+            return await _forward(
+                request, runtime, ctx, pool, path, payload, body, client_wants_usage
+            )
         except (NoEndpoint, UpstreamError, UpstreamTimeout):
             if last:
                 raise
@@ -204,6 +200,7 @@ async def _queue(request: web.Request, ctx: RequestContext, pool: str) -> None:
 
 async def _forward(
     request: web.Request,
+    runtime: Runtime,
     ctx: RequestContext,
     pool: Pool,
     path: str,
@@ -212,16 +209,16 @@ async def _forward(
     client_wants_usage: bool,
 ) -> web.StreamResponse:
     app = request.app
-    policy = app[POLICY]
+    policy = runtime.policy
     call = UpstreamCall(
         app[HTTP_SESSION],
-        app[PICKER],
+        runtime.picker,
         app[METRICS],
         policy.timeouts,
         policy.retries,
         app[TRACER],
-        app[ENDPOINTS][pool.name],
-        app[RETRY_BUDGETS][pool.name],
+        runtime.endpoints[pool.name],
+        runtime.budgets[pool.name],
     )
     headers = upstream_headers(request.headers, ctx.request_id, pool)
     pick = PickRequest(ctx.model, body, request.headers, ctx.identity, ctx.request_id)

@@ -9,7 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import proxy
 from gateway.context import CONTEXT
-from gateway.keys import LIMITER, METRICS, POLICY, SHUTTING_DOWN
+from gateway.keys import METRICS, RUNTIME, SHUTTING_DOWN
 
 
 async def models(request: web.Request) -> web.Response:
@@ -18,7 +18,7 @@ async def models(request: web.Request) -> web.Response:
     created = int(time.time())
     data = [
         {"id": model, "object": "model", "created": created, "owned_by": "kvgate"}
-        for model in request.app[POLICY].public_models
+        for model in request.app[RUNTIME].current.policy.public_models
         if identity is None or identity.may_use(model)
     ]
     return web.json_response({"object": "list", "data": data})
@@ -29,7 +29,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    limiter = request.app[LIMITER].status
+    limiter = request.app[RUNTIME].current.limiter.status
     if request.app[SHUTTING_DOWN][0]:
         return web.json_response({"status": "shutting down", "limiter": limiter}, status=503)
     if limiter == "down":  # fail-closed and the limit store is unreachable: nothing is admitted
@@ -49,4 +49,4 @@ def setup_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get(app[POLICY].observability.metrics_path, metrics)
+    app.router.add_get(app[RUNTIME].current.policy.observability.metrics_path, metrics)

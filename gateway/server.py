@@ -69,7 +69,7 @@ def run_worker(options: ServeOptions) -> None:
         log.info("uvloop not available; using the default event loop")
     policy = options.apply(load_policy(options.policy_path))
     listen = policy.listen
-    app = create_app(policy)
+    app = create_app(policy, policy_path=options.policy_path)
     log.info("gateway worker %d listening on %s:%d", os.getpid(), listen.host, listen.port)
     web.run_app(
         app,

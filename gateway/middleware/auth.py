@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from gateway.context import CONTEXT
-from gateway.keys import AUTHENTICATOR, TRACER
+from gateway.keys import RUNTIME, TRACER
 
 
 @web.middleware
@@ -20,5 +20,6 @@ async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     if request.path.startswith("/v1/"):
         tracer = request.app[TRACER]
         with tracer.start_as_current_span("auth") if tracer else nullcontext():
-            request[CONTEXT].identity = request.app[AUTHENTICATOR].authenticate(request.headers)
+            authenticator = request.app[RUNTIME].current.authenticator
+            request[CONTEXT].identity = authenticator.authenticate(request.headers)
     return await handler(request)

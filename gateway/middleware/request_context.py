@@ -20,7 +20,7 @@ from opentelemetry.propagate import extract
 
 from gateway.context import CONTEXT, RequestContext
 from gateway.errors import GatewayError
-from gateway.keys import METRICS, POLICY, TRACER
+from gateway.keys import METRICS, RUNTIME, TRACER
 from gateway.middleware.errors import response_for
 
 access_log = logging.getLogger("kvgate.access")
@@ -75,7 +75,7 @@ async def _run(request: web.Request, handler: Handler, ctx: RequestContext) -> w
 def _record(request: web.Request, ctx: RequestContext) -> None:
     if (
         request.path in _QUIET_PATHS
-        or request.path == request.app[POLICY].observability.metrics_path
+        or request.path == request.app[RUNTIME].current.policy.observability.metrics_path
     ):
         return
     elapsed = time.perf_counter() - ctx.start
@@ -88,9 +88,9 @@ def _record(request: web.Request, ctx: RequestContext) -> None:
     if ctx.prompt_tokens or ctx.completion_tokens:
         metrics.child(metrics.tokens, ctx.model, "prompt").inc(ctx.prompt_tokens)
         metrics.child(metrics.tokens, ctx.model, "completion").inc(ctx.completion_tokens)
-    if request.app[POLICY].observability.access_log == "json" and access_log.isEnabledFor(
-        logging.INFO
-    ):
+    if request.app[
+        RUNTIME
+    ].current.policy.observability.access_log == "json" and access_log.isEnabledFor(logging.INFO):
         access_log.info(
             json.dumps(
                 {

@@ -51,22 +51,20 @@ def text_of(body: bytes) -> str | None:
 
 
 class ShadowMirror:
-    def __init__(
-        self,
-        policy: Policy,
-        session: aiohttp.ClientSession,
-        picker: Picker,
-        metrics: GatewayMetrics,
-    ) -> None:
-        self.policy = policy
+    def __init__(self, session: aiohttp.ClientSession, metrics: GatewayMetrics) -> None:
         self.session = session
-        self.picker = picker
         self.metrics = metrics
         self.in_flight: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def start(
-        self, route: Route, path: str, body: dict[str, object], pick: PickRequest
+        self,
+        policy: Policy,
+        picker: Picker,
+        route: Route,
+        path: str,
+        body: dict[str, object],
+        pick: PickRequest,
     ) -> asyncio.Task[Outcome | None] | None:
         spec = route.shadow
         if spec is None or random.random() >= spec.sample:
@@ -75,7 +73,7 @@ class ShadowMirror:
             self.metrics.child(self.metrics.shadow_results, route.model, "dropped").inc()
             return None
         self.in_flight[route.model] = self.in_flight.get(route.model, 0) + 1
-        return asyncio.create_task(self._send(route, spec, path, dict(body), pick))
+        return asyncio.create_task(self._send(policy, picker, route, spec, path, dict(body), pick))
 
     def compare(self, route: Route, job: asyncio.Task[Outcome | None], primary: Outcome) -> None:
         task = asyncio.create_task(self._compare(route, job, primary))
@@ -83,11 +81,18 @@ class ShadowMirror:
         task.add_done_callback(self._tasks.discard)
 
     async def _send(
-        self, route: Route, spec: Shadow, path: str, body: dict[str, object], pick: PickRequest
+        self,
+        policy: Policy,
+        picker: Picker,
+        route: Route,
+        spec: Shadow,
+        path: str,
+        body: dict[str, object],
+        pick: PickRequest,
     ) -> Outcome | None:
         try:
-            pool = self.policy.pools[spec.pool]
-            endpoint = await self.picker.pick(pool.name, pick, set())
+            pool = policy.pools[spec.pool]
+            endpoint = await picker.pick(pool.name, pick, set())
             if endpoint is None:
                 return None
             body.update(stream=False, model=pool.model or body.get("model"))
@@ -96,7 +101,7 @@ class ShadowMirror:
             if pool.api_key:
                 headers["authorization"] = f"Bearer {pool.api_key}"
             started = time.perf_counter()
-            async with asyncio.timeout(self.policy.timeouts.first_byte):
+            async with asyncio.timeout(policy.timeouts.first_byte):
                 async with self.session.post(
                     endpoint.url + path, json=body, headers=headers
                 ) as response:

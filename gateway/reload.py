@@ -1,0 +1,103 @@
+"""Hot reload: a valid change of the policy file applies atomically, an invalid one is rejected
+with its errors logged and the old policy kept. In-flight requests finish on the runtime they
+started with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from aiohttp import web
+
+from epp.metrics import EppMetrics
+from epp.saturation import SaturationDetector
+from gateway.capacity import AllGates, CapacityGate, ConcurrencyGate, SaturationGate
+from gateway.keys import ADMISSION, METRICS, RUNTIME
+from gateway.runtime import Runtime, build_runtime
+from policies.errors import PolicyError
+from policies.loader import load_policy
+from policies.schema import Policy
+
+log = logging.getLogger("kvgate.gateway")
+RETIRE_AFTER = 60.0  # seconds before a replaced limiter is closed (its reservations settle)
+
+
+def capacity_gate(runtime: Runtime) -> CapacityGate:
+    pools = runtime.policy.pools
+    gate: CapacityGate = ConcurrencyGate({n: p.max_concurrency for n, p in pools.items()})
+    if runtime.embedded is not None:
+        saturation = SaturationGate(
+            runtime.embedded.service.datastore.endpoints, SaturationDetector()
+        )
+        gate = AllGates(gate, saturation)
+    return gate
+
+
+class Reloader:
+    def __init__(self, app: web.Application, path: str | None, epp_metrics: EppMetrics) -> None:
+        self.app = app
+        self.path = path
+        self.epp_metrics = epp_metrics
+        self._stamp = self._file_stamp()
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    def _file_stamp(self) -> tuple[int, int] | None:
+        if self.path is None:
+            return None
+        try:
+            stat = os.stat(self.path)
+        except OSError:
+            return None
+        return (stat.st_mtime_ns, stat.st_size)
+
+    async def watch(self, interval: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            stamp = self._file_stamp()
+            if stamp is not None and stamp != self._stamp:
+                self._stamp = stamp
+                await self.reload()
+
+    async def reload(self) -> tuple[bool, list[str]]:
+        """Load the policy file again; (applied, errors)."""
+        metrics = self.app[METRICS]
+        if self.path is None:
+            return False, ["the gateway was started without a policy file"]
+        try:
+            policy = load_policy(self.path)
+        except PolicyError as exc:
+            metrics.child(metrics.reloads, "rejected").inc()
+            log.error("policy reload rejected, keeping the current policy:\n%s", exc)
+            return False, exc.errors
+        await self.apply(policy)
+        metrics.child(metrics.reloads, "applied").inc()
+        return True, []
+
+    async def apply(self, policy: Policy) -> None:
+        holder = self.app[RUNTIME]
+        old = holder.current
+        if policy.listen != old.policy.listen:
+            log.warning("listen settings changed: they apply after a restart")
+        new = build_runtime(policy, self.app[METRICS], self.epp_metrics, previous=old)
+        if new.embedded is not None and new.embedded is not old.embedded:
+            await new.embedded.start()
+        self.app[ADMISSION].update(dict(policy.classes), capacity_gate(new))
+        holder.current = new
+        holder.version += 1
+        log.info("policy version %d applied from %s", holder.version, policy.source)
+        if old.embedded is not None and old.embedded is not new.embedded:
+            await old.embedded.stop()
+        if old.limiter is not new.limiter:
+            task = asyncio.create_task(self._retire(old))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, old: Runtime) -> None:
+        await asyncio.sleep(RETIRE_AFTER)
+        await old.limiter.close()
+
+    async def close(self) -> None:
+        for task in list(self._retiring):
+            task.cancel()
