@@ -15,6 +15,7 @@ import aiohttp
 from aiohttp import web
 
 from epp.metrics import EppMetrics
+from gateway.admin import serve_admin
 from gateway.admission import AdmissionQueue
 from gateway.keys import ADMISSION, HTTP_SESSION, METRICS, RUNTIME, SHADOW, SHUTTING_DOWN, TRACER
 from gateway.metrics import GatewayMetrics, QueueCollector
@@ -22,14 +23,12 @@ from gateway.middleware.auth import auth
 from gateway.middleware.errors import errors
 from gateway.middleware.request_context import request_context
 from gateway.picker import Picker
-from gateway.reload import Reloader, capacity_gate
+from gateway.reload import RELOADER, Reloader, capacity_gate
 from gateway.routes import setup_routes
 from gateway.routing.shadow import ShadowMirror
 from gateway.runtime import RuntimeHolder, build_runtime
 from gateway.tracing import make_tracer
 from policies.schema import Policy
-
-RELOADER = web.AppKey("reloader", Reloader)
 
 
 def create_app(
@@ -89,9 +88,20 @@ def create_app(
     async def mark_shutting_down(app: web.Application) -> None:
         app[SHUTTING_DOWN][0] = True
 
+    async def admin_context(app: web.Application) -> AsyncIterator[None]:
+        admin = policy.listen.admin
+        if admin is None:
+            yield
+            return
+        async for _ in serve_admin(
+            app, admin.host, admin.port, admin.token, reuse_port=policy.listen.workers > 1
+        ):
+            yield
+
     app.cleanup_ctx.append(tracer_context)
     app.cleanup_ctx.append(runtime_context)
     app.cleanup_ctx.append(http_session)
+    app.cleanup_ctx.append(admin_context)
     app.on_shutdown.append(mark_shutting_down)
     setup_routes(app)
     return app

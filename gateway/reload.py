@@ -71,7 +71,12 @@ class Reloader:
             metrics.child(metrics.reloads, "rejected").inc()
             log.error("policy reload rejected, keeping the current policy:\n%s", exc)
             return False, exc.errors
-        await self.apply(policy)
+        try:
+            await self.apply(policy)
+        except Exception as exc:  # a bug in applying must neither stop the watcher nor the gateway
+            log.exception("policy reload failed; keeping the current policy")
+            metrics.child(metrics.reloads, "failed").inc()
+            return False, [f"internal error while applying the policy: {exc}"]
         metrics.child(metrics.reloads, "applied").inc()
         return True, []
 
@@ -101,3 +106,6 @@ class Reloader:
     async def close(self) -> None:
         for task in list(self._retiring):
             task.cancel()
+
+
+RELOADER = web.AppKey("reloader", Reloader)

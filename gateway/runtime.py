@@ -49,10 +49,9 @@ def build_runtime(
 ) -> Runtime:
     endpoints = endpoint_states(policy, metrics.breaker_changed)
     if previous is not None:
-        old = {(s.pool, s.endpoint): s for pool in previous.endpoints.values() for s in pool}
+        old = {_identity(s): s for pool in previous.endpoints.values() for s in pool}
         endpoints = {
-            name: [old.get((s.pool, s.endpoint), s) for s in states]
-            for name, states in endpoints.items()
+            name: [old.get(_identity(s), s) for s in states] for name, states in endpoints.items()
         }
     budgets = {
         name: previous.budgets[name]
@@ -86,3 +85,9 @@ def build_runtime(
         budgets,
         embedded,
     )
+
+
+def _identity(state: EndpointState) -> tuple[object, ...]:
+    """What makes two endpoint entries the same upstream (hashable)."""
+    e = state.endpoint
+    return (state.pool, e.address, e.role, tuple(sorted(e.labels.items())), e.kv_events_port)

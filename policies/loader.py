@@ -21,6 +21,7 @@ from policies.schema import (
     ENGINES,
     JWT_ALGORITHMS,
     ROLES,
+    Admin,
     ApiKey,
     Auth,
     Breakers,
@@ -106,7 +107,16 @@ def _build(src: Source, source: str, base_dir: Path) -> Policy:
 
 
 def _listen(top: Fields) -> Listen:
-    f = top.sub("listen", {"host", "port", "workers", "max_body", "shutdown_grace"})
+    f = top.sub("listen", {"host", "port", "workers", "max_body", "shutdown_grace", "admin"})
+    admin = None
+    if f.has("admin"):
+        a = f.sub("admin", {"host", "port", "token"})
+        token = a.text("token", "")
+        if len(token) < 16:
+            a.error("listen.admin.token", "is required, at least 16 characters (use ${ENV_VAR})")
+        admin = Admin(
+            a.text("host", "127.0.0.1"), a.integer("port", 8081, low=0, high=65535), token
+        )
     d = Listen()
     return Listen(
         host=f.text("host", d.host),
@@ -114,6 +124,7 @@ def _listen(top: Fields) -> Listen:
         workers=f.integer("workers", d.workers, low=1, high=64),
         max_body_bytes=f.size("max_body", d.max_body_bytes),
         shutdown_grace=f.duration("shutdown_grace", d.shutdown_grace),
+        admin=admin,
     )
 
 

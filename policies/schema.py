@@ -30,12 +30,22 @@ JWT_ALGORITHMS = (
 
 
 @dataclass(frozen=True)
+class Admin:
+    """The admin API: its own listener, loopback by default, guarded by its own token."""
+
+    host: str = "127.0.0.1"
+    port: int = 8081
+    token: str = ""  # required: requests need ``Authorization: Bearer <token>``
+
+
+@dataclass(frozen=True)
 class Listen:
     host: str = "0.0.0.0"
     port: int = 8080
     workers: int = 1  # processes sharing the port (SO_REUSEPORT)
     max_body_bytes: int = 8 * 2**20  # larger request bodies get 413
     shutdown_grace: float = 30.0  # seconds in-flight streams may finish after SIGTERM
+    admin: Admin | None = None  # no admin API unless configured
 
 
 @dataclass(frozen=True)
