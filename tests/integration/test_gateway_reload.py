@@ -56,7 +56,7 @@ async def test_reload_under_load_changes_canary_weights_without_failures(
         for _ in range(50):  # the file is polled every second; allow up to 10 s
             if served(b):
                 break
-            await asyncio.sleep(0.2)  # noqa: ASYNC110 - polling another process's metrics
+            await asyncio.sleep(0.2)
         await asyncio.sleep(0.5)
         stop.set()
         await asyncio.gather(*workers)
