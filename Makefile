@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench bench-proxy bench-epp wrk nginx redis proto clean
+.PHONY: demo test lint format bench bench-proxy bench-epp bench-policy wrk nginx redis proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,9 @@ bench: $(STAMP) wrk
 
 bench-proxy: $(STAMP) wrk nginx
 	$(BIN)/python -m loadtest.bench_proxy
+
+bench-policy: $(STAMP) wrk redis
+	$(BIN)/python -m loadtest.bench_policy
 
 bench-epp: $(STAMP)
 	$(BIN)/python -m loadtest.bench_epp

@@ -51,12 +51,20 @@ def _ms(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
-def run_wrk(url: str, body: dict[str, object], concurrency: int, duration: float) -> LoadResult:
+def run_wrk(
+    url: str,
+    body: dict[str, object],
+    concurrency: int,
+    duration: float,
+    headers: dict[str, str] | None = None,
+) -> LoadResult:
     script = (
         'wrk.method = "POST"\n'
         f"wrk.body = {json.dumps(json.dumps(body))}\n"
         'wrk.headers["Content-Type"] = "application/json"\n'
     )
+    for name, value in (headers or {}).items():
+        script += f"wrk.headers[{json.dumps(name)}] = {json.dumps(value)}\n"
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
         handle.write(script)
     try:
