@@ -25,44 +25,31 @@ from gateway.metrics import GatewayMetrics
 from gateway.picker import EndpointState, Picker, PickRequest
 from policies.schema import Pool, Retries, Timeouts
 
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
 # Never forwarded upstream: hop-by-hop headers, the body framing aiohttp sets itself, the
 # client's gateway credentials, and compression (the gateway must read the stream).
-DROP_REQUEST_HEADERS = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        "authorization",
-        "api-key",
-        "accept-encoding",
-        "x-request-id",
-    }
-)
-DROP_RESPONSE_HEADERS = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-        "content-encoding",
-        "server",
-        "date",
-    }
-)
+DROP_REQUEST_HEADERS = HOP_BY_HOP | {
+    "host",
+    "content-length",
+    "authorization",
+    "api-key",
+    "accept-encoding",
+    "x-request-id",
+}
+# Never passed back: hop-by-hop headers, and what aiohttp sets for the client's response.
+DROP_RESPONSE_HEADERS = HOP_BY_HOP | {"content-length", "content-encoding", "server", "date"}
 RETRYABLE = (aiohttp.ClientConnectionError, asyncio.TimeoutError)
 
 
