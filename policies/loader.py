@@ -6,34 +6,26 @@ the field path and, where known, the YAML line: ``routes[2].pool (line 14): unkn
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
+from policies.auth_section import check_classes, load_auth, load_classes, load_tenants
 from policies.epp_section import load_epp
 from policies.errors import PolicyError
 from policies.fields import Fields
 from policies.limits_section import load_limits
 from policies.routes_section import load_routes
 from policies.schema import (
-    DEFAULT_CLASS,
-    DEFAULT_CLASSES,
     ENGINES,
-    JWT_ALGORITHMS,
     ROLES,
     Admin,
-    ApiKey,
-    Auth,
     Breakers,
     Endpoint,
-    JwtIssuer,
     Listen,
     Observability,
     Policy,
     Pool,
-    PriorityClass,
     Retries,
-    Tenant,
     Timeouts,
     Tracing,
 )
@@ -83,11 +75,11 @@ def _build(src: Source, source: str, base_dir: Path) -> Policy:
     top = Fields(src, src.data, "", TOP_LEVEL)
     version = top.integer("version", 1, low=1, high=1)
     pools = _pools(top)
-    tenants = _tenants(top)
+    tenants = load_tenants(top)
     routes = load_routes(top, pools)
-    classes = _classes(top)
-    auth = _auth(top, tenants, base_dir)
-    _check_classes(top, classes, tenants, auth)
+    classes = load_classes(top)
+    auth = load_auth(top, tenants, base_dir)
+    check_classes(top, classes, tenants, auth)
     return Policy(
         pools=pools,
         routes=routes,
@@ -196,74 +188,6 @@ def _endpoint(parent: Fields, path: str, item: object) -> Endpoint | None:
     )
 
 
-def _tenants(top: Fields) -> dict[str, Tenant]:
-    tenants: dict[str, Tenant] = {}
-    for path, name, value in top.entries("tenants"):
-        f = Fields(top.source, value, path, {"class", "models"})
-        tenants[name] = Tenant(name, f.opt_str("class"), f.str_list("models"))
-    return tenants
-
-
-def _auth(top: Fields, tenants: dict[str, Tenant], base_dir: Path) -> Auth:
-    f = top.sub("auth", {"api_keys", "jwt", "allow_anonymous", "anonymous_tenant"})
-    keys: list[ApiKey] = []
-    for path, item in f.items("api_keys"):
-        k = Fields(f.source, item, path, {"sha256", "tenant", "class", "models", "name"})
-        digest = k.text("sha256").lower()
-        if digest and not _SHA256.match(digest):
-            k.error(f"{path}.sha256", "must be 64 hex characters (the SHA-256 of the key)")
-        tenant = k.text("tenant")
-        if tenants and tenant and tenant not in tenants:
-            k.error(f"{path}.tenant", f"unknown tenant {tenant!r}")
-        name = k.text("name", f"key-{digest[:8]}")
-        keys.append(ApiKey(digest, tenant, k.opt_str("class"), k.str_list("models"), name))
-    digests = [k.sha256 for k in keys]
-    if len(set(digests)) != len(digests):
-        f.error("auth.api_keys", "the same key hash is listed twice")
-    issuers = [_issuer(f, path, item, base_dir) for path, item in f.items("jwt")]
-    anonymous_default = not keys and not issuers
-    return Auth(
-        api_keys=tuple(keys),
-        jwt=tuple(issuers),
-        allow_anonymous=f.flag("allow_anonymous", anonymous_default),
-        anonymous_tenant=f.text("anonymous_tenant", "anonymous"),
-    )
-
-
-def _issuer(parent: Fields, path: str, item: object, base_dir: Path) -> JwtIssuer:
-    allowed = {"issuer", "audience", "jwks_file", "algorithms", "claims", "leeway"}
-    f = Fields(parent.source, item, path, allowed)
-    algorithms = f.str_list("algorithms") or ()
-    if not algorithms:
-        f.error(f"{path}.algorithms", "is required: pin the signing algorithms (e.g. [RS256])")
-    for alg in algorithms:
-        if alg not in JWT_ALGORITHMS:
-            f.error(f"{path}.algorithms", f"unsupported algorithm {alg!r}")
-    if "HS" in {a[:2] for a in algorithms} and len({a[:2] for a in algorithms}) > 1:
-        f.error(f"{path}.algorithms", "do not mix HMAC (HS*) and public-key algorithms")
-    jwks_file = f.text("jwks_file")
-    if jwks_file:
-        file = Path(jwks_file) if Path(jwks_file).is_absolute() else base_dir / jwks_file
-        try:
-            keys = json.loads(file.read_text()).get("keys")
-            if not isinstance(keys, list) or not keys:
-                f.error(f"{path}.jwks_file", "must hold a JWKS object with a non-empty 'keys' list")
-        except (OSError, ValueError, AttributeError) as exc:
-            f.error(f"{path}.jwks_file", f"cannot read a JWKS from {file}: {exc}")
-        jwks_file = str(file)
-    claims = f.sub("claims", {"tenant", "class", "models"})
-    return JwtIssuer(
-        issuer=f.text("issuer"),
-        jwks_file=jwks_file,
-        algorithms=algorithms,
-        audience=f.opt_str("audience"),
-        tenant_claim=claims.text("tenant", "tenant"),
-        class_claim=claims.text("class", "class"),
-        models_claim=claims.opt_str("models"),
-        leeway=f.duration("leeway", 0.0),
-    )
-
-
 def _timeouts(top: Fields) -> Timeouts:
     f = top.sub("timeouts", {"connect", "first_byte", "idle"})
     d = Timeouts()
@@ -286,32 +210,6 @@ def _retries(top: Fields) -> Retries:
         f.number("budget_ratio", d.budget_ratio, low=0.0, high=10.0),
         f.number("min_retries_per_second", d.min_retries_per_second, low=0.0),
     )
-
-
-def _classes(top: Fields) -> dict[str, PriorityClass]:
-    if not top.has("classes"):
-        return dict(DEFAULT_CLASSES)
-    classes: dict[str, PriorityClass] = {}
-    for path, name, value in top.entries("classes"):
-        f = Fields(top.source, value, path, {"weight", "max_queue", "max_wait"})
-        weight = f.number("weight", low=0.001)
-        classes[name] = PriorityClass(
-            name, weight, f.integer("max_queue", 1000, low=1), f.duration("max_wait", 30.0)
-        )
-    if DEFAULT_CLASS not in classes and classes:
-        top.error("classes", f"must define the default class {DEFAULT_CLASS!r}")
-    return classes
-
-
-def _check_classes(
-    top: Fields, classes: dict[str, PriorityClass], tenants: dict[str, Tenant], auth: Auth
-) -> None:
-    for name, tenant in tenants.items():
-        if tenant.priority_class and tenant.priority_class not in classes:
-            top.error(f"tenants.{name}.class", f"unknown class {tenant.priority_class!r}")
-    for i, key in enumerate(auth.api_keys):
-        if key.priority_class and key.priority_class not in classes:
-            top.error(f"auth.api_keys[{i}].class", f"unknown class {key.priority_class!r}")
 
 
 def _breakers(top: Fields) -> Breakers:
