@@ -45,6 +45,7 @@ class Endpoint:
     metrics_port: int | None = None  # where /metrics is served, if not on ``address``
     dispatched: int = 0  # picks since the last scrape, not yet visible in ``metrics``
     kv_events_port: int | None = None  # where the engine publishes KV events (ZMQ PUB)
+    healthy: bool = True  # false after repeated failed scrapes, until one succeeds
 
 
 @dataclass(frozen=True, slots=True)

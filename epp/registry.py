@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from epp.filters.health import HealthFilter, ModelFilter
 from epp.filters.role import RoleFilter
 from epp.filters.saturation import SaturationFilter
 from epp.framework import Filter, Picker, Scorer
@@ -47,6 +48,8 @@ BUILTINS: dict[str, Factory] = {
     "max-score-picker": MaxScorePicker.from_config,
     "random-picker": RandomPicker.from_config,
     "saturation-filter": SaturationFilter.from_config,
+    "health-filter": HealthFilter.from_config,
+    "model-filter": ModelFilter.from_config,
     "decode-filter": RoleFilter.decode,
     "prefill-filter": RoleFilter.prefill,
 }

@@ -18,6 +18,7 @@ from epp.framework import Endpoint
 from epp.metrics_parser import NAMES, parse_metrics
 
 log = logging.getLogger("kvgate.epp")
+UNHEALTHY_AFTER = 3  # consecutive failed scrapes
 
 
 class MetricsScraper:
@@ -73,6 +74,7 @@ class MetricsScraper:
         failures = 0
         while True:
             failures = 0 if await self.scrape_once(endpoint) else failures + 1
+            endpoint.healthy = failures < UNHEALTHY_AFTER
             # a dead endpoint is retried with exponential backoff (up to 5 s), not hammered
             await asyncio.sleep(
                 min(self.interval * 2 ** min(failures, 10), max(self.interval, 5.0))

@@ -147,7 +147,9 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
             return
         state.endpoint = endpoint
         new_body = b""
-        if has_body:
+        if has_body and state.target_model == state.incoming_model:
+            new_body = bytes(state.body)  # nothing to rewrite: no need to re-serialize
+        elif has_body:
             body["model"] = state.target_model
             new_body = json.dumps(body, separators=(",", ":")).encode()
         set_headers = [_header_option(DESTINATION, endpoint)]

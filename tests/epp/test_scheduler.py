@@ -116,3 +116,26 @@ def test_default_profile_is_gie_like() -> None:
     weights = {ws.scorer.name: ws.weight for ws in profile.scorers}
     assert weights == {"prefix": 3, "queue": 2, "kv": 2, "lora": 1}
     assert profile.picker.name == "pick"
+
+
+def test_health_filter_keeps_all_when_none_is_healthy() -> None:
+    from epp.filters.health import HealthFilter
+
+    up, down = make_endpoint(A), make_endpoint(B)
+    down.healthy = False
+    f = HealthFilter.from_config("health", {})
+    assert f.filter(make_request(), [up, down]) == [up]
+    up.healthy = False
+    assert f.filter(make_request(), [up, down]) == [up, down]
+
+
+def test_model_filter_uses_declared_models() -> None:
+    from epp.filters.health import ModelFilter
+
+    base, sql, anything = make_endpoint(A), make_endpoint(B), make_endpoint(C)
+    base.labels = {"models": "m"}
+    sql.labels = {"models": "m, sql"}
+    f = ModelFilter.from_config("models", {})
+    assert f.filter(make_request(lora="sql"), [base, sql, anything]) == [sql, anything]
+    assert f.filter(make_request(), [base, sql, anything]) == [base, sql, anything]
+    assert f.filter(make_request(model="other"), [base, sql, anything]) == [anything]

@@ -1,0 +1,44 @@
+"""``health-filter``: drop endpoints whose metrics endpoint stopped answering (3 failed scrapes
+in a row), unless no healthy endpoint is left. ``model-filter``: drop endpoints that declare
+(label ``models``: a comma-separated list) the models and adapters they serve, when the
+request's model or adapter is not among them; endpoints without the label serve anything."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from epp.framework import Endpoint, SchedulingRequest
+from epp.params import parse_params
+from epp.scorers.queue import Params
+
+
+class HealthFilter:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @classmethod
+    def from_config(cls, name: str, raw: Mapping[str, object]) -> HealthFilter:
+        parse_params(Params, name, raw)
+        return cls(name)
+
+    def filter(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
+        return [e for e in endpoints if e.healthy] or endpoints
+
+
+class ModelFilter:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @classmethod
+    def from_config(cls, name: str, raw: Mapping[str, object]) -> ModelFilter:
+        parse_params(Params, name, raw)
+        return cls(name)
+
+    def filter(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
+        wanted = request.lora or request.model
+        return [e for e in endpoints if _serves(e, wanted)]
+
+
+def _serves(endpoint: Endpoint, model: str) -> bool:
+    declared = endpoint.labels.get("models")
+    return declared is None or model in {m.strip() for m in declared.split(",")}
