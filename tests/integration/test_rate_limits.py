@@ -69,7 +69,7 @@ async def test_replicas_share_one_limit(
     backend = start_backend("--cost", "zero").removeprefix("http://")
     # a generous timeout: three replicas, a backend and the client share two cores here
     gateways = [
-        start_gateway(policy(backend, redis_server.url, timeout="500ms"))[0] for _ in range(3)
+        start_gateway(policy(backend, redis_server.url, timeout="1s"))[0] for _ in range(3)
     ]
     statuses, _, elapsed = await burst(gateways, 600)
     admitted = statuses.count(200)
@@ -108,13 +108,17 @@ async def test_redis_outage_and_recovery(
 ) -> None:
     backend = start_backend("--cost", "zero").removeprefix("http://")
     url, _ = start_gateway(
-        policy(backend, redis_server.url, on_failure, replicas=3, timeout="200ms")
+        # a roomy timeout: a Redis call timing out under this machine's load would send the
+        # recovery burst to the local share, which the outage already spent
+        policy(backend, redis_server.url, on_failure, replicas=3, timeout="1s")
     )
     statuses, _, _ = await burst([url], 20)
     assert statuses == [200] * 20
     redis_server.stop()
     statuses, latencies, _ = await burst([url], 60, concurrency=10)
-    assert max(latencies) < 1.0, max(latencies)  # the 50 ms timeout, then local decisions
+    assert max(latencies) < 1.5, max(
+        latencies
+    )  # refused connections fail fast; then local decisions
     async with aiohttp.ClientSession() as session, session.get(f"{url}/readyz") as ready:
         readiness = await ready.json()
     if on_failure == "fail_open":
