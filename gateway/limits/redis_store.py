@@ -8,12 +8,15 @@ Every call is bounded by ``timeout``; a failure raises ``StoreUnavailable`` and 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import redis.asyncio as redis
 from redis.exceptions import RedisError
 
 from gateway.limits.buckets import BucketSpec, TakeResult
+
+log = logging.getLogger("kvgate.gateway")
 
 TAKE = """
 local t = redis.call('TIME')
@@ -87,6 +90,9 @@ class RedisStore:
         except (TimeoutError, RedisError, OSError) as exc:
             self.failures += 1
             self.down_until = time.monotonic() + self.retry_after_failure
+            log.warning(
+                "redis limit store unavailable for %.1fs: %r", self.retry_after_failure, exc
+            )
             raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
         allowed = int(raw[0]) == 1
         return TakeResult(

@@ -87,7 +87,7 @@ epp: {{picker: least-in-flight}}
                 session, url, {"model": "broken-shadow", "prompt": "x", "max_tokens": 1}
             )
             assert status == 200
-    assert max(latencies) < 0.3  # a shadow takes > 0.4 s: the client never waited for one
+    assert max(latencies) < 0.38  # a shadow takes > 0.4 s: the client never waited for one
     await asyncio.sleep(1.5)
     results = {
         (s.labels["route"], s.labels["result"]): s.value

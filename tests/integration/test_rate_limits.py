@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 import aiohttp
 import pytest
+import redis
 
 from loadtest.processes import KvgateProcess, free_port
 from tests.integration.redis_server import RedisServer
@@ -68,9 +70,7 @@ async def test_replicas_share_one_limit(
 ) -> None:
     backend = start_backend("--cost", "zero").removeprefix("http://")
     # a generous timeout: three replicas, a backend and the client share two cores here
-    gateways = [
-        start_gateway(policy(backend, redis_server.url, timeout="1s"))[0] for _ in range(3)
-    ]
+    gateways = [start_gateway(policy(backend, redis_server.url, timeout="1s"))[0] for _ in range(3)]
     statuses, _, elapsed = await burst(gateways, 600)
     admitted = statuses.count(200)
     assert set(statuses) <= {200, 429}
@@ -92,11 +92,18 @@ async def test_limited_responses_carry_openai_headers(
             assert response.headers["x-ratelimit-limit-requests"] == str(LIMIT)
             assert int(response.headers["x-ratelimit-remaining-requests"]) == LIMIT - 1
             assert response.headers["x-ratelimit-reset-requests"].endswith("s")
-        await burst([url], LIMIT + 20)
-        async with session.post(f"{url}/v1/completions", json=body) as response:
-            assert response.status == 429
-            assert int(response.headers["retry-after"]) >= 1
-            assert (await response.json())["error"]["code"] == "rate_limit_exceeded"
+        limited = None
+        for _ in range(10):  # refill (5/s) may outpace a slow burst: keep going until refused
+            await burst([url], 100)
+            response = await session.post(f"{url}/v1/completions", json=body)
+            if response.status == 429:
+                limited = response
+                break
+            response.release()
+        assert limited is not None, "the limit never refused a request"
+        assert int(limited.headers["retry-after"]) >= 1
+        assert limited.headers["x-ratelimit-remaining-requests"] == "0"
+        assert (await limited.json())["error"]["code"] == "rate_limit_exceeded"
 
 
 @pytest.mark.parametrize("on_failure", ["fail_open", "fail_closed"])
@@ -130,8 +137,12 @@ async def test_redis_outage_and_recovery(
         assert ready.status == 503 and readiness["limiter"] == "down"
     redis_server.start()
     await asyncio.sleep(1.2)  # the store is retried after a failure back-off of 1 s
-    statuses, _, _ = await burst([url], LIMIT, concurrency=8)
-    # shared limiting resumes: the Redis buckets are fresh, so they admit the full limit again
-    assert statuses.count(200) >= LIMIT * 0.99 - 1
+    statuses, _, _ = await burst([url], 40, concurrency=1)
+    assert statuses == [200] * 40, sorted(Counter(statuses).items())
+    # shared limiting resumed: the buckets live in the restarted Redis again
+    client = redis.Redis.from_url(redis_server.url)
+    tokens = float(client.hget("kvgate:rl:per-tenant:req:tenant=anonymous", "tokens") or -1)
+    client.close()
+    assert LIMIT - 40 - 1 <= tokens <= LIMIT - 40 + 10, tokens  # fresh bucket, 40 taken, refill
     async with aiohttp.ClientSession() as session, session.get(f"{url}/readyz") as ready:
         assert ready.status == 200 and (await ready.json())["limiter"] == "ok"
