@@ -12,5 +12,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    demo = subparsers.add_parser("demo", help="start simulated backends and show them at work")
+    demo = subparsers.add_parser(
+        "demo", help="simulated backends behind the gateway: KV-cache-aware routing at work"
+    )
     demo.set_defaults(func=_run_demo)

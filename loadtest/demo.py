@@ -1,31 +1,32 @@
-"""``kvgate demo``: two simulated backends, a few requests, and what they show.
+"""``kvgate demo``: three simulated backends behind the gateway, on embedded defaults.
 
-Later issues grow this into the full demo (gateway, picker, load test); today it shows the
-reference backend's prefix cache at work: the same long prompt sent twice is served from cache
-the second time (``cached_tokens``, a shorter time to first token, ``vllm:prefix_cache_hits``).
+It shows what the gateway is for: conversations that share a long system prompt are sent to
+the backend that already holds that prefix in its KV cache (the embedded endpoint picker), so
+their time to first token drops from a full prefill to almost nothing — visible in
+``cached_tokens``, in the latency, and in each backend's ``vllm:prefix_cache_hits``. Later
+issues grow this into the full demo (load test, plots, policy comparison).
 """
 
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from contextlib import ExitStack
+from pathlib import Path
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtest.processes import backend_process, free_port
+from loadtest.processes import backend_process, free_port, gateway_process
 from loadtest.sse import stream_request
 
-SYSTEM_PROMPT = (
-    "You are a meticulous assistant for a logistics company. Answer in short sentences, cite the "
-    "relevant policy section, and never invent shipment numbers. " * 12
-)
-WATCHED = (
-    "vllm:prefix_cache_queries",
-    "vllm:prefix_cache_hits",
-    "vllm:num_requests_running",
-    "vllm:generation_tokens",
-)
+ASSISTANTS = {
+    "logistics": "You are a meticulous assistant for a logistics company. Cite the policy. ",
+    "legal": "You are a careful paralegal. Quote the clause you rely on and never give advice. ",
+    "support": "You are a friendly support agent for a router vendor. Ask for the model number. ",
+}
+QUESTIONS = ["Where is my parcel?", "Can I change the address?", "How long does it take?"]
+WATCHED = ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries", "vllm:request_success")
 
 
 async def scrape(session: aiohttp.ClientSession, base: str) -> dict[str, float]:
@@ -33,48 +34,56 @@ async def scrape(session: aiohttp.ClientSession, base: str) -> dict[str, float]:
         text = await response.text()
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if family.name in WATCHED and not sample.name.endswith("_created"):
-                values[family.name] = sample.value
+        if family.name in WATCHED:
+            values[family.name] = sum(s.value for s in family.samples if s.name.endswith("_total"))
     return values
 
 
-async def run_demo(bases: list[str]) -> None:
-    chat = {
-        "model": "kvgate-sim",
-        "max_tokens": 24,
-        "messages": [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": "Where is my parcel?"},
-        ],
-    }
+async def run_demo(gateway: str, backends: list[str]) -> None:
     async with aiohttp.ClientSession() as session:
-        print(f"backends: {', '.join(bases)}")
-        for attempt in ("first", "repeat"):
-            result = await stream_request(session, f"{bases[0]}/v1/chat/completions", chat)
-            print(
-                f"[{bases[0]}] chat ({attempt}): status={result.status} "
-                f"prompt_tokens={result.usage.get('prompt_tokens')} "
-                f"cached_tokens={result.cached_tokens} ttft={result.ttft * 1000:.1f}ms "
-                f"total={result.latency * 1000:.1f}ms text={result.text[:40]!r}"
-            )
-        completion = {"model": "kvgate-sim", "prompt": "Once upon a time", "max_tokens": 16}
-        result = await stream_request(session, f"{bases[1]}/v1/completions", completion)
-        print(
-            f"[{bases[1]}] completion: status={result.status} chunks={result.chunks} "
-            f"ttft={result.ttft * 1000:.1f}ms text={result.text!r}"
-        )
-        for base in bases:
+        print(f"gateway {gateway} -> backends {', '.join(backends)}\n")
+        for question in QUESTIONS:
+            for name, system in ASSISTANTS.items():
+                chat = {
+                    "model": "kvgate-sim",
+                    "max_tokens": 12,
+                    "messages": [
+                        {"role": "system", "content": system * 20},
+                        {"role": "user", "content": question},
+                    ],
+                }
+                result = await stream_request(session, f"{gateway}/v1/chat/completions", chat)
+                print(
+                    f"  {name:9} {question:27} status={result.status} "
+                    f"prompt={result.usage.get('prompt_tokens')} cached={result.cached_tokens:4} "
+                    f"ttft={result.ttft * 1000:6.1f}ms"
+                )
+        print()
+        for base in backends:
             values = await scrape(session, base)
-            shown = " ".join(f"{k.split(':')[1]}={v:g}" for k, v in sorted(values.items()))
-            print(f"[{base}] metrics: {shown}")
+            print(
+                f"  backend {base}: served={values.get('vllm:request_success', 0):g} "
+                f"prefix_cache_hits={values.get('vllm:prefix_cache_hits', 0):g} tokens "
+                f"of {values.get('vllm:prefix_cache_queries', 0):g} queried"
+            )
 
 
 def main() -> int:
-    ports = [free_port(), free_port()]
-    with ExitStack() as stack:
+    ports = [free_port() for _ in range(3)]
+    gateway_port = free_port()
+    with tempfile.TemporaryDirectory(prefix="kvgate-demo-") as directory, ExitStack() as stack:
+        policy = Path(directory) / "policy.yaml"
+        endpoints = ", ".join(f"127.0.0.1:{p}" for p in ports)
+        policy.write_text(
+            f"pools: {{sims: {{endpoints: [{endpoints}]}}}}\n"
+            "routes: [{model: kvgate-sim, pool: sims}]\n"
+            'observability: {access_log: "off"}\n'
+        )
         for port in ports:
             stack.enter_context(backend_process(port))
-        asyncio.run(run_demo([f"http://127.0.0.1:{p}" for p in ports]))
-    print("demo finished: backends stopped cleanly")
+        stack.enter_context(gateway_process(str(policy), gateway_port))
+        asyncio.run(
+            run_demo(f"http://127.0.0.1:{gateway_port}", [f"http://127.0.0.1:{p}" for p in ports])
+        )
+    print("\ndemo finished: gateway and backends stopped cleanly")
     return 0
