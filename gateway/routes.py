@@ -38,6 +38,9 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    embedded = request.app[RUNTIME].current.embedded
+    if embedded is not None:
+        embedded.service.update_gauges()  # the picker's index sizes, read when scraped
     body = request.app[METRICS].exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

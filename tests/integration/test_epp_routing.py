@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from loadtest.processes import KvgateProcess, backend_process, free_port
-from tests.integration.metrics_util import value
+from tests.integration.metrics_util import scrape, value
 
 PREFIX = "You are the support assistant of a large parcel company; answer briefly. " * 8
 
@@ -77,6 +77,9 @@ async def test_shared_prefixes_land_where_they_are_cached(
     plain_url, _ = start_gateway(policy(fresh, "epp: {picker: least-in-flight}"))
     await route_groups(plain_url)
     assert hits(fresh) < 0.75 * epp_hits  # random ties land ~50% of the ideal on average
+    picker_metrics = scrape(epp_url)
+    assert sum(s.value for s in picker_metrics["kvgate_epp_prefix_index_blocks"]) > 0
+    assert {s.labels["winner"] for s in picker_metrics["kvgate_epp_decisions_total"]} >= {"prefix"}
 
 
 async def test_a_hot_prefix_still_spreads_over_backends(
