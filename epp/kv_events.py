@@ -4,7 +4,6 @@ precise prefix index."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -15,6 +14,7 @@ import zmq.asyncio
 
 from epp.framework import Endpoint
 from epp.indexes.precise import PreciseIndex
+from epp.tasks import cancel_all
 
 log = logging.getLogger("kvgate.epp")
 
@@ -38,12 +38,7 @@ class KVEventSubscriber:
             self._tasks.append(asyncio.create_task(self._listen(endpoint)))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        await cancel_all(self._tasks)
 
     async def _listen(self, endpoint: Endpoint) -> None:
         host = endpoint.address.rsplit(":", 1)[0]

@@ -7,7 +7,6 @@ treats the endpoint as saturated once they are stale.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
@@ -16,6 +15,7 @@ import aiohttp
 from epp.datastore import Datastore
 from epp.framework import Endpoint
 from epp.metrics_parser import NAMES, parse_metrics
+from epp.tasks import cancel_all
 
 log = logging.getLogger("kvgate.epp")
 UNHEALTHY_AFTER = 3  # consecutive failed scrapes
@@ -37,12 +37,7 @@ class MetricsScraper:
             self._tasks.append(asyncio.create_task(self._poll(endpoint)))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        await cancel_all(self._tasks)
         if self._session is not None:
             await self._session.close()
 
