@@ -15,7 +15,7 @@ from aiohttp import web
 
 from gateway.context import RequestContext
 from gateway.errors import UpstreamError, UpstreamTimeout
-from gateway.sse_relay import SSERelay
+from gateway.sse_relay import SSERelay, usage_of
 from gateway.upstream import response_headers
 
 MID_STREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
@@ -34,7 +34,7 @@ async def relay_body(
     ctx.ttft = time.perf_counter() - ctx.start
     ctx.status = upstream.status
     if upstream.status == 200 and upstream.content_type == "application/json":
-        _count_usage(ctx, data)
+        _record_usage(ctx, usage_of(data))
     return web.Response(
         body=data,
         status=upstream.status,
@@ -101,25 +101,9 @@ def _upstream_failed(ctx: RequestContext, exc: BaseException) -> Exception:
     return UpstreamError(f"upstream {ctx.endpoint} failed while sending its response")
 
 
-_DECODER = json.JSONDecoder()
-
-
-def _count_usage(ctx: RequestContext, data: bytes) -> None:
-    """Read ``usage`` without parsing the whole body (choices can be large)."""
-    at = data.rfind(b'"usage"')
-    if at < 0:
+def _record_usage(ctx: RequestContext, usage: dict[str, object] | None) -> None:
+    if usage is None:
         return
-    text = data[at:].decode(errors="replace")
-    start = text.find("{")
-    try:
-        usage, _ = _DECODER.raw_decode(text, start) if start > 0 else (None, 0)
-    except ValueError:
-        return
-    if isinstance(usage, dict):
-        _record_usage(ctx, usage)
-
-
-def _record_usage(ctx: RequestContext, usage: dict[str, object]) -> None:
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     ctx.prompt_tokens = prompt if isinstance(prompt, int) else 0
     ctx.completion_tokens = completion if isinstance(completion, int) else 0

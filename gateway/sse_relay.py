@@ -59,6 +59,26 @@ class SSERelay:
         return True
 
 
+_DECODER = json.JSONDecoder()
+
+
+def usage_of(body: bytes) -> dict[str, object] | None:
+    """The ``usage`` object of a JSON response body, without parsing the rest (choices can be
+    large); None when there is none."""
+    at = body.rfind(_USAGE)
+    if at < 0:
+        return None
+    text = body[at:].decode(errors="replace")
+    start = text.find("{")
+    if start < 0:
+        return None
+    try:
+        usage, _ = _DECODER.raw_decode(text, start)
+    except ValueError:
+        return None
+    return usage if isinstance(usage, dict) else None
+
+
 def _data_of(event: bytes) -> bytes | None:
     lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
     return b"\n".join(lines) if lines else None

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
 from typing import Protocol
 
 from backends.engine.block_manager import BlockManager
@@ -37,8 +36,8 @@ class LatencyObserver(Protocol):
 class RequestStream:
     """The tokens of one request, delivered as they are produced.
 
-    Iterating yields lists of new token ids (several when the consumer fell behind, as vLLM
-    merges deltas) and stops once the sequence has finished.
+    ``next_tokens`` returns the new token ids (several when the consumer fell behind, as vLLM
+    merges deltas), and an empty list once the sequence has finished.
     """
 
     __slots__ = ("_pending", "_waiter", "first_token_time", "last_token_time", "seq")
@@ -78,10 +77,6 @@ class RequestStream:
                 self._waiter = None
         tokens, self._pending = self._pending, []
         return tokens
-
-    async def __aiter__(self) -> AsyncIterator[list[int]]:
-        while tokens := await self.next_tokens():
-            yield tokens
 
 
 class NullObserver:

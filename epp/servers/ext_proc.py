@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2
 
 from epp.saturation import SaturationDetector
 from epp.service import EppService
-from gateway.sse_relay import SSERelay
+from gateway.sse_relay import SSERelay, usage_of
 
 log = logging.getLogger("kvgate.epp")
 
@@ -246,11 +246,8 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         if not body.end_of_stream:
             return
         data = bytes(state.response_body)
-        try:
-            usage = json.loads(data).get("usage")
-        except (ValueError, AttributeError):
-            usage = None
-        if isinstance(usage, dict):
+        usage = usage_of(data)
+        if usage is not None:
             self._count_usage(usage)
         yield from body_chunks(self._restore_model(state, data), "response_body")
 

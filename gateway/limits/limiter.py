@@ -51,7 +51,6 @@ class Limiter:
     def __init__(self, limits: Limits, workers: int = 1) -> None:
         self.limits = limits
         store = limits.store
-        self.memory_share = workers
         self.primary: RedisStore | MemoryStore
         if store.kind == "redis" and store.url:
             self.primary = RedisStore(store.url, store.timeout)

@@ -20,6 +20,7 @@ import aiohttp
 
 from gateway.metrics import GatewayMetrics
 from gateway.picker import Picker, PickRequest
+from gateway.sse_relay import usage_of
 from policies.schema import Policy, Route, Shadow
 
 log = logging.getLogger("kvgate.shadow")
@@ -161,9 +162,5 @@ class ShadowMirror:
 
 
 def _usage_tokens(data: bytes) -> int | None:
-    try:
-        usage = json.loads(data).get("usage") or {}
-    except (ValueError, AttributeError):
-        return None
-    value = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    value = (usage_of(data) or {}).get("completion_tokens")
     return value if isinstance(value, int) else None

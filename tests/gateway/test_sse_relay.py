@@ -40,3 +40,16 @@ def test_usage_inside_a_content_chunk_is_read_not_dropped() -> None:
     event = f"data: {json.dumps(chunk)}\n\n".encode()
     relay = SSERelay(strip_usage=True)
     assert relay.feed(event) == event and relay.usage == {"prompt_tokens": 1}
+
+
+def test_usage_of_a_json_body() -> None:
+    from gateway.sse_relay import usage_of
+
+    body = {
+        "choices": [{"text": 'a "usage" word'}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 4},
+    }
+    assert usage_of(json.dumps(body).encode()) == {"prompt_tokens": 3, "completion_tokens": 4}
+    assert usage_of(b'{"choices": []}') is None
+    assert usage_of(b'{"usage": null}') is None
+    assert usage_of(b'not json "usage": {') is None
