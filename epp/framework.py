@@ -54,7 +54,7 @@ class SchedulingRequest:
 
     request_id: str
     model: str  # the model the endpoints will be asked for (after any rewrite)
-    routing_text: str  # the prompt, or the chat messages rendered the same way every time
+    routing_text: str  # prompt or rendered chat messages, cut to what the prefix index uses
     lora: str | None = None  # the adapter the request needs, if any
     headers: Mapping[str, str] = field(default_factory=dict)
     session_id: str | None = None

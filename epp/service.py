@@ -60,10 +60,12 @@ class EppService:
         return self.policy.pools[pool].model or model
 
     @property
-    def routing_limit(self) -> int | None:
-        """How much routing text the prefix scorer can use (None: all of it)."""
+    def routing_limit(self) -> int:
+        """How much routing text the approximate prefix index can use; 0 when nothing reads
+        it (no prefix scorer, or precise mode, which tokenizes the body), so no pick renders
+        a large request it will not hash."""
         if self.prefix is None or self.prefix.precise:
-            return None
+            return 0
         params = self.prefix.params
         return params.block_size_tokens * params.chars_per_token * params.max_prefix_blocks
 

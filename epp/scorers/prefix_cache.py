@@ -19,6 +19,7 @@ from epp.framework import Endpoint, SchedulingRequest
 from epp.indexes.approximate import DEFAULT_CAPACITY, ApproximatePrefixIndex, prefix_hashes
 from epp.indexes.precise import PreciseIndex, block_keys
 from epp.params import ParamError, parse_params
+from epp.routing_text import routing_text
 from epp.tokenize import make_encoder, request_token_ids
 
 
@@ -95,8 +96,9 @@ class PrefixCacheScorer:
         matched = index.match(hashes, [endpoint.address])[endpoint.address] if hashes else 0
         if self._encode is not None:
             total = len(request_token_ids(request.body, self._encode))
-        else:
-            total = len(request.routing_text) // self.params.chars_per_token
+        else:  # the routing text is cut to what the index uses: measure the whole request
+            text = routing_text(request.body) if request.body else request.routing_text
+            total = len(text) // self.params.chars_per_token
         return max(0, total - matched * self.params.block_size_tokens)
 
     def on_pick(self, request: SchedulingRequest, endpoint: Endpoint) -> None:

@@ -41,3 +41,27 @@ def test_short_prompt_or_no_pd_config_means_decode_only() -> None:
         load_policy_text(POLICY.replace("pd: {min_uncached_tokens: 64}", "model: x"))
     )
     assert plain.pick_pd("pd", request("a distinct long prompt " * 40, "r1"))[1] is None
+
+
+def test_uncached_estimate_covers_prompts_longer_than_the_hashed_prefix() -> None:
+    service = EppService(load_policy_text(POLICY))
+    huge = "x" * 80_000  # ~20,000 tokens; only the first 16,384 characters are hashed
+    scheduling = service.scheduling_request("pd", "r1", "m", {"prompt": huge}, {})
+    assert len(scheduling.routing_text) == 16_384
+    target = service.datastore.endpoints("pd")[1]
+    assert service.prefix is not None
+    assert service.prefix.uncached_tokens(scheduling, target) == 20_000
+
+
+def test_nothing_is_rendered_when_no_approximate_index_reads_it() -> None:
+    precise = (
+        POLICY
+        + """epp:
+  plugins:
+    - {name: prefix, type: prefix-cache-scorer, params: {mode: precise}}
+    - {name: pick, type: max-score-picker}
+  profiles: [{name: default, plugins: [{ref: prefix}, {ref: pick}]}]
+"""
+    )
+    service = EppService(load_policy_text(precise))
+    assert service.scheduling_request("pd", "r", "m", {"prompt": "x" * 1000}, {}).routing_text == ""
