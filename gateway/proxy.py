@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 
 from aiohttp import web
 
@@ -95,7 +96,7 @@ async def proxy(request: web.Request, path: str, *, streams: bool = True) -> web
         shadow = app[SHADOW].start(policy, runtime.picker, route, path, body, pick)
     try:
         response = await _serve_with_fallbacks(
-            request, runtime, ctx, route, selection.pool, path, raw, body, client_wants_usage
+            request, runtime, ctx, route, selection.pool, path, raw, pick, client_wants_usage
         )
     finally:
         used = ctx.prompt_tokens + ctx.completion_tokens if ctx.usage_known else None
@@ -122,7 +123,7 @@ async def _serve_with_fallbacks(
     first_pool: str,
     path: str,
     raw: bytes,
-    body: dict[str, object],
+    pick: PickRequest,
     client_wants_usage: bool,
 ) -> web.StreamResponse:
     """Serve from ``first_pool``; if it is saturated or none of its endpoints can answer before
@@ -133,7 +134,7 @@ async def _serve_with_fallbacks(
     for name in route.fallback:
         fallback = policy.route_for(name)
         if fallback is not None:
-            pools.append(select(fallback, body, request.headers, ctx.identity).pool)
+            pools.append(select(fallback, pick.body, request.headers, ctx.identity).pool)
     for index, pool_name in enumerate(pools):
         last = index == len(pools) - 1
         if not last and not admission.gate.has_capacity(pool_name):
@@ -141,11 +142,11 @@ async def _serve_with_fallbacks(
             continue
         pool = policy.pools[pool_name]
         ctx.pool = pool.name
-        payload = _payload(raw, body, pool, ctx.model, ctx.stream, client_wants_usage)
+        payload = _payload(raw, pick.body, pool, ctx.model, ctx.stream, client_wants_usage)
         await _queue(request, ctx, pool.name)
         try:
             return await _forward(
-                request, runtime, ctx, pool, path, payload, body, client_wants_usage
+                request, runtime, ctx, pool, path, payload, pick, client_wants_usage
             )
         except (NoEndpoint, UpstreamError, UpstreamTimeout):
             if last:
@@ -158,7 +159,7 @@ async def _serve_with_fallbacks(
 
 def _payload(
     raw: bytes,
-    body: dict[str, object],
+    body: Mapping[str, object],
     pool: Pool,
     model: str,
     stream: bool,
@@ -205,7 +206,7 @@ async def _forward(
     pool: Pool,
     path: str,
     payload: bytes,
-    body: dict[str, object],
+    pick: PickRequest,
     client_wants_usage: bool,
 ) -> web.StreamResponse:
     app = request.app
@@ -221,7 +222,6 @@ async def _forward(
         runtime.budgets[pool.name],
     )
     headers = upstream_headers(request.headers, ctx.request_id, pool)
-    pick = PickRequest(ctx.model, body, request.headers, ctx.identity, ctx.request_id)
     metrics = app[METRICS]
     gauge = metrics.child(metrics.in_flight, pool.name)
     gauge.inc()
