@@ -1,8 +1,9 @@
-"""``create_app(policy)``: the gateway's aiohttp application.
+"""``create_app(policy)``: the gateway's state and lifecycle, in an aiohttp ``Application``.
 
-The middleware order is written once, here: errors (outermost) → request context (request id,
-span, access log, metrics) → auth → handler. Every resource is opened and closed by a
-cleanup context. With ``policy_path`` the file is watched and reloaded when it changes.
+The application is not served by aiohttp: ``gateway.serving`` runs kvgate's own HTTP server
+(``gateway.http``) with ``gateway.routes.handle`` and uses the application for its typed state
+and its cleanup contexts (every resource is opened and closed by one). With ``policy_path`` the
+file is watched and reloaded when it changes.
 """
 
 from __future__ import annotations
@@ -17,14 +18,21 @@ from aiohttp import web
 from epp.metrics import EppMetrics
 from gateway.admin import serve_admin
 from gateway.admission import AdmissionQueue
-from gateway.keys import ADMISSION, HTTP_SESSION, METRICS, RUNTIME, SHADOW, SHUTTING_DOWN, TRACER
+from gateway.http.client import ConnectionPool
+from gateway.keys import (
+    ADMISSION,
+    HTTP_SESSION,
+    METRICS,
+    RUNTIME,
+    SHADOW,
+    SHUTTING_DOWN,
+    TRACER,
+    UPSTREAMS,
+)
+from gateway.metric_batch import FLUSH_INTERVAL
 from gateway.metrics import GatewayMetrics, QueueCollector
-from gateway.middleware.auth import auth
-from gateway.middleware.errors import errors
-from gateway.middleware.request_context import request_context
 from gateway.picker import Picker
 from gateway.reload import RELOADER, Reloader, capacity_gate
-from gateway.routes import setup_routes
 from gateway.routing.shadow import ShadowMirror
 from gateway.runtime import RuntimeHolder, build_runtime
 from gateway.tracing import make_tracer
@@ -38,9 +46,7 @@ def create_app(
     policy_path: str | None = None,
     watch_interval: float = 1.0,
 ) -> web.Application:
-    app = web.Application(
-        middlewares=[errors, request_context, auth], client_max_size=policy.listen.max_body_bytes
-    )
+    app = web.Application()
     metrics = app[METRICS] = GatewayMetrics()
     epp_metrics = EppMetrics(metrics.registry)
     runtime = build_runtime(policy, metrics, epp_metrics, picker=picker)
@@ -60,9 +66,24 @@ def create_app(
         )
         app[HTTP_SESSION] = session
         app[SHADOW] = ShadowMirror(session, app[METRICS])
+        app[UPSTREAMS] = ConnectionPool(connect_timeout=policy.timeouts.connect)
         yield
+        app[UPSTREAMS].close()
         await app[SHADOW].close()
         await session.close()
+
+    async def metrics_flusher(app: web.Application) -> AsyncIterator[None]:
+        async def flush_forever() -> None:
+            while True:
+                await asyncio.sleep(FLUSH_INTERVAL)
+                metrics.flush()
+
+        task = asyncio.create_task(flush_forever())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        metrics.flush()
 
     async def tracer_context(app: web.Application) -> AsyncIterator[None]:
         yield
@@ -98,10 +119,10 @@ def create_app(
         ):
             yield
 
+    app.cleanup_ctx.append(metrics_flusher)
     app.cleanup_ctx.append(tracer_context)
     app.cleanup_ctx.append(runtime_context)
     app.cleanup_ctx.append(http_session)
     app.cleanup_ctx.append(admin_context)
     app.on_shutdown.append(mark_shutting_down)
-    setup_routes(app)
     return app

@@ -5,8 +5,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from aiohttp import web
-
 from gateway.identity import Identity
 
 
@@ -31,6 +29,3 @@ class RequestContext:
     @property
     def tenant(self) -> str:
         return self.identity.tenant if self.identity else ""
-
-
-CONTEXT = web.RequestKey("kvgate_context", RequestContext)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aiohttp import web
+from gateway.http.messages import Response, json_response
 
 
 class GatewayError(Exception):
@@ -27,7 +27,7 @@ class GatewayError(Exception):
         if code is not None:
             self.code = code
 
-    def to_response(self) -> web.Response:
+    def to_response(self) -> Response:
         return error_response(
             self.status, self.message, self.type, self.param, self.code, self.headers
         )
@@ -65,6 +65,14 @@ class NoEndpoint(GatewayError):
     status, type, code = 503, "server_error", "no_healthy_upstream"
 
 
+class NotFound(GatewayError):
+    status, type, code = 404, "invalid_request_error", "not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    status, type, code = 405, "invalid_request_error", "method_not_allowed"
+
+
 class UpstreamTimeout(GatewayError):
     status, type, code = 504, "server_error", "upstream_timeout"
 
@@ -76,6 +84,6 @@ def error_response(
     param: str | None = None,
     code: str | None = None,
     headers: dict[str, str] | None = None,
-) -> web.Response:
+) -> Response:
     body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
-    return web.json_response(body, status=status, headers=headers)
+    return json_response(body, status=status, headers=headers)

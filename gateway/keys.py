@@ -2,7 +2,8 @@
 
 Everything that comes from the policy lives in the ``RUNTIME`` holder, swapped as a whole on
 reload; what outlives a policy (the upstream session, metrics, the admission queue) has its
-own key.
+own key. The application object is aiohttp's, used as the typed state container
+and lifecycle (cleanup contexts); the listener is kvgate's own HTTP server.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from aiohttp import ClientSession, web
 from opentelemetry.trace import Tracer
 
 from gateway.admission import AdmissionQueue
+from gateway.http.client import ConnectionPool
 from gateway.metrics import GatewayMetrics
 from gateway.routing.shadow import ShadowMirror
 from gateway.runtime import RuntimeHolder
 
 RUNTIME = web.AppKey("runtime", RuntimeHolder)
-HTTP_SESSION = web.AppKey("http_session", ClientSession)
+HTTP_SESSION = web.AppKey("http_session", ClientSession)  # off the request path: shadows
+UPSTREAMS = web.AppKey("upstreams", ConnectionPool)  # the proxied requests' connections
 METRICS = web.AppKey("metrics", GatewayMetrics)
 TRACER: web.AppKey[Tracer | None] = web.AppKey("tracer")
 SHUTTING_DOWN = web.AppKey("shutting_down", list[bool])

@@ -9,23 +9,16 @@ away cancels the handler, which closes the upstream connection at once.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 
-from aiohttp import web
+import orjson
 
 from gateway.admission import Evicted, Rejected
-from gateway.context import CONTEXT, RequestContext
-from gateway.errors import (
-    BadRequest,
-    ModelNotFound,
-    NoEndpoint,
-    PayloadTooLarge,
-    UpstreamError,
-    UpstreamTimeout,
-)
-from gateway.keys import ADMISSION, HTTP_SESSION, METRICS, RUNTIME, SHADOW, TRACER
+from gateway.context import RequestContext
+from gateway.errors import BadRequest, ModelNotFound, NoEndpoint, UpstreamError, UpstreamTimeout
+from gateway.http.messages import AnyResponse, Request, Response
+from gateway.keys import ADMISSION, METRICS, RUNTIME, SHADOW, TRACER, UPSTREAMS
 from gateway.metrics import GatewayMetrics
 from gateway.picker import PickRequest
 from gateway.relay import BROKEN_RESPONSES, relay_body, relay_stream
@@ -36,26 +29,10 @@ from gateway.upstream import UpstreamCall, open_upstream, upstream_headers
 from policies.schema import Pool, Route
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await proxy(request, "/v1/chat/completions")
-
-
-async def completions(request: web.Request) -> web.StreamResponse:
-    return await proxy(request, "/v1/completions")
-
-
-async def embeddings(request: web.Request) -> web.StreamResponse:
-    return await proxy(request, "/v1/embeddings", streams=False)
-
-
-async def _read_json(request: web.Request) -> tuple[bytes, dict[str, object]]:
+def _read_json(request: Request) -> tuple[bytes, dict[str, object]]:
+    raw = request.body  # the server has already refused bodies over listen.max_body
     try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        limit = request.app[RUNTIME].current.policy.listen.max_body_bytes
-        raise PayloadTooLarge(f"request body exceeds {limit} bytes") from exc
-    try:
-        body = json.loads(raw)
+        body = orjson.loads(raw)
     except ValueError as exc:
         raise BadRequest(f"invalid JSON body: {exc}") from exc
     if not isinstance(body, dict):
@@ -63,12 +40,15 @@ async def _read_json(request: web.Request) -> tuple[bytes, dict[str, object]]:
     return raw, body
 
 
-async def proxy(request: web.Request, path: str, *, streams: bool = True) -> web.StreamResponse:
+async def proxy(
+    request: Request, ctx: RequestContext, *, path: str, streams: bool = True
+) -> AnyResponse:
+    """Proxy one OpenAI API request (``path``: the upstream path; ``streams``: whether the
+    endpoint can stream)."""
     app = request.app
     runtime = app[RUNTIME].current
     policy = runtime.policy
-    ctx = request[CONTEXT]
-    raw, body = await _read_json(request)
+    raw, body = _read_json(request)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("model is required and must be a string", param="model")
@@ -107,16 +87,14 @@ async def proxy(request: web.Request, path: str, *, streams: bool = True) -> web
             ctx.status,
             time.perf_counter() - ctx.start,
             ctx.completion_tokens if ctx.usage_known else None,
-            text_of(response.body)
-            if isinstance(response, web.Response) and isinstance(response.body, bytes)
-            else None,
+            text_of(response.body) if isinstance(response, Response) else None,
         )
         app[SHADOW].compare(route, shadow, primary)
     return response
 
 
 async def _serve_with_fallbacks(
-    request: web.Request,
+    request: Request,
     runtime: Runtime,
     ctx: RequestContext,
     route: Route,
@@ -125,7 +103,7 @@ async def _serve_with_fallbacks(
     raw: bytes,
     pick: PickRequest,
     client_wants_usage: bool,
-) -> web.StreamResponse:
+) -> AnyResponse:
     """Serve from ``first_pool``; if it is saturated or none of its endpoints can answer before
     the first byte, from the pools of the route's fallback models, in order."""
     app = request.app
@@ -143,7 +121,7 @@ async def _serve_with_fallbacks(
         pool = policy.pools[pool_name]
         ctx.pool = pool.name
         payload = _payload(raw, pick.body, pool, ctx.model, ctx.stream, client_wants_usage)
-        await _queue(request, ctx, pool.name)
+        await _queue(request, ctx, pool.name)  # returns at once when there is room
         try:
             return await _forward(
                 request, runtime, ctx, pool, path, payload, pick, client_wants_usage
@@ -177,7 +155,7 @@ def _payload(
         }
     if not changes:
         return raw
-    return json.dumps({**body, **changes}, separators=(",", ":")).encode()
+    return orjson.dumps({**body, **changes})
 
 
 def _record_ab(metrics: GatewayMetrics, arm: str | None, ctx: RequestContext) -> None:
@@ -186,21 +164,24 @@ def _record_ab(metrics: GatewayMetrics, arm: str | None, ctx: RequestContext) ->
         metrics.child(metrics.ab_requests, test, name, str(ctx.status or 0)).inc()
 
 
-async def _queue(request: web.Request, ctx: RequestContext, pool: str) -> None:
+async def _queue(request: Request, ctx: RequestContext, pool: str) -> None:
     """Wait for capacity in ``pool``, in the caller's priority class."""
     admission, metrics = request.app[ADMISSION], request.app[METRICS]
     cls = admission.class_of(ctx.identity.priority_class if ctx.identity else None).name
+    if admission.try_admit(pool):
+        metrics.queue_wait_batch.observe((cls,), 0.0)
+        return
     try:
         waited = await admission.admit(pool, cls, ctx.tenant)
     except (Rejected, Evicted) as exc:
         reason = "full" if isinstance(exc, Rejected) else "expired"
         metrics.child(metrics.queue_rejections, cls, reason).inc()
         raise
-    metrics.child(metrics.queue_wait, cls).observe(waited)
+    metrics.queue_wait_batch.observe((cls,), waited)
 
 
 async def _forward(
-    request: web.Request,
+    request: Request,
     runtime: Runtime,
     ctx: RequestContext,
     pool: Pool,
@@ -208,23 +189,24 @@ async def _forward(
     payload: bytes,
     pick: PickRequest,
     client_wants_usage: bool,
-) -> web.StreamResponse:
+) -> AnyResponse:
     app = request.app
     policy = runtime.policy
-    call = UpstreamCall(
-        app[HTTP_SESSION],
-        runtime.picker,
-        app[METRICS],
-        policy.timeouts,
-        policy.retries,
-        app[TRACER],
-        runtime.endpoints[pool.name],
-        runtime.budgets[pool.name],
-    )
+    call = runtime.calls.get(pool.name)
+    if call is None:
+        call = runtime.calls[pool.name] = UpstreamCall(
+            app[UPSTREAMS],
+            runtime.picker,
+            app[METRICS],
+            policy.timeouts,
+            policy.retries,
+            app[TRACER],
+            runtime.endpoints[pool.name],
+            runtime.budgets[pool.name],
+        )
     headers = upstream_headers(request.headers, ctx.request_id, pool)
-    metrics = app[METRICS]
-    gauge = metrics.child(metrics.in_flight, pool.name)
-    gauge.inc()
+    in_flight = call.metrics.in_flight_batch
+    in_flight.add((pool.name,), 1)
     try:
         endpoint, upstream = await open_upstream(call, ctx, pool, path, payload, headers, pick)
         ctx.endpoint = endpoint.address
@@ -240,4 +222,4 @@ async def _forward(
             if ctx.error in BROKEN_RESPONSES:
                 endpoint.breaker.record(ok=False)
     finally:
-        gauge.dec()
+        in_flight.add((pool.name,), -1)

@@ -10,24 +10,20 @@ import asyncio
 import json
 import time
 
-import aiohttp
-from aiohttp import web
-
 from gateway.context import RequestContext
 from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.http.client import UpstreamConnectionError, UpstreamResponse
+from gateway.http.messages import Request, Response, StreamResponse
 from gateway.sse_relay import SSERelay, usage_of
 from gateway.upstream import response_headers
 
-MID_STREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+MID_STREAM_ERRORS = (UpstreamConnectionError, asyncio.TimeoutError)
 BROKEN_RESPONSES = frozenset({"upstream_stream_broken", "upstream_body_error"})
 
 
-async def relay_body(
-    ctx: RequestContext, upstream: aiohttp.ClientResponse, idle: float
-) -> web.Response:
+async def relay_body(ctx: RequestContext, upstream: UpstreamResponse, idle: float) -> Response:
     try:
-        async with asyncio.timeout(idle):  # a whole JSON body comes at once after generation
-            data = await upstream.read()
+        data = await upstream.read(idle)  # a whole JSON body comes at once after generation
     except MID_STREAM_ERRORS as exc:
         ctx.error = "upstream_body_error"
         raise _upstream_failed(ctx, exc) from exc
@@ -35,22 +31,22 @@ async def relay_body(
     ctx.status = upstream.status
     if upstream.status == 200 and upstream.content_type == "application/json":
         _record_usage(ctx, usage_of(data))
-    return web.Response(
-        body=data,
+    return Response(
+        data,
         status=upstream.status,
         headers=response_headers(upstream.headers, ctx.request_id, ctx.extra_headers),
     )
 
 
 async def relay_stream(
-    request: web.Request,
+    request: Request,
     ctx: RequestContext,
-    upstream: aiohttp.ClientResponse,
+    upstream: UpstreamResponse,
     idle: float,
     *,
     strip_usage: bool,
-) -> web.StreamResponse:
-    response = web.StreamResponse(
+) -> StreamResponse:
+    response = StreamResponse(
         status=upstream.status,
         headers=response_headers(upstream.headers, ctx.request_id, ctx.extra_headers),
     )
@@ -90,9 +86,8 @@ async def relay_stream(
     return response
 
 
-async def _next_chunk(upstream: aiohttp.ClientResponse, idle: float) -> bytes:
-    async with asyncio.timeout(idle):
-        return await upstream.content.readany()
+async def _next_chunk(upstream: UpstreamResponse, idle: float) -> bytes:
+    return await upstream.readany(idle)
 
 
 def _upstream_failed(ctx: RequestContext, exc: BaseException) -> Exception:

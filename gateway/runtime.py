@@ -19,6 +19,7 @@ from gateway.breaker import RetryBudget
 from gateway.limits.limiter import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.picker import EndpointState, LeastInFlightPicker, Picker, endpoint_states
+from gateway.upstream import UpstreamCall
 from policies.schema import Policy
 
 
@@ -32,6 +33,7 @@ class Runtime:
     budgets: dict[str, RetryBudget]
     embedded: EmbeddedEpp | None
     loaded_at: float = field(default_factory=time.time)
+    calls: dict[str, UpstreamCall] = field(default_factory=dict)  # per pool, made on first use
 
 
 @dataclass(eq=False)

@@ -8,6 +8,7 @@ A worker that dies unexpectedly is restarted.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import multiprocessing
 import os
@@ -17,9 +18,8 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 
-from aiohttp import web
-
 from gateway.app import create_app
+from gateway.serving import running
 from policies.loader import load_policy
 from policies.schema import Policy
 
@@ -70,17 +70,18 @@ def run_worker(options: ServeOptions) -> None:
     policy = options.apply(load_policy(options.policy_path))
     listen = policy.listen
     app = create_app(policy, policy_path=options.policy_path)
-    log.info("gateway worker %d listening on %s:%d", os.getpid(), listen.host, listen.port)
-    web.run_app(
-        app,
-        host=listen.host,
-        port=listen.port,
-        reuse_port=listen.workers > 1,
-        handler_cancellation=True,
-        shutdown_timeout=listen.shutdown_grace,
-        access_log=None,
-        print=None,
-    )
+
+    async def serve_until_signalled() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        async with running(app, listen.host, listen.port, reuse_port=listen.workers > 1):
+            log.info("gateway worker %d listening on %s:%d", os.getpid(), listen.host, listen.port)
+            await stop.wait()
+            log.info("gateway worker %d stopping", os.getpid())
+
+    asyncio.run(serve_until_signalled())
 
 
 def serve(options: ServeOptions, policy: Policy) -> int:

@@ -6,7 +6,7 @@ Only complete events (ending in a blank line) are forwarded; a partial event wai
 
 from __future__ import annotations
 
-import json
+import orjson
 
 _USAGE = b'"usage"'
 _DONE = b"[DONE]"
@@ -49,7 +49,7 @@ class SSERelay:
         if _USAGE not in payload:
             return True
         try:
-            parsed = json.loads(payload)
+            parsed = orjson.loads(payload)
         except ValueError:
             return True
         if isinstance(parsed, dict) and isinstance(parsed.get("usage"), dict):
@@ -59,23 +59,15 @@ class SSERelay:
         return True
 
 
-_DECODER = json.JSONDecoder()
-
-
 def usage_of(body: bytes) -> dict[str, object] | None:
-    """The ``usage`` object of a JSON response body, without parsing the rest (choices can be
-    large); None when there is none."""
-    at = body.rfind(_USAGE)
-    if at < 0:
-        return None
-    text = body[at:].decode(errors="replace")
-    start = text.find("{")
-    if start < 0:
+    """The ``usage`` object of a JSON response body; None when there is none."""
+    if _USAGE not in body:
         return None
     try:
-        usage, _ = _DECODER.raw_decode(text, start)
+        parsed = orjson.loads(body)
     except ValueError:
         return None
+    usage = parsed.get("usage") if isinstance(parsed, dict) else None
     return usage if isinstance(usage, dict) else None
 
 

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
-import aiohttp
 from multidict import CIMultiDict
 from opentelemetry import trace
 from opentelemetry.propagate import inject
@@ -21,6 +20,7 @@ from opentelemetry.propagate import inject
 from gateway.breaker import RetryBudget
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, NoEndpoint, UpstreamError, UpstreamTimeout
+from gateway.http.client import ConnectionPool, UpstreamConnectionError, UpstreamResponse
 from gateway.metrics import GatewayMetrics
 from gateway.picker import EndpointState, Picker, PickRequest
 from policies.schema import Pool, Retries, Timeouts
@@ -38,7 +38,7 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-# Never forwarded upstream: hop-by-hop headers, the body framing aiohttp sets itself, the
+# Never forwarded upstream: hop-by-hop headers, the body framing the pool sets itself, the
 # client's gateway credentials, and compression (the gateway must read the stream).
 DROP_REQUEST_HEADERS = HOP_BY_HOP | {
     "host",
@@ -48,19 +48,23 @@ DROP_REQUEST_HEADERS = HOP_BY_HOP | {
     "accept-encoding",
     "x-request-id",
 }
-# Never passed back: hop-by-hop headers, and what aiohttp sets for the client's response.
+# Never passed back: hop-by-hop headers, and the framing the server sets for the client.
 DROP_RESPONSE_HEADERS = HOP_BY_HOP | {"content-length", "content-encoding", "server", "date"}
-RETRYABLE = (aiohttp.ClientConnectionError, asyncio.TimeoutError)
+RETRYABLE = (UpstreamConnectionError, asyncio.TimeoutError)
 
 
-def upstream_headers(client: Mapping[str, str], request_id: str, pool: Pool) -> CIMultiDict[str]:
-    headers = CIMultiDict(
-        (k, v) for k, v in client.items() if k.lower() not in DROP_REQUEST_HEADERS
-    )
-    headers["x-request-id"] = request_id
-    headers["content-type"] = "application/json"
+def upstream_headers(
+    client: Mapping[str, str], request_id: str, pool: Pool
+) -> list[tuple[str, str]]:
+    headers = [
+        (k, v)
+        for k, v in client.items()
+        if k.lower() not in DROP_REQUEST_HEADERS and k.lower() != "content-type"
+    ]
+    headers.append(("x-request-id", request_id))
+    headers.append(("content-type", "application/json"))
     if pool.api_key:
-        headers["authorization"] = f"Bearer {pool.api_key}"
+        headers.append(("authorization", f"Bearer {pool.api_key}"))
     return headers
 
 
@@ -78,7 +82,7 @@ def response_headers(
 
 @dataclass(frozen=True, slots=True)
 class UpstreamCall:
-    session: aiohttp.ClientSession
+    pool: ConnectionPool
     picker: Picker
     metrics: GatewayMetrics
     timeouts: Timeouts
@@ -94,16 +98,16 @@ async def open_upstream(
     pool: Pool,
     path: str,
     payload: bytes,
-    headers: CIMultiDict[str],
+    headers: list[tuple[str, str]],
     pick: PickRequest,
-) -> tuple[EndpointState, aiohttp.ClientResponse]:
+) -> tuple[EndpointState, UpstreamResponse]:
     """The first acceptable upstream response; the endpoint's in-flight count is raised.
 
     The caller must call ``endpoint.in_flight -= 1`` and close the response when done.
     """
     tried: set[str] = set()
     last: GatewayError | None = None
-    held: tuple[EndpointState, aiohttp.ClientResponse] | None = None  # a 5xx kept as last resort
+    held: tuple[EndpointState, UpstreamResponse] | None = None  # a 5xx kept as last resort
     call.budget.deposit()
     for attempt in range(call.retries.attempts + 1):
         if attempt and not call.budget.try_spend():
@@ -150,7 +154,7 @@ async def open_upstream(
     raise last
 
 
-def _release(held: tuple[EndpointState, aiohttp.ClientResponse] | None) -> None:
+def _release(held: tuple[EndpointState, UpstreamResponse] | None) -> None:
     if held is not None:
         held[0].in_flight -= 1
         held[1].close()
@@ -161,8 +165,8 @@ async def _send(
     endpoint: EndpointState,
     path: str,
     payload: bytes,
-    headers: CIMultiDict[str],
-) -> aiohttp.ClientResponse:
+    headers: list[tuple[str, str]],
+) -> UpstreamResponse:
     span: AbstractContextManager[object] = nullcontext()
     if call.tracer is not None:
         span = call.tracer.start_as_current_span(
@@ -172,9 +176,13 @@ async def _send(
         )
     with span:
         if call.tracer is not None:
-            inject(headers)
-        async with asyncio.timeout(call.timeouts.first_byte):
-            return await call.session.post(endpoint.url + path, data=payload, headers=headers)
+            carrier: dict[str, str] = {}
+            inject(carrier)  # this attempt's client span becomes the upstream's parent
+            headers = [(k, v) for k, v in headers if k.lower() not in carrier]
+            headers.extend(carrier.items())
+        return await call.pool.request(
+            endpoint.address, "POST", path, headers, payload, first_byte=call.timeouts.first_byte
+        )
 
 
 def _backoff(retries: Retries, attempt: int) -> float:

@@ -1,1 +1,2 @@
-"""aiohttp middlewares of the gateway, one concern per module; the order is set in app.py."""
+"""The layers around every handler, one concern per module; the order is set in routes.py:
+errors (outermost) → request context (id, span, access log, metrics) → auth → handler."""

@@ -1,25 +1,21 @@
 """Authenticate ``/v1/*`` requests; the identity lands on the request context.
 
-The routed path is aiohttp's own parsed path (never derived from the Host header), so no header
-can steer a request around authentication.
+The routed path is the request target's own path (never derived from the Host header), so no
+header can steer a request around authentication.
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
 
-from aiohttp import web
-from aiohttp.typedefs import Handler
-
-from gateway.context import CONTEXT
+from gateway.context import RequestContext
+from gateway.http.messages import Request
 from gateway.keys import RUNTIME, TRACER
 
 
-@web.middleware
-async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.path.startswith("/v1/"):
-        tracer = request.app[TRACER]
-        with tracer.start_as_current_span("auth") if tracer else nullcontext():
-            authenticator = request.app[RUNTIME].current.authenticator
-            request[CONTEXT].identity = authenticator.authenticate(request.headers)
-    return await handler(request)
+def authenticate(request: Request, ctx: RequestContext) -> None:
+    """Set ``ctx.identity``, or raise Unauthorized / Forbidden."""
+    tracer = request.app[TRACER]
+    with tracer.start_as_current_span("auth") if tracer else nullcontext():
+        authenticator = request.app[RUNTIME].current.authenticator
+        ctx.identity = authenticator.authenticate(request.headers)

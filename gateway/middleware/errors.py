@@ -1,40 +1,27 @@
-"""Outermost middleware: every error the gateway makes becomes an OpenAI-shaped JSON body."""
+"""Every error the gateway makes becomes an OpenAI-shaped JSON body."""
 
 from __future__ import annotations
 
 import logging
 
-from aiohttp import web
-from aiohttp.typedefs import Handler
-
 from gateway.errors import GatewayError, error_response
+from gateway.http.messages import Request, Response
 
 log = logging.getLogger("kvgate.gateway")
 
-_HTTP_TYPES = {401: "authentication_error", 403: "permission_error"}
 
-
-def response_for(request: web.Request, exc: Exception) -> web.StreamResponse:
-    """The response for an exception raised by a handler (re-raises redirects)."""
+def response_for(request: Request, exc: Exception) -> Response:
+    """The response for an exception raised by a handler."""
     if isinstance(exc, GatewayError):
         return exc.to_response()
-    if isinstance(exc, web.HTTPException):
-        if exc.status < 400:
-            raise exc
-        code = "request_too_large" if exc.status == 413 else None
-        default = "invalid_request_error" if exc.status < 500 else "server_error"
-        return error_response(
-            exc.status, exc.reason, _HTTP_TYPES.get(exc.status, default), code=code
-        )
     if isinstance(exc, ConnectionResetError):
-        return web.Response(status=499)  # the client is gone; aiohttp drops this quietly
+        return Response(status=499)  # the client is gone; nobody reads this
     log.error("unhandled error on %s %s", request.method, request.path, exc_info=exc)
     return error_response(500, "internal gateway error", "server_error")
 
 
-@web.middleware  # aiohttp 3.x needs the marker for (request, handler) middlewares
-async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except Exception as exc:
-        return response_for(request, exc)
+def http_error(status: int, message: str) -> Response:
+    """The body of an error found while parsing HTTP itself (400, 413), before any handler."""
+    code = "request_too_large" if status == 413 else None
+    error_type = "invalid_request_error" if status < 500 else "server_error"
+    return error_response(status, message, error_type, code=code)

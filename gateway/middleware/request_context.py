@@ -7,36 +7,44 @@ forwarded upstream by the proxy.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
 import re
 import time
+from collections.abc import Awaitable, Callable
 
-from aiohttp import web
-from aiohttp.typedefs import Handler
 from opentelemetry import trace
 from opentelemetry.propagate import extract
 
-from gateway.context import CONTEXT, RequestContext
+from gateway.context import RequestContext
 from gateway.errors import GatewayError
+from gateway.http.messages import AnyResponse, Request
 from gateway.keys import METRICS, RUNTIME, TRACER
 from gateway.middleware.errors import response_for
+
+ContextHandler = Callable[[Request, RequestContext], Awaitable[AnyResponse]]
 
 access_log = logging.getLogger("kvgate.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _QUIET_PATHS = frozenset({"/healthz", "/readyz"})
 
 
-def _request_id(request: web.Request) -> str:
-    given = request.headers.get("x-request-id", "")
-    return given if _REQUEST_ID.match(given) else os.urandom(16).hex()
+_ID_PREFIX = os.urandom(8).hex()  # this process's; a counter makes the rest (no syscall each)
+_ID_COUNTER = itertools.count(int.from_bytes(os.urandom(4)))
 
 
-@web.middleware
-async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
+def _request_id(request: Request) -> str:
+    given = request.headers.get("x-request-id")
+    if given is not None and _REQUEST_ID.match(given):
+        return given
+    return f"{_ID_PREFIX}{next(_ID_COUNTER) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+async def request_context(request: Request, handler: ContextHandler) -> AnyResponse:
+    """Run ``handler`` with a fresh context; record the outcome whatever it was."""
     ctx = RequestContext(_request_id(request))
-    request[CONTEXT] = ctx
     tracer = request.app[TRACER]
     if tracer is None:
         response = await _run(request, handler, ctx)
@@ -54,9 +62,9 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     return response
 
 
-async def _run(request: web.Request, handler: Handler, ctx: RequestContext) -> web.StreamResponse:
+async def _run(request: Request, handler: ContextHandler, ctx: RequestContext) -> AnyResponse:
     try:
-        response = await handler(request)
+        response = await handler(request, ctx)
     except asyncio.CancelledError:
         ctx.status, ctx.error = 499, ctx.error or "client_disconnected"
         _record(request, ctx)
@@ -72,7 +80,7 @@ async def _run(request: web.Request, handler: Handler, ctx: RequestContext) -> w
     return response
 
 
-def _record(request: web.Request, ctx: RequestContext) -> None:
+def _record(request: Request, ctx: RequestContext) -> None:
     if (
         request.path in _QUIET_PATHS
         or request.path == request.app[RUNTIME].current.policy.observability.metrics_path
@@ -81,13 +89,13 @@ def _record(request: web.Request, ctx: RequestContext) -> None:
     elapsed = time.perf_counter() - ctx.start
     metrics = request.app[METRICS]
     route = request.path
-    metrics.child(metrics.requests, route, ctx.model, str(ctx.status)).inc()
-    metrics.child(metrics.latency, route).observe(elapsed)
+    metrics.requests_batch.add((route, ctx.model, str(ctx.status)))
+    metrics.latency_batch.observe((route,), elapsed)
     if ctx.ttft is not None:
-        metrics.child(metrics.ttft, ctx.model).observe(ctx.ttft)
+        metrics.ttft_batch.observe((ctx.model,), ctx.ttft)
     if ctx.prompt_tokens or ctx.completion_tokens:
-        metrics.child(metrics.tokens, ctx.model, "prompt").inc(ctx.prompt_tokens)
-        metrics.child(metrics.tokens, ctx.model, "completion").inc(ctx.completion_tokens)
+        metrics.tokens_batch.add((ctx.model, "prompt"), ctx.prompt_tokens)
+        metrics.tokens_batch.add((ctx.model, "completion"), ctx.completion_tokens)
     if request.app[
         RUNTIME
     ].current.policy.observability.access_log == "json" and access_log.isEnabledFor(logging.INFO):

@@ -5,15 +5,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway.app import create_app
 from gateway.keys import TRACER
+from gateway.serving import running
 from loadtest.processes import free_port
 from policies.loader import load_policy_text
 
@@ -55,13 +56,16 @@ observability: {{tracing: {{exporter: console}}}}
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     app = create_app(policy)
     app[TRACER] = provider.get_tracer("test")
-    async with TestClient(TestServer(app)) as client:
-        parent = f"00-{CLIENT_TRACE}-b7ad6b7169203331-01"
-        response = await client.post(
-            "/v1/completions",
+    parent = f"00-{CLIENT_TRACE}-b7ad6b7169203331-01"
+    async with (
+        running(app, "127.0.0.1", 0) as server,
+        aiohttp.ClientSession() as client,
+        client.post(
+            f"http://127.0.0.1:{server.port}/v1/completions",
             json={"model": "m", "prompt": "x"},
             headers={"traceparent": parent, "Authorization": "Bearer secret-xyz"},
-        )
+        ) as response,
+    ):
         assert response.status == 200
     names = {span.name for span in exporter.get_finished_spans()}
     assert {"POST /v1/completions", "auth"} <= names

@@ -1,0 +1,277 @@
+"""Pooled HTTP/1.1 connections to upstreams: an asyncio protocol over httptools' response parser.
+
+``ConnectionPool.request`` sends one request on an idle kept-alive connection to the endpoint
+(or a new one) and returns once the response headers are in; the body is then read whole
+(``read``) or chunk by chunk (``readany``). ``close`` returns a fully read, keep-alive
+connection to the pool and closes any other (an unfinished response is aborted, which tells the
+upstream to stop generating). A reused connection that the upstream had closed before answering
+is retried once on a fresh connection. Reading pauses when 256 KiB are buffered unread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import Any, cast
+
+import httptools
+from multidict import CIMultiDict
+
+_HIGH_WATER = 256 * 1024
+
+
+class UpstreamConnectionError(ConnectionError):
+    """Connecting failed, or the upstream closed the connection before the response ended."""
+
+
+class UpstreamResponse:
+    """One response; ``status``, ``headers`` and ``content_type`` are known on return."""
+
+    __slots__ = ("_conn", "content_type", "headers", "status")
+
+    def __init__(self, conn: _Connection, status: int, headers: CIMultiDict[str]) -> None:
+        self.status = status
+        self.headers = headers
+        self.content_type = headers.get("content-type", "").partition(";")[0].strip().lower()
+        self._conn = conn
+
+    async def read(self, idle: float | None = None) -> bytes:
+        """The whole body; TimeoutError if ``idle`` seconds pass with no bytes arriving."""
+        parts = []
+        while chunk := await self._conn.next_chunk(idle):
+            parts.append(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def readany(self, idle: float | None = None) -> bytes:
+        """The next buffered body bytes; ``b""`` once the body is complete. TimeoutError if
+        ``idle`` seconds pass with nothing new."""
+        return await self._conn.next_chunk(idle)
+
+    def close(self) -> None:
+        self._conn.release()
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, pool: ConnectionPool, key: str) -> None:
+        self.pool = pool
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.lost = False
+        self.idle_since = 0.0
+        self._headers: list[tuple[str, str]] = []
+        self._head: asyncio.Future[UpstreamResponse] | None = None
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._complete = False
+        self._received = False
+        self._until_close = False  # the body ends when the connection does (no length given)
+        self._keep_alive = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.pool.forget(self)
+        if self._until_close and self._head is not None and self._head.done():
+            self._complete = True
+        error = UpstreamConnectionError("the upstream closed the connection")
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(error)
+        self._wake()
+
+    def data_received(self, data: bytes) -> None:
+        self._received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self._head is not None and not self._head.done():
+                self._head.set_exception(UpstreamConnectionError("malformed upstream response"))
+            self.abort()
+
+    # --- parser callbacks ------------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        headers = CIMultiDict(self._headers)
+        self._until_close = (
+            "content-length" not in headers
+            and "chunked" not in headers.get("transfer-encoding", "").lower()
+            and status not in (204, 304)
+        )
+        self._keep_alive = self.parser.should_keep_alive()  # reset once the message ends
+        response = UpstreamResponse(self, status, headers)
+        if self._head is not None and not self._head.done():
+            self._head.set_result(response)
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self._complete = True
+        self._wake()
+
+    # --- use -------------------------------------------------------------------------------
+    def start(self, request: bytes, timeout: float | None) -> asyncio.Future[UpstreamResponse]:
+        """Send ``request``; the future gets the response head, or TimeoutError after
+        ``timeout`` seconds (a timer on the future: cheaper than ``asyncio.timeout``)."""
+        self._headers = []
+        self._chunks.clear()
+        self._buffered = 0
+        self._complete = False
+        self._received = False
+        self._until_close = False
+        loop = asyncio.get_running_loop()
+        self._head = head = loop.create_future()
+        assert self.transport is not None
+        self.transport.write(request)
+        if timeout is not None:
+            timer = loop.call_later(timeout, _expire, head)
+            head.add_done_callback(lambda _: timer.cancel())
+        return head
+
+    async def next_chunk(self, idle: float | None) -> bytes:
+        while True:
+            if self._chunks:
+                chunk = self._chunks.popleft()
+                self._buffered -= len(chunk)
+                if self._paused and self._buffered < _HIGH_WATER // 4 and self.transport:
+                    self._paused = False
+                    self.transport.resume_reading()
+                return chunk
+            if self._complete:
+                return b""
+            if self.lost:
+                raise UpstreamConnectionError("the upstream closed the connection mid-response")
+            loop = asyncio.get_running_loop()
+            self._waiter = waiter = loop.create_future()
+            timer = loop.call_later(idle, _expire, waiter) if idle is not None else None
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+
+    def release(self) -> None:
+        if self._complete and not self.lost and not self._chunks and self._keep_alive:
+            self.pool.put_back(self)
+        else:
+            self.abort()
+
+    def abort(self) -> None:
+        self.lost = True
+        if self.transport is not None:
+            self.transport.close()
+
+    @property
+    def answered(self) -> bool:
+        return self._received
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
+class ConnectionPool:
+    """Idle connections per endpoint (``host:port``), reused most recent first."""
+
+    def __init__(self, *, connect_timeout: float, keepalive: float = 30.0) -> None:
+        self.connect_timeout = connect_timeout
+        self.keepalive = keepalive
+        self._idle: dict[str, list[_Connection]] = {}
+
+    async def request(
+        self,
+        address: str,
+        method: str,
+        path: str,
+        headers: Iterable[tuple[str, str]],
+        body: bytes,
+        *,
+        first_byte: float | None = None,
+    ) -> UpstreamResponse:
+        """Send the request and wait for the response headers: TimeoutError after
+        ``connect_timeout`` connecting, or ``first_byte`` seconds waiting for the response."""
+        lines = "".join(f"{name}: {value}\r\n" for name, value in headers)
+        head = (
+            f"{method} {path} HTTP/1.1\r\nhost: {address}\r\n{lines}"
+            f"content-length: {len(body)}\r\n\r\n"
+        )
+        message = head.encode("latin-1") + body
+        conn = self._take(address)
+        if conn is not None:
+            try:
+                return await conn.start(message, first_byte)
+            except UpstreamConnectionError:
+                conn.abort()
+                if conn.answered:
+                    raise
+                # the upstream closed this kept-alive connection before reading it: once more
+            except BaseException:  # timed out or cancelled: the upstream must stop too
+                conn.abort()
+                raise
+        conn = await self._connect(address)
+        try:
+            return await conn.start(message, first_byte)
+        except BaseException:
+            conn.abort()
+            raise
+
+    def _take(self, address: str) -> _Connection | None:
+        idle = self._idle.get(address)
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()
+            if not conn.lost and now - conn.idle_since < self.keepalive:
+                return conn
+            conn.abort()
+        return None
+
+    async def _connect(self, address: str) -> _Connection:
+        host, _, port = address.rpartition(":")
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(self, address), host.strip("[]"), int(port)
+                )
+        except OSError as exc:
+            raise UpstreamConnectionError(f"cannot connect to {address}: {exc}") from exc
+        return conn
+
+    def put_back(self, conn: _Connection) -> None:
+        conn.idle_since = time.monotonic()
+        self._idle.setdefault(conn.key, []).append(conn)
+
+    def forget(self, conn: _Connection) -> None:
+        idle = self._idle.get(conn.key)
+        if idle and conn in idle:
+            idle.remove(conn)
+
+    def close(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.abort()
+        self._idle.clear()

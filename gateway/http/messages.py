@@ -1,0 +1,169 @@
+"""Request and response objects of kvgate's own HTTP/1.1 server (``gateway.http.server``).
+
+They carry only what the gateway reads: method, path, headers (case-insensitive), the whole
+body, and per-request state (``ctx``). A handler returns a ``Response`` (written by the server
+with a content-length) or a ``StreamResponse`` it has already written itself (chunked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+if TYPE_CHECKING:
+    from gateway.http.server import Connection
+
+_REASONS = {status.value: status.phrase for status in HTTPStatus}
+_REASONS[499] = "Client Closed Request"
+
+
+def status_line(status: int) -> bytes:
+    return f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n".encode()
+
+
+def head_bytes(status: int, headers: Iterable[tuple[str, str]], framing: str) -> bytes:
+    """The status line and headers, then ``framing`` (content-length or transfer-encoding)."""
+    lines = [f"{name}: {value}\r\n" for name, value in headers]
+    return status_line(status) + "".join(lines).encode("latin-1") + framing.encode() + b"\r\n"
+
+
+class Request:
+    """One parsed request; ``app`` is the application whose state the handlers read."""
+
+    __slots__ = (
+        "_connection",
+        "app",
+        "body",
+        "headers",
+        "keep_alive",
+        "method",
+        "path",
+        "query",
+        "version",
+    )
+
+    def __init__(
+        self,
+        method: str,
+        target: bytes,
+        headers: CIMultiDict[str],
+        body: bytes,
+        version: str,
+        keep_alive: bool,
+        app: web.Application,
+        connection: Connection | None = None,
+    ) -> None:
+        path, _, query = target.partition(b"?")
+        self.method = method
+        self.path = path.decode("latin-1")
+        self.query = query.decode("latin-1")
+        self.headers: CIMultiDictProxy[str] = CIMultiDictProxy(headers)
+        self.body = body
+        self.version = version
+        self.keep_alive = keep_alive
+        self.app = app
+        self._connection = connection
+
+    @property
+    def connection(self) -> Connection:
+        if self._connection is None:
+            raise RuntimeError("this request is not attached to a connection")
+        return self._connection
+
+
+class Response:
+    """A whole response; the server adds content-length."""
+
+    __slots__ = ("body", "headers", "status")
+    prepared = False
+
+    def __init__(
+        self,
+        body: bytes = b"",
+        *,
+        status: int = 200,
+        headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
+        content_type: str | None = None,
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.headers: CIMultiDict[str] = (
+            headers if isinstance(headers, CIMultiDict) else CIMultiDict(headers or ())
+        )
+        if content_type is not None:
+            self.headers["content-type"] = content_type
+
+    def head(self, keep_alive: bool) -> bytes:
+        items: list[tuple[str, str]] = list(self.headers.items())
+        if not keep_alive:
+            items.append(("connection", "close"))
+        return head_bytes(self.status, items, f"content-length: {len(self.body)}\r\n")
+
+
+def json_response(
+    data: Any, *, status: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
+    body = orjson.dumps(data)
+    return Response(body, status=status, headers=headers, content_type="application/json")
+
+
+class StreamResponse:
+    """A response written piece by piece: ``prepare``, ``write``..., ``write_eof``.
+
+    HTTP/1.1 clients get chunked transfer encoding; HTTP/1.0 clients get the body up to the
+    connection's close.
+    """
+
+    __slots__ = ("_chunked", "_connection", "finished", "headers", "prepared", "status")
+
+    def __init__(self, *, status: int = 200, headers: Mapping[str, str] | None = None) -> None:
+        self.status = status
+        self.headers: CIMultiDict[str] = (
+            headers if isinstance(headers, CIMultiDict) else CIMultiDict(headers or ())
+        )
+        self.prepared = False
+        self.finished = False
+        self._connection: Connection | None = None
+        self._chunked = True
+
+    async def prepare(self, request: Request) -> None:
+        connection = request.connection
+        self._connection = connection
+        self._chunked = request.version != "1.0"
+        items = list(self.headers.items())
+        if not request.keep_alive or not self._chunked:
+            items.append(("connection", "close"))
+            request.keep_alive = False
+        framing = "transfer-encoding: chunked\r\n" if self._chunked else ""
+        connection.write(head_bytes(self.status, items, framing))
+        self.prepared = True
+
+    async def write(self, data: bytes) -> None:
+        if not data:
+            return
+        connection = self._require()
+        if self._chunked:
+            connection.write(b"%x\r\n%b\r\n" % (len(data), data))
+        else:
+            connection.write(data)
+        await connection.drain()
+
+    async def write_eof(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        if self._chunked:
+            self._require().write(b"0\r\n\r\n")
+
+    def _require(self) -> Connection:
+        if self._connection is None:
+            raise RuntimeError("prepare() the stream response before writing")
+        return self._connection
+
+
+AnyResponse = Response | StreamResponse

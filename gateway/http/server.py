@@ -1,0 +1,316 @@
+"""kvgate's HTTP/1.1 server: an asyncio protocol over httptools' parser (llhttp), no framework.
+
+Why not aiohttp's server: on this path every microsecond is per request, and aiohttp's request
+and response machinery alone costs about as much CPU as the whole proxy may spend
+(``docs/benchmarks.md``). This server does what the gateway needs and nothing else:
+
+- keep-alive, pipelined requests answered in order (reading pauses while one is in flight);
+- a body limit: a request that declares or sends more than ``max_body`` bytes gets the
+  handler-independent ``too_large`` response and the connection closes once it is written;
+- ``Expect: 100-continue``; malformed requests answered 400 and the connection closed;
+- a client that goes away cancels its handler task (so the upstream call is cancelled too);
+- TCP_NODELAY on every connection; idle keep-alive connections closed after ``keepalive``;
+- ``shutdown(grace)``: stop accepting, close idle connections, let handlers finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import cast
+
+import httptools
+from aiohttp import web
+from multidict import CIMultiDict
+
+from gateway.http.messages import AnyResponse, Request, Response
+
+log = logging.getLogger("kvgate.http")
+
+Handler = Callable[[Request], Awaitable[AnyResponse]]
+ErrorFactory = Callable[[int, str], Response]
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: parse, hand complete requests to the handler one at a time."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self._server = server
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._url = b""
+        self._headers: list[tuple[str, str]] = []
+        self._body: list[bytes] = []
+        self._size = 0
+        self._too_large = False
+        self._pending: deque[Request] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._lost = False
+        self._drain: asyncio.Future[None] | None = None
+        self._paused = False
+        self.last_active = server.loop.time()  # idle keep-alive connections are swept
+
+    # --- asyncio protocol ------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server.connections.discard(self)
+        self._closing = self._lost = True
+        if self._task is not None:
+            self._task.cancel()
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_exception(ConnectionResetError("the client went away"))
+        self._pending.clear()
+
+    def data_received(self, data: bytes) -> None:
+        self.last_active = self._server.loop.time()
+        if self._closing:
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._reject(400, "protocol upgrades are not supported")
+        except httptools.HttpParserError:
+            self._reject(400, "malformed HTTP request")
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+        self._drain = None
+
+    # --- parser callbacks ------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = []
+        self._body = []
+        self._size = 0
+        self._too_large = False
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        declared: int | None = None
+        expects = False
+        for name, value in self._headers:
+            lowered = name.lower()
+            if lowered == "content-length" and value.isdigit():
+                declared = int(value)
+            elif lowered == "expect":
+                expects = value.lower() == "100-continue"
+        if declared is not None and declared > self._server.max_body:
+            self._refuse_too_large()
+        elif expects:
+            self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        if self._too_large:
+            return
+        self._size += len(body)
+        if self._size > self._server.max_body:
+            self._refuse_too_large()
+            return
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._too_large or self._closing:
+            return
+        parser = self._parser
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        request = Request(
+            parser.get_method().decode("latin-1"),
+            self._url,
+            CIMultiDict(self._headers),
+            body,
+            parser.get_http_version(),
+            parser.should_keep_alive(),
+            self._server.app,
+            self,
+        )
+        self._body = []
+        self._pending.append(request)
+        if self._task is None:
+            self._next()
+        elif self._transport is not None:
+            self._transport.pause_reading()  # pipelined: one request in flight at a time
+
+    # --- writing ---------------------------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
+
+    async def drain(self) -> None:
+        if self._lost:
+            raise ConnectionResetError("the client went away")
+        if not self._paused:
+            return
+        if self._drain is None:
+            self._drain = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._drain)
+
+    # --- request loop ----------------------------------------------------------------------
+    def _next(self) -> None:
+        request = self._pending.popleft()
+        self._task = asyncio.get_running_loop().create_task(self._serve(request))
+
+    async def _serve(self, request: Request) -> None:
+        server = self._server
+        server.in_flight += 1
+        try:
+            try:
+                response = await server.handler(request)
+            except asyncio.CancelledError:
+                return
+            except Exception:
+                log.exception("unhandled error serving %s %s", request.method, request.path)
+                response = server.error_response(500, "internal gateway error")
+                request.keep_alive = False
+            if isinstance(response, Response):
+                self.write(
+                    response.head(request.keep_alive and not server.stopping) + response.body
+                )
+            elif not response.finished:  # a stream the handler left open
+                await response.write_eof()
+        finally:
+            server.in_flight -= 1
+            if not server.in_flight and server.drained is not None:
+                server.drained.set()
+            self._task = None
+        self._after(request.keep_alive and not server.stopping)
+
+    def _after(self, keep_alive: bool) -> None:
+        if self._transport is None:
+            return
+        if not keep_alive or self._closing:
+            self._close()
+        elif self._pending:
+            self._transport.resume_reading()
+            self._next()
+        else:
+            self.last_active = self._server.loop.time()
+
+    def _refuse_too_large(self) -> None:
+        """Answer 413 now and close once it is written; later body bytes are discarded."""
+        self._too_large = True
+        self._body = []
+        response = self._server.error_response(
+            413, f"request body exceeds {self._server.max_body} bytes"
+        )
+        self._finish_with(response)
+
+    def _reject(self, status: int, message: str) -> None:
+        self._finish_with(self._server.error_response(status, message))
+
+    def _finish_with(self, response: Response) -> None:
+        if self._task is not None:  # a request is in flight: just stop after it
+            self._pending.clear()
+            self._closing = True
+            return
+        self.write(response.head(keep_alive=False) + response.body)
+        self._close()
+
+    def _close(self) -> None:
+        self._closing = True
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if transport.can_write_eof():
+            transport.write_eof()  # half-close: the client reads the answer, then closes
+            self._server.loop.call_later(2.0, transport.close)
+        else:
+            transport.close()
+
+    def close_if_idle(self, idle_since: float | None = None) -> None:
+        """Close the connection if no request is in flight (and, given ``idle_since``, nothing
+        arrived after it: a half-sent request does not hold a connection forever)."""
+        if self._task is not None or self._pending or self._transport is None:
+            return
+        if idle_since is None or self.last_active < idle_since:
+            self._transport.close()
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        return self._transport
+
+
+class HttpServer:
+    """Serve ``handler`` on one listening socket."""
+
+    def __init__(
+        self,
+        app: web.Application,
+        handler: Handler,
+        error_response: ErrorFactory,
+        *,
+        max_body: int,
+        keepalive: float = 75.0,
+    ) -> None:
+        self.app = app
+        self.handler = handler
+        self.error_response = error_response
+        self.max_body = max_body
+        self.keepalive = keepalive
+        self.connections: set[Connection] = set()
+        self.in_flight = 0
+        self.stopping = False
+        self.drained: asyncio.Event | None = None  # set when in_flight reaches 0 while stopping
+        self.loop = asyncio.get_running_loop()
+        self._server: asyncio.Server | None = None
+        self._port = 0
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> None:
+        self._server = await self.loop.create_server(
+            lambda: Connection(self), host, port, reuse_port=reuse_port, backlog=2048
+        )
+        self._port = int(self._server.sockets[0].getsockname()[1])
+        self._sweeper = self.loop.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Close keep-alive connections idle for ``keepalive`` seconds (one timer for all,
+        instead of one per request)."""
+        while True:
+            await asyncio.sleep(min(self.keepalive / 4, 5.0))
+            cutoff = self.loop.time() - self.keepalive
+            for connection in list(self.connections):
+                connection.close_if_idle(cutoff)
+
+    @property
+    def port(self) -> int:
+        """The bound port (also after shutdown)."""
+        return self._port
+
+    async def shutdown(self, grace: float) -> None:
+        """Stop accepting; close idle connections; wait up to ``grace`` s for handlers."""
+        self.stopping = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self.connections):
+            connection.close_if_idle()
+        if self.in_flight:
+            self.drained = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.drained.wait(), grace)
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.close()
+        await asyncio.sleep(0)

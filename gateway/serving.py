@@ -1,0 +1,41 @@
+"""Serve a gateway application on kvgate's HTTP server, with its whole lifecycle.
+
+``running(app, ...)`` starts the application's resources (cleanup contexts), listens, and on exit
+stops accepting, marks the gateway as shutting down (``/readyz`` answers 503), lets in-flight
+requests (streams included) finish for up to ``grace`` seconds, then closes everything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from aiohttp import web
+
+from gateway.http.server import HttpServer
+from gateway.keys import RUNTIME, SHUTTING_DOWN
+from gateway.middleware.errors import http_error
+from gateway.routes import handle
+
+
+@asynccontextmanager
+async def running(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    reuse_port: bool = False,
+    grace: float | None = None,
+) -> AsyncIterator[HttpServer]:
+    """The listening server; ``port`` 0 picks a free one (read it from ``server.port``)."""
+    listen = app[RUNTIME].current.policy.listen
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()  # runs the application's startup and cleanup contexts
+    server = HttpServer(app, handle, http_error, max_body=listen.max_body_bytes)
+    try:
+        await server.start(host, port, reuse_port=reuse_port)
+        yield server
+    finally:
+        app[SHUTTING_DOWN][0] = True
+        await server.shutdown(listen.shutdown_grace if grace is None else grace)
+        await runner.cleanup()

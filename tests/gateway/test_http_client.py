@@ -1,0 +1,164 @@
+"""The upstream connection pool against real sockets: reuse, stale connections, broken and
+close-delimited bodies, timeouts and cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from gateway.http.client import ConnectionPool, UpstreamConnectionError
+
+OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+
+
+@dataclass
+class Upstream:
+    """A scripted HTTP server: ``answer(request_number)`` gives the bytes to send back (None:
+    close the connection without answering)."""
+
+    answer: Callable[[int], bytes | None]
+    port: int = 0
+    connections: int = 0
+    requests: int = 0
+    closed: list[int] = field(default_factory=list)
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        number = self.connections
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+                await reader.readexactly(length)
+                self.requests += 1
+                reply = self.answer(self.requests)
+                if reply is None:
+                    break
+                writer.write(reply)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        self.closed.append(number)
+        writer.close()
+
+
+async def started(answer: Callable[[int], bytes | None]) -> tuple[Upstream, asyncio.Server]:
+    up = Upstream(answer)
+    server = await asyncio.start_server(up.serve, "127.0.0.1", 0)
+    up.port = server.sockets[0].getsockname()[1]
+    return up, server
+
+
+async def call(pool: ConnectionPool, up: Upstream, first_byte: float | None = None) -> bytes:
+    response = await pool.request(
+        f"127.0.0.1:{up.port}", "POST", "/v1/x", [("a", "b")], b"{}", first_byte=first_byte
+    )
+    try:
+        return await response.read(idle=2)
+    finally:
+        response.close()
+
+
+async def test_connections_are_reused() -> None:
+    up, server = await started(lambda n: OK)
+    pool = ConnectionPool(connect_timeout=1)
+    for _ in range(5):
+        assert await call(pool, up) == b"{}"
+    assert (up.connections, up.requests) == (1, 5)
+    pool.close()
+    server.close()
+
+
+async def test_a_stale_kept_alive_connection_is_retried_once_on_a_fresh_one() -> None:
+    up, server = await started(lambda n: OK if n != 2 else None)  # closes after reading #2
+    pool = ConnectionPool(connect_timeout=1)
+    assert await call(pool, up) == b"{}"
+    assert await call(pool, up) == b"{}"  # #2 is dropped unanswered; #3 on a new connection
+    assert (up.connections, up.requests) == (2, 3)
+    pool.close()
+    server.close()
+
+
+async def answer_once_and_close(reply: bytes) -> tuple[int, asyncio.Server]:
+    """A server that reads one request, sends ``reply`` and closes the connection."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n{}")
+        writer.write(reply)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server.sockets[0].getsockname()[1], server
+
+
+async def test_a_body_cut_short_raises() -> None:
+    port, server = await answer_once_and_close(
+        b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{part"
+    )
+    pool = ConnectionPool(connect_timeout=1)
+    response = await pool.request(f"127.0.0.1:{port}", "POST", "/", [], b"{}")
+    assert response.status == 200
+    with pytest.raises(UpstreamConnectionError):
+        await response.read(idle=2)
+    response.close()
+    pool.close()
+    server.close()
+
+
+async def test_close_delimited_body_is_complete_at_eof() -> None:
+    reply = b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it"
+    port, server = await answer_once_and_close(reply)
+    pool = ConnectionPool(connect_timeout=1)
+    response = await pool.request(f"127.0.0.1:{port}", "POST", "/", [], b"{}")
+    assert await response.read(idle=2) == b"all of it"
+    response.close()
+    pool.close()
+    server.close()
+
+
+async def test_first_byte_timeout_aborts_the_connection() -> None:
+    up, server = await started(lambda n: None if n > 1 else b"")  # never answers #1
+    pool = ConnectionPool(connect_timeout=1)
+    with pytest.raises(TimeoutError):
+        await call(pool, up, first_byte=0.2)
+    for _ in range(50):
+        if up.closed:
+            break
+        await asyncio.sleep(0.02)
+    assert up.closed == [1]  # the upstream saw the connection close: it can stop generating
+    pool.close()
+    server.close()
+
+
+async def test_cancelling_the_caller_aborts_the_connection() -> None:
+    up, server = await started(lambda n: b"")  # reads, never answers
+    pool = ConnectionPool(connect_timeout=1)
+    task = asyncio.create_task(call(pool, up))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(50):
+        if up.closed:
+            break
+        await asyncio.sleep(0.02)
+    assert up.closed == [1]
+    pool.close()
+    server.close()
+
+
+async def test_connect_refused_raises_connection_error() -> None:
+    up, server = await started(lambda n: OK)
+    server.close()
+    await server.wait_closed()
+    pool = ConnectionPool(connect_timeout=1)
+    with pytest.raises(UpstreamConnectionError):
+        await call(pool, up)

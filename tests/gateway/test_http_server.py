@@ -1,0 +1,145 @@
+"""kvgate's HTTP/1.1 server over real sockets: framing, keep-alive, pipelining, limits, errors,
+streaming and disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from gateway.http.messages import AnyResponse, Request, Response, StreamResponse, json_response
+from gateway.http.server import HttpServer
+from gateway.middleware.errors import http_error
+
+cancelled: list[str] = []
+
+
+async def handler(request: Request) -> AnyResponse:
+    if request.path == "/echo":
+        return Response(request.body, headers={"x-method": request.method, "x-q": request.query})
+    if request.path == "/stream":
+        response = StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(3):
+            await response.write(f"data: {i}\n\n".encode())
+        await response.write_eof()
+        return response
+    if request.path == "/slow":
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(request.path)
+            raise
+    if request.path == "/boom":
+        raise RuntimeError("handler bug")
+    return json_response({"path": request.path}, status=404)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[HttpServer]:
+    srv = HttpServer(web.Application(), handler, http_error, max_body=1000, keepalive=5)
+    await srv.start("127.0.0.1", 0)
+    yield srv
+    await srv.shutdown(1)
+
+
+async def exchange(port: int, data: bytes, *, until_close: bool = True) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    await writer.drain()
+    try:
+        async with asyncio.timeout(5):
+            return await reader.read() if until_close else await reader.read(65536)
+    finally:
+        writer.close()
+
+
+def post(path: str, body: bytes, extra: str = "") -> bytes:
+    head = f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {len(body)}\r\n{extra}\r\n"
+    return head.encode() + body
+
+
+async def test_keep_alive_and_pipelining_answer_in_order(server: HttpServer) -> None:
+    data = post("/echo?a=1", b"first") + post("/echo", b"second")
+    data += b"GET /echo HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    raw = await exchange(server.port, data)
+    assert raw.count(b"HTTP/1.1 200 OK") == 3
+    assert raw.index(b"first") < raw.index(b"second")
+    assert b"x-q: a=1" in raw and b"x-method: GET" in raw
+    assert raw.endswith(b"connection: close\r\ncontent-length: 0\r\n\r\n")
+
+
+async def test_declared_oversized_body_is_413_and_closes(server: HttpServer) -> None:
+    raw = await exchange(server.port, post("/echo", b"x" * 2000))
+    assert raw.startswith(b"HTTP/1.1 413 ")
+    assert b'"code":"request_too_large"' in raw and b"connection: close" in raw
+
+
+async def test_chunked_oversized_body_is_413(server: HttpServer) -> None:
+    chunk = b"x" * 600
+    body = b"%x\r\n%b\r\n" % (len(chunk), chunk) * 2 + b"0\r\n\r\n"
+    head = b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+    raw = await exchange(server.port, head + body)
+    assert raw.startswith(b"HTTP/1.1 413 ")
+
+
+async def test_malformed_request_is_400(server: HttpServer) -> None:
+    raw = await exchange(server.port, b"NOT HTTP AT ALL\r\n\r\n")
+    assert raw.startswith(b"HTTP/1.1 400 ") and b"malformed" in raw
+
+
+async def test_expect_continue(server: HttpServer) -> None:
+    raw = await exchange(
+        server.port, post("/echo", b"ok", "expect: 100-continue\r\nconnection: close\r\n")
+    )
+    assert raw.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK")
+    assert raw.endswith(b"ok")
+
+
+async def test_http10_stream_is_close_delimited(server: HttpServer) -> None:
+    raw = await exchange(server.port, b"GET /stream HTTP/1.0\r\n\r\n")
+    assert b"transfer-encoding" not in raw and raw.endswith(b"data: 2\n\n")
+
+
+async def test_stream_is_chunked(server: HttpServer) -> None:
+    raw = await exchange(
+        server.port, b"GET /stream HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    )
+    assert b"transfer-encoding: chunked" in raw
+    assert raw.endswith(b"9\r\ndata: 2\n\n\r\n0\r\n\r\n")
+
+
+async def test_handler_bug_is_500_json(server: HttpServer) -> None:
+    raw = await exchange(server.port, b"GET /boom HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert raw.startswith(b"HTTP/1.1 500 ") and b"internal gateway error" in raw
+
+
+async def test_client_disconnect_cancels_the_handler(server: HttpServer) -> None:
+    cancelled.clear()
+    _reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
+    await writer.drain()
+    await asyncio.sleep(0.1)
+    writer.close()
+    for _ in range(50):
+        if cancelled:
+            break
+        await asyncio.sleep(0.02)
+    assert cancelled == ["/slow"]
+    assert server.in_flight == 0
+
+
+async def test_shutdown_waits_for_in_flight_then_closes(server: HttpServer) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    await server.shutdown(1)
+    async with asyncio.timeout(5):
+        raw = await reader.read()
+    assert raw.endswith(b"0\r\n\r\n")
+    with pytest.raises(OSError):
+        await asyncio.open_connection("127.0.0.1", server.port)
+    writer.close()
