@@ -17,6 +17,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from gateway.breaker import BreakerState
+from gateway.metric_batch import BatchedCounter, BatchedHistogram
 
 if TYPE_CHECKING:
     from gateway.admission import AdmissionQueue
@@ -158,6 +159,26 @@ class GatewayMetrics:
             registry=r,
         )
         self._children: dict[tuple[object, ...], Any] = {}
+        # the per-request updates, batched (gateway.metric_batch)
+        self.requests_batch = BatchedCounter(self.requests)
+        self.latency_batch = BatchedHistogram(self.latency, LATENCY_BUCKETS)
+        self.ttft_batch = BatchedHistogram(self.ttft, LATENCY_BUCKETS)
+        self.tokens_batch = BatchedCounter(self.tokens)
+        self.in_flight_batch = BatchedCounter(self.in_flight)
+        self.queue_wait_batch = BatchedHistogram(self.queue_wait, LATENCY_BUCKETS)
+        self._batches = (
+            self.requests_batch,
+            self.latency_batch,
+            self.ttft_batch,
+            self.tokens_batch,
+            self.in_flight_batch,
+            self.queue_wait_batch,
+        )
+
+    def flush(self) -> None:
+        """Move the batched per-request updates into the metrics."""
+        for batch in self._batches:
+            batch.flush()
 
     def breaker_changed(self, endpoint: EndpointState, state: BreakerState) -> None:
         level = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}[state]
@@ -173,6 +194,7 @@ class GatewayMetrics:
         return found
 
     def exposition(self) -> bytes:
+        self.flush()
         if self.multiprocess:
             registry = CollectorRegistry()
             MultiProcessCollector(registry)  # type: ignore[no-untyped-call]

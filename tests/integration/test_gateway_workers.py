@@ -36,11 +36,16 @@ routes: [{{model: kvgate-sim, pool: p}}]
 
     statuses = await asyncio.gather(*(one() for _ in range(60)))
     assert statuses == [200] * 60
-    total = sum(
-        s.value
-        for s in scrape(url)["kvgate_requests_total"]
-        if s.labels["route"] == "/v1/completions"
-    )
+    total = 0.0
+    for _ in range(40):  # a worker moves its batched samples into the shared files twice a second
+        total = sum(
+            s.value
+            for s in scrape(url)["kvgate_requests_total"]
+            if s.labels["route"] == "/v1/completions"
+        )
+        if total == 60:
+            break
+        await asyncio.sleep(0.1)
     assert total == 60
     children = await asyncio.create_subprocess_exec(
         "pgrep",
