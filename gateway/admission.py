@@ -147,10 +147,21 @@ class AdmissionQueue:
         queue = self.pools.get(pool)
         return queue.classes[cls].size if queue and cls in queue.classes else 0
 
+    def try_admit(self, pool: str) -> bool:
+        """Take a slot in ``pool`` now if nobody is queued and there is capacity (the common
+        case, without a coroutine). Pair a True with ``done(pool)``."""
+        queue = self.pools.get(pool)
+        if (queue is None or queue.depth == 0) and self.gate.has_capacity(pool):
+            self.gate.acquire(pool)
+            return True
+        return False
+
     async def admit(self, pool: str, cls_name: str | None, tenant: str) -> float:
         """Wait for a slot in ``pool``; returns the seconds waited. Pair with ``done(pool)``."""
         spec = self.class_of(cls_name)
-        queue = self.pools.setdefault(pool, PoolQueue(pool, self.classes))
+        queue = self.pools.get(pool)
+        if queue is None:
+            queue = self.pools[pool] = PoolQueue(pool, self.classes)
         if queue.depth == 0 and self.gate.has_capacity(pool):
             self.gate.acquire(pool)
             return 0.0

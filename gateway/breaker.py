@@ -37,7 +37,10 @@ class CircuitBreaker:
         self._state = BreakerState.CLOSED
         self._opened_at = 0.0
         self._consecutive = 0
-        self._outcomes: deque[tuple[float, bool]] = deque()
+        # outcomes in the window, in time slices of window/20: [slice start, total, failures]
+        self._slices: deque[list[float]] = deque()
+        self._total = 0
+        self._failures = 0
         self._probes = 0  # half-open requests let through
         self._probe_successes = 0
 
@@ -52,6 +55,8 @@ class CircuitBreaker:
 
     def available(self) -> bool:
         """May the picker choose this endpoint now? (No side effects.)"""
+        if self._state is BreakerState.CLOSED:  # the common case, without reading the clock
+            return True
         state = self.state
         return state is BreakerState.CLOSED or (
             state is BreakerState.HALF_OPEN and self._probes < self.config.half_open_probes
@@ -59,12 +64,12 @@ class CircuitBreaker:
 
     def on_dispatch(self) -> None:
         """A request was sent; half-open, it uses up one probe."""
-        if self.state is BreakerState.HALF_OPEN:
+        if self._state is not BreakerState.CLOSED and self.state is BreakerState.HALF_OPEN:
             self._probes += 1
 
     def record(self, ok: bool) -> None:
         now = self.clock()
-        state = self.state
+        state = self._state if self._state is BreakerState.CLOSED else self.state
         if state is BreakerState.HALF_OPEN:
             if not ok:
                 self._open(now)
@@ -75,20 +80,33 @@ class CircuitBreaker:
             return
         if state is BreakerState.OPEN:
             return  # a late answer from before the breaker opened
-        self._outcomes.append((now, ok))
-        horizon = now - self.config.window
-        while self._outcomes and self._outcomes[0][0] < horizon:
-            self._outcomes.popleft()
+        self._count(now, ok)
         self._consecutive = 0 if ok else self._consecutive + 1
         if self._consecutive >= self.config.consecutive_failures or self._ratio_tripped():
             self._open(now)
 
+    def _count(self, now: float, ok: bool) -> None:
+        """Add an outcome; drop slices older than the window (O(1) amortized)."""
+        width = self.config.window / 20
+        slices = self._slices
+        if not slices or now >= slices[-1][0] + width:
+            slices.append([now, 0, 0])
+        last = slices[-1]
+        last[1] += 1
+        self._total += 1
+        if not ok:
+            last[2] += 1
+            self._failures += 1
+        horizon = now - self.config.window
+        while slices[0][0] + width <= horizon:
+            _, total, failures = slices.popleft()
+            self._total -= int(total)
+            self._failures -= int(failures)
+
     def _ratio_tripped(self) -> bool:
-        total = len(self._outcomes)
-        if total < self.config.min_requests:
+        if self._total < self.config.min_requests:
             return False
-        failures = sum(1 for _, ok in self._outcomes if not ok)
-        return failures / total >= self.config.failure_ratio
+        return self._failures / self._total >= self.config.failure_ratio
 
     def _open(self, now: float) -> None:
         self._opened_at = now
@@ -101,7 +119,8 @@ class CircuitBreaker:
         self._probes = self._probe_successes = 0
         if state is BreakerState.CLOSED:
             self._consecutive = 0
-            self._outcomes.clear()
+            self._slices.clear()
+            self._total = self._failures = 0
         if self.on_change is not None:
             self.on_change(state)
 
