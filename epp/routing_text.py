@@ -10,7 +10,18 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+import orjson
+
 _COMPACT = (",", ":")
+
+
+def _dump(value: object) -> str:
+    """Compact JSON with sorted keys and UTF-8 text (orjson; json for what it refuses, such as
+    integers past 64 bits)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:
+        return json.dumps(value, separators=_COMPACT, sort_keys=True, ensure_ascii=False)
 
 
 def routing_text(body: Mapping[str, object], limit: int | None = None) -> str:
@@ -21,7 +32,7 @@ def routing_text(body: Mapping[str, object], limit: int | None = None) -> str:
     if isinstance(prompt, str):
         return prompt if limit is None else prompt[:limit]
     value = prompt if isinstance(prompt, list) else body.get("input")
-    text = json.dumps(value, separators=_COMPACT) if value is not None else ""
+    text = _dump(value) if value is not None else ""
     return text if limit is None else text[:limit]
 
 
@@ -35,7 +46,7 @@ def _render_messages(messages: list[object], limit: int | None) -> str:
             content = message.get("content")
             if limit is not None and isinstance(content, str) and len(content) > limit - size:
                 message = {**message, "content": content[: limit - size]}
-        part = json.dumps(message, separators=_COMPACT, sort_keys=True, ensure_ascii=False)
+        part = _dump(message)
         parts.append(part)
         size += len(part) + 1
     text = "\n".join(parts)

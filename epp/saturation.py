@@ -31,6 +31,20 @@ class SaturationDetector:
         queue = m.waiting + endpoint.dispatched
         return m.age(now) > t.max_metrics_age or queue >= t.queue_depth or m.kv_usage >= t.kv_usage
 
+    def unsaturated(self, endpoints: list[Endpoint], now: float) -> list[Endpoint]:
+        """The endpoints that are not saturated (``is_saturated`` inlined: this runs for every
+        endpoint of every pick)."""
+        t = self.thresholds
+        oldest, depth, kv = now - t.max_metrics_age, t.queue_depth, t.kv_usage
+        return [
+            e
+            for e in endpoints
+            if (m := e.metrics).scraped_at
+            and m.scraped_at >= oldest
+            and m.waiting + e.dispatched < depth
+            and m.kv_usage < kv
+        ]
+
     def all_saturated(self, endpoints: Iterable[Endpoint]) -> bool:
         """The capacity gate's question: may the pool take another request now?"""
         now = time.monotonic()

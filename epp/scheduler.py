@@ -22,20 +22,19 @@ class Scheduler:
             if not endpoints:
                 return SchedulingResult([], {}, "")
         totals = dict.fromkeys((e.address for e in endpoints), 0.0)
-        parts: dict[str, dict[str, float]] = {}
+        parts: list[tuple[str, float, dict[str, float]]] = []  # scorer, weight, raw scores
         for weighted in self.profile.scorers:
             scores = weighted.scorer.score(request, endpoints)
             weight = weighted.weight
-            get = scores.get
-            contribution = {a: weight * min(1.0, max(0.0, get(a, 0.0))) for a in totals}
-            parts[weighted.scorer.name] = contribution
-            for address, value in contribution.items():
-                totals[address] += value
+            parts.append((weighted.scorer.name, weight, scores))
+            for address, value in scores.items():
+                if address in totals and value > 0.0:
+                    totals[address] += weight * (1.0 if value > 1.0 else value)
         ranked = self.profile.picker.pick(request, [(e, totals[e.address]) for e in endpoints])
         winner_by = ""
         if ranked and parts:
             best = ranked[0].address
-            winner_by = max(parts, key=lambda name: parts[name][best])
+            winner_by = max(parts, key=lambda p: p[1] * clamp(p[2].get(best, 0.0)))[0]
         return SchedulingResult(ranked, totals, winner_by)
 
     def observe(self, request: SchedulingRequest, endpoint: Endpoint) -> None:

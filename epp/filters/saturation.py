@@ -37,5 +37,4 @@ class SaturationFilter:
 
     def filter(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
         now = time.monotonic()
-        fresh = [e for e in endpoints if not self.detector.is_saturated(e, now)]
-        return fresh or endpoints
+        return self.detector.unsaturated(endpoints, now) or endpoints

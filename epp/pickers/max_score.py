@@ -1,5 +1,6 @@
-"""``max-score-picker``: highest total score first; ties broken at random (shuffle, then a
-stable sort), as GIE does."""
+"""``max-score-picker``: highest total score first; ties broken at random, as GIE does (GIE
+shuffles, then sorts stably; here each endpoint gets a random second sort key: the same order
+distribution, without a Python-level shuffle)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,14 @@ class MaxScorePicker:
     def pick(
         self, request: SchedulingRequest, scored: list[tuple[Endpoint, float]]
     ) -> list[Endpoint]:
-        shuffled = list(scored)
-        self._random.shuffle(shuffled)
-        shuffled.sort(key=lambda pair: pair[1], reverse=True)
-        return [endpoint for endpoint, _ in shuffled]
+        rand = self._random.random
+        keys = sorted(
+            zip(
+                [score for _, score in scored],
+                [rand() for _ in scored],
+                range(len(scored)),
+                strict=True,
+            ),
+            reverse=True,
+        )
+        return [scored[index][0] for _, _, index in keys]

@@ -28,16 +28,16 @@ def test_match_counts_leading_blocks_only() -> None:
     index.record(A, [1, 2, 3])
     index.record(B, [1, 9])
     assert index.match([1, 2, 3, 4], [A, B, "c"]) == {A: 3, B: 1, "c": 0}
-    assert index.match([2, 3], [A]) == {A: 2}
+    assert index.match([1, 2], [A]) == {A: 2}
     assert index.match([7, 1], [A, B]) == {A: 0, B: 0}
+    assert index.match([], [A]) == {A: 0}
 
 
-def test_lru_eviction_and_removal() -> None:
+def test_lru_evicts_tails_before_heads_and_removal() -> None:
     index = ApproximatePrefixIndex()
-    index.record(A, [1, 2, 3], capacity=3)
-    index.record(A, [1], capacity=3)  # touch 1: 2 is now the oldest
-    index.record(A, [4], capacity=3)
-    assert index.match([1], [A]) == {A: 1} and index.match([2], [A]) == {A: 0}
+    index.record(A, [1, 2, 3], capacity=3)  # recorded tail first: 3 is the oldest
+    index.record(A, [1, 4], capacity=3)  # a sibling chain: 3 goes, the shared head stays
+    assert index.match([1, 2, 3], [A]) == {A: 2} and index.match([1, 4], [A]) == {A: 2}
     assert index.blocks_of(A) == 3
     index.remove(A)
     assert index.blocks_of(A) == 0 and len(index) == 0
@@ -53,36 +53,45 @@ def test_scorer_learns_from_its_picks() -> None:
     assert scorer.score(second, [a, b]) == {A: 2 / 3, B: 0.0}
 
 
-@settings(max_examples=80, deadline=None)
+def chain(path: list[int]) -> list[int]:
+    """Block ids of a chain: block i stands for the whole prefix path[: i + 1] (as chained
+    hashes do), so two chains share exactly their common leading blocks."""
+    return [hash(tuple(path[: i + 1])) for i in range(len(path))]
+
+
+@settings(max_examples=120, deadline=None)
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from([A, B, "c:1"]), st.lists(st.integers(0, 12), min_size=1, max_size=6)
+            st.sampled_from([A, B, "c:1"]), st.lists(st.integers(0, 2), min_size=1, max_size=6)
         ),
         max_size=25,
     ),
-    st.lists(st.integers(0, 12), min_size=1, max_size=6),
+    st.lists(st.integers(0, 2), min_size=1, max_size=6),
+    st.integers(1, 8),
 )
 def test_index_agrees_with_a_brute_force_oracle(
-    records: list[tuple[str, list[int]]], query: list[int]
+    records: list[tuple[str, list[int]]], query: list[int], capacity: int
 ) -> None:
+    """Per endpoint an LRU list, touched tail first; the depth is a walk over the query."""
     index = ApproximatePrefixIndex()
     held: dict[str, list[int]] = {}
-    for address, blocks in records:
-        index.record(address, blocks, capacity=5)
+    for address, path in records:
+        blocks = chain(path)
+        index.record(address, blocks, capacity=capacity)
         lru = held.setdefault(address, [])
-        for block in blocks:
+        for block in reversed(blocks):
             if block in lru:
                 lru.remove(block)
             lru.append(block)
-        del lru[:-5]
+        del lru[:-capacity]
     expected = {}
     for address in (A, B, "c:1"):
         have = set(held.get(address, []))
         depth = 0
-        for block in query:
+        for block in chain(query):
             if block not in have:
                 break
             depth += 1
         expected[address] = depth
-    assert index.match(query, [A, B, "c:1"]) == expected
+    assert index.match(chain(query), [A, B, "c:1"]) == expected
