@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
+import orjson
 from envoy.config.core.v3 import base_pb2 as core
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
@@ -26,6 +26,7 @@ from google.protobuf import struct_pb2
 
 from epp.saturation import SaturationDetector
 from epp.service import EppService
+from gateway.request_id import new_request_id
 from gateway.sse_relay import SSERelay, usage_of
 
 log = logging.getLogger("kvgate.epp")
@@ -151,7 +152,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
             new_body = bytes(state.body)  # nothing to rewrite: no need to re-serialize
         elif has_body:
             body["model"] = state.target_model
-            new_body = json.dumps(body, separators=(",", ":")).encode()
+            new_body = orjson.dumps(body)
         set_headers = [_header_option(DESTINATION, endpoint)]
         if has_body:
             set_headers.append(_header_option("Content-Length", str(len(new_body))))
@@ -176,7 +177,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
 
     def _parse(self, state: StreamState) -> dict[str, object]:
         try:
-            body = json.loads(state.body)
+            body = orjson.loads(state.body)
         except ValueError as exc:
             raise PickError(400, f"request body is not JSON: {exc}", "bad_request") from exc
         if not isinstance(body, dict):
@@ -201,7 +202,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         rewrite = state.headers.get(REWRITE)
         state.incoming_model = model
         state.target_model = rewrite or self.service.target_model(pool, model)
-        request_id = state.headers.get("x-request-id") or str(uuid.uuid4())
+        request_id = state.headers.get("x-request-id") or new_request_id()
         state.headers["x-request-id"] = request_id
         candidates = self.service.candidates(pool, None, subset)
         if not candidates:

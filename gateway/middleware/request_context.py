@@ -7,10 +7,8 @@ forwarded upstream by the proxy.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -23,6 +21,7 @@ from gateway.errors import GatewayError
 from gateway.http.messages import AnyResponse, Request
 from gateway.keys import METRICS, RUNTIME, TRACER
 from gateway.middleware.errors import response_for
+from gateway.request_id import new_request_id
 
 ContextHandler = Callable[[Request, RequestContext], Awaitable[AnyResponse]]
 
@@ -31,15 +30,11 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _QUIET_PATHS = frozenset({"/healthz", "/readyz"})
 
 
-_ID_PREFIX = os.urandom(8).hex()  # this process's; a counter makes the rest (no syscall each)
-_ID_COUNTER = itertools.count(int.from_bytes(os.urandom(4)))
-
-
 def _request_id(request: Request) -> str:
     given = request.headers.get("x-request-id")
     if given is not None and _REQUEST_ID.match(given):
         return given
-    return f"{_ID_PREFIX}{next(_ID_COUNTER) & 0xFFFFFFFFFFFFFFFF:016x}"
+    return new_request_id()
 
 
 async def request_context(request: Request, handler: ContextHandler) -> AnyResponse:
