@@ -4,7 +4,11 @@ In-process: ``EppService.pick`` (the embedded default: parse, hash, score, pick,
 64 and 256 endpoints and 1k / 8k / 32k-token chat prompts, against an index warmed with many
 prefixes. Over ext_proc: a ``kvgate epp`` process driven by a gRPC client the way Envoy drives
 it (headers, the body in 62,000-byte chunks, then the replies), one stream per request; the
-added latency is the full round trip. Picks/s: concurrent streams for a few seconds.
+round trip includes the Python client's own gRPC cost. The same client first drives a
+do-nothing ext_proc server with the same gRPC settings (``loadtest.null_ext_proc``): its round
+trip is the floor of a Python gRPC ext_proc hop, and round trip minus floor is what the EPP's
+own work adds. Picks/s: 16 concurrent streams for a few seconds; server CPU per stream from
+/proc.
 """
 
 from __future__ import annotations
@@ -13,8 +17,11 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -24,6 +31,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from epp.service import EppService
 from loadtest.http_load import percentile
+from loadtest.proc_stats import cpu_seconds
 from loadtest.processes import KvgateProcess, free_port
 from policies.loader import load_policy_text
 
@@ -111,7 +119,9 @@ def envoy_messages(body: bytes) -> list[ep.ProcessingRequest]:
 
 async def over_ext_proc(
     target: str, tokens: int, requests: int, seconds: float
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, int]:
+    """Round trip p50 and p99 (ms) of ``requests`` sequential streams, streams/s with 16 at a
+    time for ``seconds``, and how many streams were sent in all."""
     bodies = [json.dumps(chat(tokens, seed)).encode() for seed in range(100)]
     options = [
         ("grpc.max_receive_message_length", 64 << 20),
@@ -141,7 +151,39 @@ async def over_ext_proc(
         started = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(16)))
         rate = done / (time.perf_counter() - started)
-    return percentile(latencies, 50), percentile(latencies, 99), rate
+    return percentile(latencies, 50), percentile(latencies, 99), rate, 20 + requests + done
+
+
+@dataclass
+class ExtProcRow:
+    p50: float
+    p99: float
+    rate: float
+    cpu_ms: float  # server CPU per stream
+
+
+def measure(target: str, pid: int, tokens: int, requests: int, seconds: float) -> ExtProcRow:
+    before = cpu_seconds(pid)
+    p50, p99, rate, streams = asyncio.run(over_ext_proc(target, tokens, requests, seconds))
+    return ExtProcRow(p50, p99, rate, (cpu_seconds(pid) - before) / streams * 1000)
+
+
+def wait_grpc(target: str, timeout: float = 20.0) -> None:
+    with grpc.insecure_channel(target) as channel:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+
+
+def floor_rows(tokens: tuple[int, ...], requests: int, seconds: float) -> dict[int, ExtProcRow]:
+    """The do-nothing ext_proc server's figures, per prompt size."""
+    port = free_port()
+    argv = [sys.executable, "-m", "loadtest.null_ext_proc", str(port)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_grpc(f"127.0.0.1:{port}")
+        return {t: measure(f"127.0.0.1:{port}", proc.pid, t, requests, seconds) for t in tokens}
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def main() -> int:
@@ -157,9 +199,18 @@ def main() -> int:
         for tokens in (1_000, 8_000, 32_000):
             p50, p99, rate = in_process(endpoints, tokens, args.picks)
             print(f"| {endpoints} | {tokens:,} | {p50:.3f} | {p99:.3f} | {rate:,.0f} |")
-    print("\n## Over ext_proc (`kvgate epp`, one gRPC stream per request, loopback)\n")
-    print("| endpoints | prompt tokens | round trip p50 ms | p99 ms | picks/s (16 streams) |")
-    print("|---:|---:|---:|---:|---:|")
+    sizes = (1_000, 8_000, 32_000)
+    print("\n## Over ext_proc (one gRPC stream per request, loopback, Python client)\n")
+    floors = floor_rows(sizes, args.requests, args.seconds)
+    print("| server | endpoints | prompt tokens | round trip p50 ms | p99 ms | added p50 ms |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for tokens, row in floors.items():
+        print(f"| null ext_proc (floor) | - | {tokens:,} | {row.p50:.2f} | {row.p99:.2f} | - |")
+    print(
+        "\n| endpoints | prompt tokens | round trip p50 ms | p99 ms | added p50 ms | added p99 ms "
+        "| streams/s (16 at a time) | floor streams/s | server CPU ms/stream | floor CPU ms |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     directory = Path(tempfile.mkdtemp(prefix="kvgate-bench-epp-"))
     for endpoints in (8, 64, 256):
         policy = directory / f"epp-{endpoints}.yaml"
@@ -176,12 +227,19 @@ def main() -> int:
             "--metrics-port",
             str(metrics_port),
         ]
-        with KvgateProcess(argv, f"http://127.0.0.1:{metrics_port}/metrics"):
-            for tokens in (1_000, 8_000, 32_000):
-                p50, p99, rate = asyncio.run(
-                    over_ext_proc(f"127.0.0.1:{grpc_port}", tokens, args.requests, args.seconds)
+        with KvgateProcess(argv, f"http://127.0.0.1:{metrics_port}/metrics") as epp:
+            assert epp.proc is not None
+            for tokens in sizes:
+                row = measure(
+                    f"127.0.0.1:{grpc_port}", epp.proc.pid, tokens, args.requests, args.seconds
                 )
-                print(f"| {endpoints} | {tokens:,} | {p50:.3f} | {p99:.3f} | {rate:,.0f} |")
+                floor = floors[tokens]
+                print(
+                    f"| {endpoints} | {tokens:,} | {row.p50:.2f} | {row.p99:.2f} "
+                    f"| {row.p50 - floor.p50:+.2f} | {row.p99 - floor.p99:+.2f} "
+                    f"| {row.rate:,.0f} | {floor.rate:,.0f} "
+                    f"| {row.cpu_ms:.2f} | {floor.cpu_ms:.2f} |"
+                )
     return 0
 
 
