@@ -79,8 +79,15 @@ class LeastInFlightPicker:
     async def pick(
         self, pool: str, request: PickRequest, exclude: set[str]
     ) -> EndpointState | None:
-        candidates = [e for e in self.pools.get(pool, ()) if e.address not in exclude]
-        if not candidates:
-            return None
-        least = min(e.in_flight for e in candidates)
-        return self._random.choice([e for e in candidates if e.in_flight == least])
+        best: list[EndpointState] = []
+        least = 0
+        for endpoint in self.pools.get(pool, ()):
+            if endpoint.address in exclude:
+                continue
+            if not best or endpoint.in_flight < least:
+                best, least = [endpoint], endpoint.in_flight
+            elif endpoint.in_flight == least:
+                best.append(endpoint)
+        if len(best) < 2:
+            return best[0] if best else None
+        return best[int(self._random.random() * len(best))]

@@ -60,15 +60,48 @@ class SSERelay:
 
 
 def usage_of(body: bytes) -> dict[str, object] | None:
-    """The ``usage`` object of a JSON response body; None when there is none."""
-    if _USAGE not in body:
+    """The ``usage`` object of a JSON response body; None when there is none.
+
+    Only the object after the last ``"usage"`` key is parsed (servers put usage last; a body
+    can be large); if that slice is not a JSON object, the whole body is parsed instead.
+    """
+    at = body.rfind(_USAGE)
+    if at < 0:
         return None
+    start = body.find(b"{", at)
+    end = _object_end(body, start) if start >= 0 else -1
+    if end > 0:
+        try:
+            usage = orjson.loads(body[start:end])
+        except ValueError:
+            usage = None
+        if isinstance(usage, dict):
+            return usage
     try:
         parsed = orjson.loads(body)
     except ValueError:
         return None
     usage = parsed.get("usage") if isinstance(parsed, dict) else None
     return usage if isinstance(usage, dict) else None
+
+
+def _object_end(data: bytes, start: int) -> int:
+    """The index after the ``}`` that closes the ``{`` at ``start`` (-1 if none), counting
+    braces only: right for usage objects, which hold numbers and nested objects."""
+    depth, index = 0, start
+    while True:
+        close = data.find(b"}", index)
+        if close < 0:
+            return -1
+        opening = data.find(b"{", index, close)
+        if opening >= 0:
+            depth += 1
+            index = opening + 1
+            continue
+        depth -= 1
+        index = close + 1
+        if depth == 0:
+            return index
 
 
 def _data_of(event: bytes) -> bytes | None:

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
-from multidict import CIMultiDict
 from opentelemetry import trace
 from opentelemetry.propagate import inject
 
@@ -21,6 +20,7 @@ from gateway.breaker import RetryBudget
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, NoEndpoint, UpstreamError, UpstreamTimeout
 from gateway.http.client import ConnectionPool, UpstreamConnectionError, UpstreamResponse
+from gateway.http.messages import set_header
 from gateway.metrics import GatewayMetrics
 from gateway.picker import EndpointState, Picker, PickRequest
 from policies.schema import Pool, Retries, Timeouts
@@ -50,17 +50,14 @@ DROP_REQUEST_HEADERS = HOP_BY_HOP | {
 }
 # Never passed back: hop-by-hop headers, and the framing the server sets for the client.
 DROP_RESPONSE_HEADERS = HOP_BY_HOP | {"content-length", "content-encoding", "server", "date"}
+_NOT_FORWARDED = DROP_REQUEST_HEADERS | {"content-type"}  # the gateway sets its own
 RETRYABLE = (UpstreamConnectionError, asyncio.TimeoutError)
 
 
 def upstream_headers(
     client: Mapping[str, str], request_id: str, pool: Pool
 ) -> list[tuple[str, str]]:
-    headers = [
-        (k, v)
-        for k, v in client.items()
-        if k.lower() not in DROP_REQUEST_HEADERS and k.lower() != "content-type"
-    ]
+    headers = [(k, v) for k, v in client.items() if k.lower() not in _NOT_FORWARDED]
     headers.append(("x-request-id", request_id))
     headers.append(("content-type", "application/json"))
     if pool.api_key:
@@ -70,13 +67,12 @@ def upstream_headers(
 
 def response_headers(
     upstream: Mapping[str, str], request_id: str, extra: Mapping[str, str] | None = None
-) -> CIMultiDict[str]:
-    headers = CIMultiDict(
-        (k, v) for k, v in upstream.items() if k.lower() not in DROP_RESPONSE_HEADERS
-    )
-    headers["x-request-id"] = request_id
+) -> list[tuple[str, str]]:
+    headers = [(k, v) for k, v in upstream.items() if k.lower() not in DROP_RESPONSE_HEADERS]
+    headers.append(("x-request-id", request_id))
     if extra:
-        headers.update(extra)
+        for name, value in extra.items():
+            set_header(headers, name, value)
     return headers
 
 

@@ -71,6 +71,9 @@ class _Connection(asyncio.Protocol):
         self._until_close = False  # the body ends when the connection does (no length given)
         self._keep_alive = False
         self._waiter: asyncio.Future[None] | None = None
+        self._idle = 0.0
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._last_data = 0.0
         self._paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -91,6 +94,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._received = True
+        self._last_data = asyncio.get_running_loop().time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -138,6 +142,7 @@ class _Connection(asyncio.Protocol):
         self._received = False
         self._until_close = False
         loop = asyncio.get_running_loop()
+        self._last_data = loop.time()
         self._head = head = loop.create_future()
         assert self.transport is not None
         self.transport.write(request)
@@ -161,21 +166,42 @@ class _Connection(asyncio.Protocol):
                 raise UpstreamConnectionError("the upstream closed the connection mid-response")
             loop = asyncio.get_running_loop()
             self._waiter = waiter = loop.create_future()
-            timer = loop.call_later(idle, _expire, waiter) if idle is not None else None
+            if idle is not None:
+                self._idle = idle
+                if self._idle_timer is None:  # one timer per response, re-armed when it fires
+                    self._idle_timer = loop.call_later(idle, self._check_idle)
             try:
                 await waiter
             finally:
                 self._waiter = None
-                if timer is not None:
-                    timer.cancel()
+
+    def _check_idle(self) -> None:
+        """The idle timer fired: fail the waiting reader if nothing arrived for ``idle``
+        seconds, else wait for the rest of the interval."""
+        self._idle_timer = None
+        if self._waiter is None or self._waiter.done():
+            return
+        loop = asyncio.get_running_loop()
+        quiet = loop.time() - self._last_data
+        if quiet >= self._idle:
+            self._waiter.set_exception(TimeoutError())
+        else:
+            self._idle_timer = loop.call_later(self._idle - quiet, self._check_idle)
+
+    def _stop_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
 
     def release(self) -> None:
+        self._stop_idle_timer()
         if self._complete and not self.lost and not self._chunks and self._keep_alive:
             self.pool.put_back(self)
         else:
             self.abort()
 
     def abort(self) -> None:
+        self._stop_idle_timer()
         self.lost = True
         if self.transport is not None:
             self.transport.close()

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict
 
 if TYPE_CHECKING:
     from gateway.http.server import Connection
@@ -62,7 +62,7 @@ class Request:
         self.method = method
         self.path = path.decode("latin-1")
         self.query = query.decode("latin-1")
-        self.headers: CIMultiDictProxy[str] = CIMultiDictProxy(headers)
+        self.headers = headers  # case-insensitive; handlers only read it
         self.body = body
         self.version = version
         self.keep_alive = keep_alive
@@ -76,8 +76,30 @@ class Request:
         return self._connection
 
 
+HeaderItems = Mapping[str, str] | Iterable[tuple[str, str]] | None
+
+
+def header_list(headers: HeaderItems) -> list[tuple[str, str]]:
+    """Headers as a list of (name, value) pairs; a list is taken as it is (not copied)."""
+    if headers is None:
+        return []
+    if isinstance(headers, list):
+        return headers
+    if isinstance(headers, Mapping):
+        return list(headers.items())
+    return list(headers)
+
+
+def set_header(headers: list[tuple[str, str]], name: str, value: str) -> None:
+    """Replace every ``name`` header (case-insensitively) with one ``value``."""
+    lowered = name.lower()
+    headers[:] = [(k, v) for k, v in headers if k.lower() != lowered]
+    headers.append((name, value))
+
+
 class Response:
-    """A whole response; the server adds content-length."""
+    """A whole response; the server adds content-length. ``headers`` is a list of pairs (no
+    case-insensitive mapping is built per response: use ``set_header`` to replace one)."""
 
     __slots__ = ("body", "headers", "status")
     prepared = False
@@ -87,22 +109,23 @@ class Response:
         body: bytes = b"",
         *,
         status: int = 200,
-        headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
+        headers: HeaderItems = None,
         content_type: str | None = None,
     ) -> None:
         self.status = status
         self.body = body
-        self.headers: CIMultiDict[str] = (
-            headers if isinstance(headers, CIMultiDict) else CIMultiDict(headers or ())
-        )
+        self.headers = header_list(headers)
         if content_type is not None:
-            self.headers["content-type"] = content_type
+            set_header(self.headers, "content-type", content_type)
+
+    def set_header(self, name: str, value: str) -> None:
+        set_header(self.headers, name, value)
 
     def head(self, keep_alive: bool) -> bytes:
-        items: list[tuple[str, str]] = list(self.headers.items())
+        framing = f"content-length: {len(self.body)}\r\n"
         if not keep_alive:
-            items.append(("connection", "close"))
-        return head_bytes(self.status, items, f"content-length: {len(self.body)}\r\n")
+            framing = "connection: close\r\n" + framing
+        return head_bytes(self.status, self.headers, framing)
 
 
 def json_response(
@@ -121,26 +144,27 @@ class StreamResponse:
 
     __slots__ = ("_chunked", "_connection", "finished", "headers", "prepared", "status")
 
-    def __init__(self, *, status: int = 200, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(self, *, status: int = 200, headers: HeaderItems = None) -> None:
         self.status = status
-        self.headers: CIMultiDict[str] = (
-            headers if isinstance(headers, CIMultiDict) else CIMultiDict(headers or ())
-        )
+        self.headers = header_list(headers)
         self.prepared = False
         self.finished = False
         self._connection: Connection | None = None
         self._chunked = True
 
+    def set_header(self, name: str, value: str) -> None:
+        """Replace a header (before ``prepare``)."""
+        set_header(self.headers, name, value)
+
     async def prepare(self, request: Request) -> None:
         connection = request.connection
         self._connection = connection
         self._chunked = request.version != "1.0"
-        items = list(self.headers.items())
-        if not request.keep_alive or not self._chunked:
-            items.append(("connection", "close"))
-            request.keep_alive = False
         framing = "transfer-encoding: chunked\r\n" if self._chunked else ""
-        connection.write(head_bytes(self.status, items, framing))
+        if not request.keep_alive or not self._chunked:
+            framing = "connection: close\r\n" + framing
+            request.keep_alive = False
+        connection.write(head_bytes(self.status, self.headers, framing))
         self.prepared = True
 
     async def write(self, data: bytes) -> None:

@@ -69,17 +69,15 @@ async def _run(request: Request, handler: ContextHandler, ctx: RequestContext) -
         if isinstance(exc, GatewayError):
             ctx.error = ctx.error or exc.code or type(exc).__name__
     if not response.prepared:
-        response.headers["x-request-id"] = ctx.request_id
+        response.set_header("x-request-id", ctx.request_id)
     ctx.status = ctx.status or response.status
     _record(request, ctx)
     return response
 
 
 def _record(request: Request, ctx: RequestContext) -> None:
-    if (
-        request.path in _QUIET_PATHS
-        or request.path == request.app[RUNTIME].current.policy.observability.metrics_path
-    ):
+    observability = request.app[RUNTIME].current.policy.observability
+    if request.path in _QUIET_PATHS or request.path == observability.metrics_path:
         return
     elapsed = time.perf_counter() - ctx.start
     metrics = request.app[METRICS]
@@ -91,9 +89,7 @@ def _record(request: Request, ctx: RequestContext) -> None:
     if ctx.prompt_tokens or ctx.completion_tokens:
         metrics.tokens_batch.add((ctx.model, "prompt"), ctx.prompt_tokens)
         metrics.tokens_batch.add((ctx.model, "completion"), ctx.completion_tokens)
-    if request.app[
-        RUNTIME
-    ].current.policy.observability.access_log == "json" and access_log.isEnabledFor(logging.INFO):
+    if observability.access_log == "json" and access_log.isEnabledFor(logging.INFO):
         access_log.info(
             json.dumps(
                 {

@@ -162,3 +162,29 @@ async def test_connect_refused_raises_connection_error() -> None:
     pool = ConnectionPool(connect_timeout=1)
     with pytest.raises(UpstreamConnectionError):
         await call(pool, up)
+
+
+async def test_a_stalled_body_times_out_after_idle_seconds() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n{}")
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nab\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.15)
+        writer.write(b"2\r\ncd\r\n")  # within the idle limit: the timer re-arms
+        await writer.drain()
+        await asyncio.sleep(5)  # then a stall
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    pool = ConnectionPool(connect_timeout=1)
+    port = server.sockets[0].getsockname()[1]
+    response = await pool.request(f"127.0.0.1:{port}", "POST", "/", [], b"{}")
+    assert await response.readany(idle=0.3) == b"ab"
+    assert await response.readany(idle=0.3) == b"cd"
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(TimeoutError):
+        await response.readany(idle=0.3)
+    assert 0.25 <= asyncio.get_running_loop().time() - started < 2
+    response.close()
+    pool.close()
+    server.close()

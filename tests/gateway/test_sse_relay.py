@@ -53,3 +53,11 @@ def test_usage_of_a_json_body() -> None:
     assert usage_of(b'{"choices": []}') is None
     assert usage_of(b'{"usage": null}') is None
     assert usage_of(b'not json "usage": {') is None
+    nested = {"usage": {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}}
+    assert usage_of(json.dumps(nested).encode()) == nested["usage"]
+    # a brace inside a string defeats the brace count: the whole body is parsed instead
+    odd = {"usage": {"note": "}{", "prompt_tokens": 1}, "choices": []}
+    assert usage_of(json.dumps(odd).encode()) == odd["usage"]
+    # usage before the choices, whose text mentions "usage" again (escaped in the JSON)
+    first = {"usage": {"prompt_tokens": 5}, "choices": [{"text": 'the "usage" key'}]}
+    assert usage_of(json.dumps(first).encode()) == {"prompt_tokens": 5}
