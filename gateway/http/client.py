@@ -15,7 +15,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import cast
 
 import httptools
 from multidict import CIMultiDict
@@ -85,6 +85,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self.pool.forget(self)
+        self.pool.unwatch(self)
         if self._until_close and self._head is not None and self._head.done():
             self._complete = True
         error = UpstreamConnectionError("the upstream closed the connection")
@@ -115,6 +116,7 @@ class _Connection(asyncio.Protocol):
             and status not in (204, 304)
         )
         self._keep_alive = self.parser.should_keep_alive()  # reset once the message ends
+        self.pool.unwatch(self)
         response = UpstreamResponse(self, status, headers)
         if self._head is not None and not self._head.done():
             self._head.set_result(response)
@@ -133,8 +135,8 @@ class _Connection(asyncio.Protocol):
 
     # --- use -------------------------------------------------------------------------------
     def start(self, request: bytes, timeout: float | None) -> asyncio.Future[UpstreamResponse]:
-        """Send ``request``; the future gets the response head, or TimeoutError after
-        ``timeout`` seconds (a timer on the future: cheaper than ``asyncio.timeout``)."""
+        """Send ``request``; the future gets the response head, or TimeoutError about
+        ``timeout`` seconds later (the pool sweeps deadlines: no timer per request)."""
         self._headers = []
         self._chunks.clear()
         self._buffered = 0
@@ -142,14 +144,18 @@ class _Connection(asyncio.Protocol):
         self._received = False
         self._until_close = False
         loop = asyncio.get_running_loop()
-        self._last_data = loop.time()
+        self._last_data = now = loop.time()
         self._head = head = loop.create_future()
         assert self.transport is not None
         self.transport.write(request)
         if timeout is not None:
-            timer = loop.call_later(timeout, _expire, head)
-            head.add_done_callback(lambda _: timer.cancel())
+            self.pool.watch(self, now + timeout)
         return head
+
+    def expire_head(self) -> None:
+        """The first-byte deadline passed (called by the pool's sweep)."""
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(TimeoutError())
 
     async def next_chunk(self, idle: float | None) -> bytes:
         while True:
@@ -202,6 +208,7 @@ class _Connection(asyncio.Protocol):
 
     def abort(self) -> None:
         self._stop_idle_timer()
+        self.pool.unwatch(self)
         self.lost = True
         if self.transport is not None:
             self.transport.close()
@@ -215,18 +222,35 @@ class _Connection(asyncio.Protocol):
             self._waiter.set_result(None)
 
 
-def _expire(future: asyncio.Future[Any]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError())
-
-
 class ConnectionPool:
     """Idle connections per endpoint (``host:port``), reused most recent first."""
+
+    SWEEP = 0.05  # seconds between first-byte deadline checks: timeouts fire up to this late
 
     def __init__(self, *, connect_timeout: float, keepalive: float = 30.0) -> None:
         self.connect_timeout = connect_timeout
         self.keepalive = keepalive
         self._idle: dict[str, list[_Connection]] = {}
+        self._deadlines: dict[_Connection, float] = {}  # waiting for a response head
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def watch(self, conn: _Connection, deadline: float) -> None:
+        self._deadlines[conn] = deadline
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    def unwatch(self, conn: _Connection) -> None:
+        self._deadlines.pop(conn, None)
+
+    async def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.SWEEP)
+            now = loop.time()
+            for conn, deadline in list(self._deadlines.items()):
+                if now >= deadline:
+                    del self._deadlines[conn]
+                    conn.expire_head()
 
     async def request(
         self,
@@ -297,6 +321,9 @@ class ConnectionPool:
             idle.remove(conn)
 
     def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for idle in self._idle.values():
             for conn in idle:
                 conn.abort()
