@@ -93,6 +93,13 @@ class PoolQueue:
     def depth(self) -> int:
         return sum(q.size for q in self.classes.values())
 
+    @property
+    def empty(self) -> bool:
+        for queue in self.classes.values():
+            if queue.size:
+                return False
+        return True
+
     def next_ticket(self) -> Ticket | None:
         """Start-time fair queueing over classes: smallest start tag, then smallest finish."""
         best: tuple[float, float, _ClassQueue] | None = None
@@ -151,7 +158,7 @@ class AdmissionQueue:
         """Take a slot in ``pool`` now if nobody is queued and there is capacity (the common
         case, without a coroutine). Pair a True with ``done(pool)``."""
         queue = self.pools.get(pool)
-        if (queue is None or queue.depth == 0) and self.gate.has_capacity(pool):
+        if (queue is None or queue.empty) and self.gate.has_capacity(pool):
             self.gate.acquire(pool)
             return True
         return False
@@ -190,7 +197,9 @@ class AdmissionQueue:
     def done(self, pool: str) -> None:
         """A dispatched request of ``pool`` finished: its slot may go to the next in line."""
         self.gate.release(pool)
-        self._dispatch(pool)
+        queue = self.pools.get(pool)
+        if queue is not None and not queue.empty:
+            self._dispatch(pool)
 
     def _dispatch(self, pool: str) -> None:
         queue = self.pools.get(pool)

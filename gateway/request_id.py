@@ -11,4 +11,4 @@ _COUNTER = itertools.count(int.from_bytes(os.urandom(4)))
 
 def new_request_id() -> str:
     """32 hex characters, unique within this process and, by the random prefix, across them."""
-    return f"{_PREFIX}{next(_COUNTER) & 0xFFFFFFFFFFFFFFFF:016x}"
+    return f"{_PREFIX}{next(_COUNTER):016x}"  # starts under 2**32: stays 16 digits

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Mapping
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 from opentelemetry import trace
@@ -104,12 +103,14 @@ async def open_upstream(
     tried: set[str] = set()
     last: GatewayError | None = None
     held: tuple[EndpointState, UpstreamResponse] | None = None  # a 5xx kept as last resort
+    first_byte = call.timeouts.first_byte
     call.budget.deposit()
     for attempt in range(call.retries.attempts + 1):
         if attempt and not call.budget.try_spend():
             call.metrics.retry_budget_exhausted.labels(pool.name).inc()
             break
-        exclude = tried | {e.address for e in call.endpoints if not e.breaker.available()}
+        blocked = [e.address for e in call.endpoints if not e.breaker.available()]
+        exclude = tried.union(blocked) if blocked else tried
         endpoint = await call.picker.pick(pool.name, pick, exclude)
         if endpoint is None:
             break
@@ -121,7 +122,12 @@ async def open_upstream(
         endpoint.in_flight += 1
         endpoint.breaker.on_dispatch()
         try:
-            response = await _send(call, endpoint, path, payload, headers)
+            if call.tracer is None:
+                response = await call.pool.request(
+                    endpoint.address, "POST", path, headers, payload, first_byte=first_byte
+                )
+            else:
+                response = await _send_traced(call, endpoint, path, payload, headers)
         except RETRYABLE as exc:
             endpoint.in_flight -= 1
             endpoint.breaker.record(ok=False)
@@ -156,26 +162,23 @@ def _release(held: tuple[EndpointState, UpstreamResponse] | None) -> None:
         held[1].close()
 
 
-async def _send(
+async def _send_traced(
     call: UpstreamCall,
     endpoint: EndpointState,
     path: str,
     payload: bytes,
     headers: list[tuple[str, str]],
 ) -> UpstreamResponse:
-    span: AbstractContextManager[object] = nullcontext()
-    if call.tracer is not None:
-        span = call.tracer.start_as_current_span(
-            f"POST {path}",
-            kind=trace.SpanKind.CLIENT,
-            attributes={"server.address": endpoint.address},
-        )
-    with span:
-        if call.tracer is not None:
-            carrier: dict[str, str] = {}
-            inject(carrier)  # this attempt's client span becomes the upstream's parent
-            headers = [(k, v) for k, v in headers if k.lower() not in carrier]
-            headers.extend(carrier.items())
+    assert call.tracer is not None
+    with call.tracer.start_as_current_span(
+        f"POST {path}",
+        kind=trace.SpanKind.CLIENT,
+        attributes={"server.address": endpoint.address},
+    ):
+        carrier: dict[str, str] = {}
+        inject(carrier)  # this attempt's client span becomes the upstream's parent
+        headers = [(k, v) for k, v in headers if k.lower() not in carrier]
+        headers.extend(carrier.items())
         return await call.pool.request(
             endpoint.address, "POST", path, headers, payload, first_byte=call.timeouts.first_byte
         )
