@@ -95,10 +95,7 @@ class PoolQueue:
 
     @property
     def empty(self) -> bool:
-        for queue in self.classes.values():
-            if queue.size:
-                return False
-        return True
+        return not any(queue.size for queue in self.classes.values())
 
     def next_ticket(self) -> Ticket | None:
         """Start-time fair queueing over classes: smallest start tag, then smallest finish."""

@@ -31,10 +31,10 @@ async def relay_body(ctx: RequestContext, upstream: UpstreamResponse, idle: floa
     ctx.status = upstream.status
     if upstream.status == 200 and upstream.content_type == "application/json":
         _record_usage(ctx, usage_of(data))
-    return Response(
+    return Response(  # the request context adds x-request-id
         data,
         status=upstream.status,
-        headers=response_headers(upstream.headers, ctx.request_id, ctx.extra_headers),
+        headers=response_headers(upstream.headers, None, ctx.extra_headers),
     )
 
 

@@ -48,7 +48,13 @@ DROP_REQUEST_HEADERS = HOP_BY_HOP | {
     "x-request-id",
 }
 # Never passed back: hop-by-hop headers, and the framing the server sets for the client.
-DROP_RESPONSE_HEADERS = HOP_BY_HOP | {"content-length", "content-encoding", "server", "date"}
+DROP_RESPONSE_HEADERS = HOP_BY_HOP | {
+    "content-length",
+    "content-encoding",
+    "server",
+    "date",
+    "x-request-id",
+}
 _NOT_FORWARDED = DROP_REQUEST_HEADERS | {"content-type"}  # the gateway sets its own
 RETRYABLE = (UpstreamConnectionError, asyncio.TimeoutError)
 
@@ -65,10 +71,14 @@ def upstream_headers(
 
 
 def response_headers(
-    upstream: Mapping[str, str], request_id: str, extra: Mapping[str, str] | None = None
+    upstream: Mapping[str, str], request_id: str | None, extra: Mapping[str, str] | None = None
 ) -> list[tuple[str, str]]:
+    """The upstream's headers for the client, without hop-by-hop ones and the upstream's own
+    request id; with ``request_id`` (streams: prepared before the request context sees them;
+    whole responses get it from the request context) and ``extra``."""
     headers = [(k, v) for k, v in upstream.items() if k.lower() not in DROP_RESPONSE_HEADERS]
-    headers.append(("x-request-id", request_id))
+    if request_id is not None:
+        headers.append(("x-request-id", request_id))
     if extra:
         for name, value in extra.items():
             set_header(headers, name, value)

@@ -22,14 +22,21 @@ _REASONS = {status.value: status.phrase for status in HTTPStatus}
 _REASONS[499] = "Client Closed Request"
 
 
+_STATUS_LINES = {code: f"HTTP/1.1 {code} {phrase}\r\n" for code, phrase in _REASONS.items()}
+
+
 def status_line(status: int) -> bytes:
-    return f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n".encode()
+    return _status_text(status).encode()
+
+
+def _status_text(status: int) -> str:
+    return _STATUS_LINES.get(status) or f"HTTP/1.1 {status} Unknown\r\n"
 
 
 def head_bytes(status: int, headers: Iterable[tuple[str, str]], framing: str) -> bytes:
     """The status line and headers, then ``framing`` (content-length or transfer-encoding)."""
-    lines = [f"{name}: {value}\r\n" for name, value in headers]
-    return status_line(status) + "".join(lines).encode("latin-1") + framing.encode() + b"\r\n"
+    lines = "".join([f"{name}: {value}\r\n" for name, value in headers])
+    return f"{_status_text(status)}{lines}{framing}\r\n".encode("latin-1")
 
 
 class Request:

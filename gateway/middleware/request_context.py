@@ -69,7 +69,7 @@ async def _run(request: Request, handler: ContextHandler, ctx: RequestContext) -
         if isinstance(exc, GatewayError):
             ctx.error = ctx.error or exc.code or type(exc).__name__
     if not response.prepared:
-        response.set_header("x-request-id", ctx.request_id)
+        response.headers.append(("x-request-id", ctx.request_id))  # no handler sets it
     ctx.status = ctx.status or response.status
     _record(request, ctx)
     return response

@@ -77,8 +77,16 @@ async def test_request_id_is_kept_forwarded_and_returned(stack: Stack) -> None:
         aiohttp.ClientSession() as session,
         session.post(f"{stack.url}/v1/completions", json=body, headers=headers) as response,
     ):
-        assert response.headers["x-request-id"] == "req-42.abc"
+        assert response.headers.getall("x-request-id") == ["req-42.abc"]  # once, not the upstream's
         assert (await response.json())["id"] == "cmpl-req-42.abc"  # the backend saw the same id
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{stack.url}/v1/completions", json={**body, "stream": True}, headers=headers
+        ) as response,
+    ):
+        assert response.headers.getall("x-request-id") == ["req-42.abc"]
+        assert (await response.read()).endswith(b"data: [DONE]\n\n")
     log = stack.log.read_text()
     entries = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
     line = next(e for e in entries if e["request_id"] == "req-42.abc")
