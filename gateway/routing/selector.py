@@ -67,5 +67,16 @@ def select(
     if route.canary:
         pools = route.canary
         chosen = rng.choices(pools, weights=[p.weight for p in pools])[0]
-        return Selection(chosen.pool)
-    return Selection(route.pool)
+        return _plain(chosen.pool)
+    return _plain(route.pool)
+
+
+_PLAIN: dict[str, Selection] = {}
+
+
+def _plain(pool: str) -> Selection:
+    """The (immutable, shared) selection of ``pool`` without an A/B arm."""
+    found = _PLAIN.get(pool)
+    if found is None:
+        found = _PLAIN[pool] = Selection(pool)
+    return found
