@@ -183,11 +183,65 @@ def rss_check(directory: Path, ups: list[int], total: int) -> None:
     )
 
 
+def one_round(
+    directory: Path, ups: list[int], up1_pid: int, seconds: float, streams: int
+) -> list[Row]:
+    """Every peer once, one after the other, in front of the running mocks."""
+    rows: list[Row] = []
+    rows.append(
+        measure(
+            "direct",
+            f"http://127.0.0.1:{ups[0]}/v1/chat/completions",
+            up1_pid,
+            seconds,
+            streams,
+        )
+    )
+    if shutil.which("nginx"):
+        port = free_port()
+        conf = directory / "nginx.conf"
+        conf.write_text(
+            NGINX_CONF.format(workers=1, dir=directory, up1=ups[0], up2=ups[1], port=port)
+        )
+        argv = ["nginx", "-p", str(directory), "-c", str(conf), "-g", "daemon off;"]
+        with process(argv, f"http://127.0.0.1:{port}/health") as nginx:
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            rows.append(measure("nginx 1 worker", url, nginx.pid, seconds, streams))
+    else:
+        print("nginx not installed: skipping it (make bench-proxy installs it)", file=sys.stderr)
+    port = free_port()
+    floor = [sys.executable, "-m", "loadtest.floor_proxy", str(port), f"{ups[0]},{ups[1]}"]
+    with process(floor, f"http://127.0.0.1:{port}/health") as proc:
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        rows.append(measure("python floor", url, proc.pid, seconds, streams))
+    for workers in (1, 2):
+        port = free_port()
+        policy = kvgate_policy(directory, ups, port, workers)
+        with gateway_process(policy, port) as gateway:
+            assert gateway.proc is not None
+            rows.append(
+                measure(
+                    f"kvgate {workers} worker{'s' if workers > 1 else ''}",
+                    f"http://127.0.0.1:{port}/v1/chat/completions",
+                    gateway.proc.pid,
+                    seconds,
+                    streams,
+                )
+            )
+    return rows
+
+
+def median_row(rows: list[Row]) -> Row:
+    """The row of the round with the median requests/s (a whole, consistent row)."""
+    return sorted(rows, key=lambda r: r.rps)[len(rows) // 2]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--streams", type=int, default=2000)
     parser.add_argument("--rss-requests", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=3, help="median of this many rounds")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         print("wrk is required (make bench-proxy installs it)", file=sys.stderr)
@@ -195,53 +249,17 @@ def main() -> int:
     directory = Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
     ups = [free_port(), free_port()]
     mock = [sys.executable, "-m", "loadtest.mock_upstream", "--port"]
-    rows: list[Row] = []
     with (
         process([*mock, str(ups[0])], f"http://127.0.0.1:{ups[0]}/health") as up1,
         process([*mock, str(ups[1])], f"http://127.0.0.1:{ups[1]}/health"),
     ):
-        rows.append(
-            measure(
-                "direct",
-                f"http://127.0.0.1:{ups[0]}/v1/chat/completions",
-                up1.pid,
-                args.seconds,
-                args.streams,
-            )
-        )
-        if shutil.which("nginx"):
-            port = free_port()
-            conf = directory / "nginx.conf"
-            conf.write_text(
-                NGINX_CONF.format(workers=1, dir=directory, up1=ups[0], up2=ups[1], port=port)
-            )
-            argv = ["nginx", "-p", str(directory), "-c", str(conf), "-g", "daemon off;"]
-            with process(argv, f"http://127.0.0.1:{port}/health") as nginx:
-                url = f"http://127.0.0.1:{port}/v1/chat/completions"
-                rows.append(measure("nginx 1 worker", url, nginx.pid, args.seconds, args.streams))
-        else:
-            print(
-                "nginx not installed: skipping it (make bench-proxy installs it)", file=sys.stderr
-            )
-        port = free_port()
-        floor = [sys.executable, "-m", "loadtest.floor_proxy", str(port), f"{ups[0]},{ups[1]}"]
-        with process(floor, f"http://127.0.0.1:{port}/health") as proc:
-            url = f"http://127.0.0.1:{port}/v1/chat/completions"
-            rows.append(measure("python floor", url, proc.pid, args.seconds, args.streams))
-        for workers in (1, 2):
-            port = free_port()
-            policy = kvgate_policy(directory, ups, port, workers)
-            with gateway_process(policy, port) as gateway:
-                assert gateway.proc is not None
-                rows.append(
-                    measure(
-                        f"kvgate {workers} worker{'s' if workers > 1 else ''}",
-                        f"http://127.0.0.1:{port}/v1/chat/completions",
-                        gateway.proc.pid,
-                        args.seconds,
-                        args.streams,
-                    )
-                )
+        rounds = [
+            one_round(directory, ups, up1.pid, args.seconds, args.streams)
+            for _ in range(args.rounds)
+        ]
+        rows = [median_row([r[i] for r in rounds]) for i in range(len(rounds[0]))]
+        if args.rounds > 1:
+            print(f"(each row: the round with the median req/s of {args.rounds})")
         report(rows)
         if args.rss_requests:
             rss_check(directory, ups, args.rss_requests)
