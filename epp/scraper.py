@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Callable
 
 import aiohttp
@@ -70,7 +71,10 @@ class MetricsScraper:
         while True:
             failures = 0 if await self.scrape_once(endpoint) else failures + 1
             endpoint.healthy = failures < UNHEALTHY_AFTER
-            # a dead endpoint is retried with exponential backoff (up to 5 s), not hammered
-            await asyncio.sleep(
-                min(self.interval * 2 ** min(failures, 10), max(self.interval, 5.0))
-            )
+            if not failures:
+                await asyncio.sleep(self.interval)
+                continue
+            # a dead endpoint is retried with exponential backoff (up to 5 s), not hammered, and
+            # jittered, so endpoints that died together are not all retried in one burst
+            backoff = min(self.interval * 2 ** min(failures, 10), max(self.interval, 5.0))
+            await asyncio.sleep(backoff * random.uniform(0.5, 1.0))

@@ -19,7 +19,6 @@ from gateway.breaker import RetryBudget
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, NoEndpoint, UpstreamError, UpstreamTimeout
 from gateway.http.client import ConnectionPool, UpstreamConnectionError, UpstreamResponse
-from gateway.http.messages import set_header
 from gateway.metrics import GatewayMetrics
 from gateway.picker import EndpointState, Picker, PickRequest
 from policies.schema import Pool, Retries, Timeouts
@@ -76,12 +75,14 @@ def response_headers(
     """The upstream's headers for the client, without hop-by-hop ones and the upstream's own
     request id; with ``request_id`` (streams: prepared before the request context sees them;
     whole responses get it from the request context) and ``extra``."""
-    headers = [(k, v) for k, v in upstream.items() if k.lower() not in DROP_RESPONSE_HEADERS]
+    if extra:
+        replaced = DROP_RESPONSE_HEADERS | {name.lower() for name in extra}
+        headers = [(k, v) for k, v in upstream.items() if k.lower() not in replaced]
+        headers.extend(extra.items())
+    else:
+        headers = [(k, v) for k, v in upstream.items() if k.lower() not in DROP_RESPONSE_HEADERS]
     if request_id is not None:
         headers.append(("x-request-id", request_id))
-    if extra:
-        for name, value in extra.items():
-            set_header(headers, name, value)
     return headers
 
 

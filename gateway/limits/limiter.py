@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+import orjson
 
 from gateway.errors import GatewayError
 from gateway.identity import Identity
@@ -47,6 +50,14 @@ class Reservation:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+def _dumps(value: object) -> bytes:
+    """JSON of a prompt that is not a string (chat messages, token ids), to count its size."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # what orjson refuses (integers past 64 bits): the standard library
+        return json.dumps(value).encode()
+
+
 class Limiter:
     def __init__(self, limits: Limits, workers: int = 1) -> None:
         self.limits = limits
@@ -59,6 +70,8 @@ class Limiter:
         self.fallback = MemoryStore(share=workers * store.replicas)
         self.store_errors = 0
         self._settling: set[asyncio.Task[None]] = set()
+        # each rule's conditions in a fixed order, so the bucket key is the same every time
+        self._conditions = [(rule, sorted(rule.match.items())) for rule in limits.rules]
 
     @property
     def active(self) -> bool:
@@ -81,9 +94,9 @@ class Limiter:
             "api_key": identity.principal if identity else "",
         }
         matched = []
-        for rule in self.limits.rules:
+        for rule, conditions in self._conditions:
             parts = []
-            for name, wanted in sorted(rule.match.items()):
+            for name, wanted in conditions:
                 actual = values.get(name, "")
                 if wanted != "*" and wanted != actual:
                     break
@@ -96,7 +109,7 @@ class Limiter:
         out = body.get("max_completion_tokens") or body.get("max_tokens")
         max_tokens = out if isinstance(out, int) and out > 0 else self.limits.default_max_tokens
         text = body.get("messages") or body.get("prompt") or body.get("input") or ""
-        chars = len(text) if isinstance(text, str) else len(json.dumps(text))
+        chars = len(text) if isinstance(text, str) else len(_dumps(text))
         return chars // self.limits.chars_per_token + max_tokens
 
     async def reserve(
@@ -135,6 +148,9 @@ class Limiter:
         if delta == 0:
             return
         specs = [BucketSpec(s.key, s.capacity, delta) for s in reservation.token_specs]
+        if isinstance(self.primary, MemoryStore):  # nothing to wait for: settle now
+            self.primary.take_now(specs, time.monotonic(), force=True)
+            return
         task = asyncio.create_task(self._settle(specs))
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
@@ -146,6 +162,8 @@ class Limiter:
             log.warning("could not settle token usage: the limit store is down")
 
     async def _take(self, specs: list[BucketSpec], *, force: bool = False) -> TakeResult:
+        if isinstance(self.primary, MemoryStore):
+            return self.primary.take_now(specs, time.monotonic(), force=force)
         try:
             return await self.primary.take(specs, force=force)
         except StoreUnavailable as exc:
