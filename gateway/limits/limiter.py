@@ -50,6 +50,9 @@ class Reservation:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+SETTLE_EVERY = 0.1  # seconds between batched settlements with Redis
+
+
 def _dumps(value: object) -> bytes:
     """JSON of a prompt that is not a string (chat messages, token ids), to count its size."""
     try:
@@ -70,6 +73,8 @@ class Limiter:
         self.fallback = MemoryStore(share=workers * store.replicas)
         self.store_errors = 0
         self._settling: set[asyncio.Task[None]] = set()
+        self._owed: dict[str, BucketSpec] = {}  # Redis: usage deltas not yet settled, by bucket
+        self._flusher: asyncio.Task[None] | None = None
         # each rule's conditions in a fixed order, so the bucket key is the same every time
         self._conditions = [(rule, sorted(rule.match.items())) for rule in limits.rules]
 
@@ -141,19 +146,32 @@ class Limiter:
         return Reservation(token_specs, estimate, headers)
 
     def settle(self, reservation: Reservation | None, actual_tokens: int | None) -> None:
-        """Refund or charge the difference to the estimate, in the background."""
+        """Refund or charge the difference to the estimate: at once in memory; in Redis added
+        up per bucket and sent every ``SETTLE_EVERY`` seconds (one script call for many
+        requests, none on the request path)."""
         if reservation is None or actual_tokens is None or not reservation.token_specs:
             return
         delta = actual_tokens - reservation.estimate
         if delta == 0:
             return
-        specs = [BucketSpec(s.key, s.capacity, delta) for s in reservation.token_specs]
-        if isinstance(self.primary, MemoryStore):  # nothing to wait for: settle now
+        if isinstance(self.primary, MemoryStore):
+            specs = [BucketSpec(s.key, s.capacity, delta) for s in reservation.token_specs]
             self.primary.take_now(specs, time.monotonic(), force=True)
             return
-        task = asyncio.create_task(self._settle(specs))
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
+        for spec in reservation.token_specs:
+            owed = self._owed.get(spec.key)
+            total = delta + (owed.cost if owed is not None else 0)
+            self._owed[spec.key] = BucketSpec(spec.key, spec.capacity, total)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._settle_soon())
+            self._settling.add(self._flusher)
+            self._flusher.add_done_callback(self._settling.discard)
+
+    async def _settle_soon(self) -> None:
+        await asyncio.sleep(SETTLE_EVERY)
+        specs, self._owed = list(self._owed.values()), {}
+        if specs:
+            await self._settle(specs)
 
     async def _settle(self, specs: list[BucketSpec]) -> None:
         try:
