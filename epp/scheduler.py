@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import repeat
+
 from epp.framework import Endpoint, PickObserver, Profile, SchedulingRequest, SchedulingResult
 
 
@@ -21,21 +23,25 @@ class Scheduler:
             endpoints = plugin.filter(request, endpoints)
             if not endpoints:
                 return SchedulingResult([], {}, "")
-        totals = dict.fromkeys((e.address for e in endpoints), 0.0)
+        addresses = [e.address for e in endpoints]
+        totals = [0.0] * len(addresses)  # aligned with `endpoints`: list arithmetic, not dicts
         parts: list[tuple[str, float, dict[str, float]]] = []  # scorer, weight, raw scores
         for weighted in self.profile.scorers:
             scores = weighted.scorer.score(request, endpoints)
             weight = weighted.weight
             parts.append((weighted.scorer.name, weight, scores))
-            for address, value in scores.items():
-                if address in totals and value > 0.0:
-                    totals[address] += weight * (1.0 if value > 1.0 else value)
-        ranked = self.profile.picker.pick(request, [(e, totals[e.address]) for e in endpoints])
+            if not scores:
+                continue
+            values = list(map(scores.get, addresses, repeat(0.0)))
+            if min(values) < 0.0 or max(values) > 1.0:  # the framework clamps misbehaving scorers
+                values = [clamp(v) for v in values]
+            totals = [total + weight * v for total, v in zip(totals, values, strict=True)]
+        ranked = self.profile.picker.pick(request, list(zip(endpoints, totals, strict=True)))
         winner_by = ""
         if ranked and parts:
             best = ranked[0].address
             winner_by = max(parts, key=lambda p: p[1] * clamp(p[2].get(best, 0.0)))[0]
-        return SchedulingResult(ranked, totals, winner_by)
+        return SchedulingResult(ranked, dict(zip(addresses, totals, strict=True)), winner_by)
 
     def observe(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
         """Count the dispatch and tell learning plugins which endpoint took the request."""
