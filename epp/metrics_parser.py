@@ -6,6 +6,7 @@ Only the handful of series the picker needs are parsed; everything else is skipp
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from epp.framework import EndpointMetrics
@@ -55,35 +56,55 @@ def _labels(text: str) -> dict[str, str]:
 
 
 def parse_metrics(text: str, names: MetricNames = VLLM) -> EndpointMetrics:
+    """The picker's view of one scrape. Only the lines of the wanted series are read: each is
+    found with ``str.find`` (a model server exposes hundreds of lines the picker never uses)."""
     metrics = EndpointMetrics(scraped_at=time.monotonic())
+    text = "\n" + text  # every sample line now starts after a newline
+    for _, value in _samples(text, names.waiting):
+        metrics.waiting = int(value)
+    for _, value in _samples(text, names.running):
+        metrics.running = int(value)
+    for _, value in _samples(text, names.kv_usage):
+        metrics.kv_usage = value
+    for label_text, _ in _samples(text, names.cache_info):
+        labels = _labels(label_text)
+        metrics.block_size = int(labels.get(names.block_size_label, "0") or 0)
+        metrics.num_gpu_blocks = int(labels.get(names.num_blocks_label, "0") or 0)
+    if names.lora_info is None:
+        return metrics
     newest_lora = -1.0
-    for line in text.splitlines():
-        if not line or line[0] == "#":
+    for label_text, value in _samples(text, names.lora_info):
+        if value <= newest_lora:
             continue
-        head, _, value_text = line.rpartition(" ")
-        name, _, label_text = head.partition("{")
-        try:
-            value = float(value_text)
-        except ValueError:
-            continue
-        if name == names.waiting:
-            metrics.waiting = int(value)
-        elif name == names.running:
-            metrics.running = int(value)
-        elif name == names.kv_usage:
-            metrics.kv_usage = value
-        elif name == names.cache_info:
-            labels = _labels(label_text.rstrip("}"))
-            metrics.block_size = int(labels.get(names.block_size_label, "0") or 0)
-            metrics.num_gpu_blocks = int(labels.get(names.num_blocks_label, "0") or 0)
-        elif name == names.lora_info and value > newest_lora:
-            newest_lora = value  # the newest series is the current one
-            labels = _labels(label_text.rstrip("}"))
-            metrics.running_loras = frozenset(
-                filter(None, labels.get("running_lora_adapters", "").split(","))
-            )
-            metrics.waiting_loras = frozenset(
-                filter(None, labels.get("waiting_lora_adapters", "").split(","))
-            )
-            metrics.max_loras = int(labels.get("max_lora", "0") or 0)
+        newest_lora = value  # the newest series is the current one
+        labels = _labels(label_text)
+        metrics.running_loras = frozenset(
+            filter(None, labels.get("running_lora_adapters", "").split(","))
+        )
+        metrics.waiting_loras = frozenset(
+            filter(None, labels.get("waiting_lora_adapters", "").split(","))
+        )
+        metrics.max_loras = int(labels.get("max_lora", "0") or 0)
     return metrics
+
+
+def _samples(text: str, name: str) -> Iterator[tuple[str, float]]:
+    """(label text without braces, value) of every sample line of series ``name`` in
+    ``text`` (which starts with a newline); comment lines and longer names are skipped."""
+    needle = "\n" + name
+    at = text.find(needle)
+    while at >= 0:
+        start = at + 1
+        end = text.find("\n", start)
+        line = text[start:] if end < 0 else text[start:end]
+        after = line[len(name) : len(name) + 1]
+        if after in ("{", " "):
+            head, _, value_text = line.rpartition(" ")
+            try:
+                value = float(value_text)
+            except ValueError:
+                value = None
+            if value is not None:
+                labels = head[len(name) :].strip()
+                yield (labels[1:].rstrip("}") if labels.startswith("{") else ""), value
+        at = text.find(needle, start)

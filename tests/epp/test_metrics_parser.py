@@ -66,3 +66,21 @@ def test_newest_lora_series_wins_and_sglang_names() -> None:
         8,
         100,
     )
+
+
+def test_only_exact_sample_lines_count() -> None:
+    text = "\n".join(
+        [
+            "vllm:num_requests_running 5",  # the very first line
+            "# TYPE vllm:num_requests_waiting gauge",
+            "# HELP vllm:num_requests_waiting 99 is not a sample",
+            "vllm:num_requests_waiting_total 77",  # a longer name
+            'vllm:num_requests_waiting{model_name="m",engine="0"} 2',
+            "vllm:kv_cache_usage_perc not-a-number",
+            'vllm:kv_cache_usage_perc{model_name="m"} 0.25',
+            'vllm:cache_config_info{block_size="32",num_gpu_blocks="512"} 1.0',
+        ]
+    )
+    metrics = parse_metrics(text)
+    assert (metrics.running, metrics.waiting, metrics.kv_usage) == (5, 2, 0.25)
+    assert (metrics.block_size, metrics.num_gpu_blocks) == (32, 512)
