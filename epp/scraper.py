@@ -11,52 +11,64 @@ import logging
 import random
 from collections.abc import Callable
 
-import aiohttp
-
 from epp.datastore import Datastore
 from epp.framework import Endpoint
 from epp.metrics_parser import NAMES, parse_metrics
 from epp.tasks import cancel_all
+from gateway.http.client import ConnectionPool, UpstreamConnectionError
 
 log = logging.getLogger("kvgate.epp")
 UNHEALTHY_AFTER = 3  # consecutive failed scrapes
+_ACCEPT = [("accept", "text/plain")]
+
+
+class ScrapeError(Exception):
+    """The endpoint answered, but not with its metrics."""
 
 
 class MetricsScraper:
     def __init__(self, datastore: Datastore, interval: float = 0.05, timeout: float = 1.0) -> None:
         self.datastore = datastore
         self.interval = interval
-        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self.timeout = timeout  # connect, first byte, and each gap while reading
         self.errors = 0
         self.on_error: Callable[[Endpoint], None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: ConnectionPool | None = None
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=self.timeout)
+        # the gateway's raw keep-alive client: a scrape costs ~5x less CPU than with aiohttp's
+        self._pool = ConnectionPool(connect_timeout=self.timeout)
         for endpoint in self.datastore.all():
             self._tasks.append(asyncio.create_task(self._poll(endpoint)))
 
     async def stop(self) -> None:
         await cancel_all(self._tasks)
-        if self._session is not None:
-            await self._session.close()
+        if self._pool is not None:
+            self._pool.close()
+
+    async def _get(self, address: str) -> str:
+        assert self._pool is not None, "start() first"
+        response = await self._pool.request(
+            address, "GET", "/metrics", _ACCEPT, b"", first_byte=self.timeout
+        )
+        try:
+            if response.status != 200:
+                raise ScrapeError(f"HTTP {response.status}")
+            body = await response.read(self.timeout)
+        finally:
+            response.close()
+        return body.decode("utf-8", errors="replace")
 
     async def scrape_once(self, endpoint: Endpoint) -> bool:
-        assert self._session is not None, "start() first"
         names = NAMES.get(self.datastore.engines.get(endpoint.pool, "vllm"), NAMES["vllm"])
         port = endpoint.metrics_port
         address = (
             endpoint.address if port is None else f"{endpoint.address.rsplit(':', 1)[0]}:{port}"
         )
         try:
-            async with self._session.get(f"http://{address}/metrics") as response:
-                if response.status != 200:
-                    raise aiohttp.ClientResponseError(
-                        response.request_info, (), status=response.status
-                    )
-                text = await response.text()
-        except (TimeoutError, aiohttp.ClientError) as exc:
+            text = await self._get(address)
+        except (TimeoutError, UpstreamConnectionError, ScrapeError) as exc:
             self.errors += 1
             if self.on_error is not None:
                 self.on_error(endpoint)
