@@ -34,7 +34,7 @@ async def relay_body(ctx: RequestContext, upstream: UpstreamResponse, idle: floa
     return Response(  # the request context adds x-request-id
         data,
         status=upstream.status,
-        headers=response_headers(upstream.headers, None, ctx.extra_headers),
+        headers=response_headers(upstream.raw_headers, None, ctx.extra_headers),
     )
 
 
@@ -48,7 +48,7 @@ async def relay_stream(
 ) -> StreamResponse:
     response = StreamResponse(
         status=upstream.status,
-        headers=response_headers(upstream.headers, ctx.request_id, ctx.extra_headers),
+        headers=response_headers(upstream.raw_headers, ctx.request_id, ctx.extra_headers),
     )
     await response.prepare(request)
     ctx.status = upstream.status

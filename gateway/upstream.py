@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from opentelemetry import trace
@@ -70,17 +70,19 @@ def upstream_headers(
 
 
 def response_headers(
-    upstream: Mapping[str, str], request_id: str | None, extra: Mapping[str, str] | None = None
+    upstream: Iterable[tuple[str, str]],
+    request_id: str | None,
+    extra: Mapping[str, str] | None = None,
 ) -> list[tuple[str, str]]:
     """The upstream's headers for the client, without hop-by-hop ones and the upstream's own
     request id; with ``request_id`` (streams: prepared before the request context sees them;
     whole responses get it from the request context) and ``extra``."""
     if extra:
         replaced = DROP_RESPONSE_HEADERS | {name.lower() for name in extra}
-        headers = [(k, v) for k, v in upstream.items() if k.lower() not in replaced]
+        headers = [(k, v) for k, v in upstream if k.lower() not in replaced]
         headers.extend(extra.items())
     else:
-        headers = [(k, v) for k, v in upstream.items() if k.lower() not in DROP_RESPONSE_HEADERS]
+        headers = [(k, v) for k, v in upstream if k.lower() not in DROP_RESPONSE_HEADERS]
     if request_id is not None:
         headers.append(("x-request-id", request_id))
     return headers

@@ -28,18 +28,32 @@ class UpstreamConnectionError(ConnectionError):
 
 
 class UpstreamResponse:
-    """One response; ``status``, ``headers`` and ``content_type`` are known on return."""
+    """One response; ``status``, ``raw_headers`` (name/value pairs as sent) and
+    ``content_type`` are known on return; ``headers`` is a case-insensitive view made when
+    first read."""
 
-    __slots__ = ("_conn", "content_type", "headers", "status")
+    __slots__ = ("_conn", "_headers", "content_type", "raw_headers", "status")
 
-    def __init__(self, conn: _Connection, status: int, headers: CIMultiDict[str]) -> None:
+    def __init__(
+        self, conn: _Connection, status: int, raw_headers: list[tuple[str, str]], content_type: str
+    ) -> None:
         self.status = status
-        self.headers = headers
-        self.content_type = headers.get("content-type", "").partition(";")[0].strip().lower()
+        self.raw_headers = raw_headers
+        self.content_type = content_type
         self._conn = conn
+        self._headers: CIMultiDict[str] | None = None
+
+    @property
+    def headers(self) -> CIMultiDict[str]:
+        if self._headers is None:
+            self._headers = CIMultiDict(self.raw_headers)
+        return self._headers
 
     async def read(self, idle: float | None = None) -> bytes:
         """The whole body; TimeoutError if ``idle`` seconds pass with no bytes arriving."""
+        conn = self._conn
+        if conn.body_complete:  # the usual case: the body came with the headers
+            return conn.take_all()
         parts = []
         while chunk := await self._conn.next_chunk(idle):
             parts.append(chunk)
@@ -63,6 +77,8 @@ class _Connection(asyncio.Protocol):
         self.lost = False
         self.idle_since = 0.0
         self._headers: list[tuple[str, str]] = []
+        self._framing: list[tuple[str, bytes]] = []  # the headers that frame the body
+        self._loop = asyncio.get_running_loop()
         self._head: asyncio.Future[UpstreamResponse] | None = None
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
@@ -95,7 +111,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._received = True
-        self._last_data = asyncio.get_running_loop().time()
+        self._last_data = self._loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -105,19 +121,26 @@ class _Connection(asyncio.Protocol):
 
     # --- parser callbacks ------------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
+        text = name.decode("latin-1")
+        self._headers.append((text, value.decode("latin-1")))
+        size = len(name)
+        if size == 12 or size == 14 or size == 17:  # content-type, -length, transfer-encoding
+            self._framing.append((text.lower(), value))
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
-        headers = CIMultiDict(self._headers)
-        self._until_close = (
-            "content-length" not in headers
-            and "chunked" not in headers.get("transfer-encoding", "").lower()
-            and status not in (204, 304)
-        )
+        content_type, sized, chunked = "", False, False
+        for name, value in self._framing:
+            if name == "content-type":
+                content_type = value.partition(b";")[0].strip().lower().decode("latin-1")
+            elif name == "content-length":
+                sized = True
+            elif name == "transfer-encoding":
+                chunked = b"chunked" in value.lower()
+        self._until_close = not sized and not chunked and status not in (204, 304)
         self._keep_alive = self.parser.should_keep_alive()  # reset once the message ends
         self.pool.unwatch(self)
-        response = UpstreamResponse(self, status, headers)
+        response = UpstreamResponse(self, status, self._headers, content_type)
         if self._head is not None and not self._head.done():
             self._head.set_result(response)
 
@@ -138,12 +161,13 @@ class _Connection(asyncio.Protocol):
         """Send ``request``; the future gets the response head, or TimeoutError about
         ``timeout`` seconds later (the pool sweeps deadlines: no timer per request)."""
         self._headers = []
+        self._framing = []
         self._chunks.clear()
         self._buffered = 0
         self._complete = False
         self._received = False
         self._until_close = False
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         self._last_data = now = loop.time()
         self._head = head = loop.create_future()
         assert self.transport is not None
@@ -198,6 +222,18 @@ class _Connection(asyncio.Protocol):
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
+
+    @property
+    def body_complete(self) -> bool:
+        return self._complete
+
+    def take_all(self) -> bytes:
+        """Every buffered body byte (the body is complete)."""
+        chunks = self._chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._buffered = 0
+        return data
 
     def release(self) -> None:
         self._stop_idle_timer()
@@ -264,7 +300,7 @@ class ConnectionPool:
     ) -> UpstreamResponse:
         """Send the request and wait for the response headers: TimeoutError after
         ``connect_timeout`` connecting, or ``first_byte`` seconds waiting for the response."""
-        lines = "".join(f"{name}: {value}\r\n" for name, value in headers)
+        lines = "".join([f"{name}: {value}\r\n" for name, value in headers])
         head = (
             f"{method} {path} HTTP/1.1\r\nhost: {address}\r\n{lines}"
             f"content-length: {len(body)}\r\n\r\n"

@@ -47,6 +47,8 @@ class Connection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._size = 0
         self._too_large = False
+        self._declared: int | None = None  # content-length, when the request gives one
+        self._expects = False  # Expect: 100-continue
         self._pending: deque[Request] = deque()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -99,22 +101,23 @@ class Connection(asyncio.Protocol):
         self._body = []
         self._size = 0
         self._too_large = False
+        self._declared = None
+        self._expects = False
 
     def on_url(self, url: bytes) -> None:
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
+        text = value.decode("latin-1")
+        self._headers.append((name.decode("latin-1"), text))
+        size = len(name)
+        if size == 14 and name.lower() == b"content-length" and text.isdigit():
+            self._declared = int(text)
+        elif size == 6 and name.lower() == b"expect":
+            self._expects = text.lower() == "100-continue"
 
     def on_headers_complete(self) -> None:
-        declared: int | None = None
-        expects = False
-        for name, value in self._headers:
-            lowered = name.lower()
-            if lowered == "content-length" and value.isdigit():
-                declared = int(value)
-            elif lowered == "expect":
-                expects = value.lower() == "100-continue"
+        declared, expects = self._declared, self._expects
         if declared is not None and declared > self._server.max_body:
             self._refuse_too_large()
         elif expects:
