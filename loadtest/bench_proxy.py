@@ -2,8 +2,9 @@
 
 The same load goes (a) straight to a fast mock upstream, (b) through nginx (when installed),
 (c) through ``loadtest.floor_proxy`` (the least a Python proxy can do: httptools on both legs,
-no features: the floor for any Python gateway), (d) through kvgate with ``--workers 1`` and
-``--workers 2``, all in front of two mock upstreams
+no features: the floor for any Python gateway), (d) through ``loadtest.layers_proxy`` (kvgate's
+own HTTP server and upstream pool with a trivial handler), (e) through kvgate with
+``--workers 1`` and ``--workers 2``, all in front of two mock upstreams
 (``loadtest.mock_upstream``: 16 SSE chunks or a small JSON body, no delay). For each: wrk at 32
 connections on non-streaming chat completions (requests/s, p50, p99), an aiohttp client
 streaming 2,000 requests at concurrency 32 over keep-alive connections (time to first chunk,
@@ -214,6 +215,11 @@ def one_round(
     with process(floor, f"http://127.0.0.1:{port}/health") as proc:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         rows.append(measure("python floor", url, proc.pid, seconds, streams))
+    port = free_port()
+    layers = [sys.executable, "-m", "loadtest.layers_proxy", str(port), f"{ups[0]},{ups[1]}"]
+    with process(layers, f"http://127.0.0.1:{port}/health") as proc:
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        rows.append(measure("kvgate http layers only", url, proc.pid, seconds, streams))
     for workers in (1, 2):
         port = free_port()
         policy = kvgate_policy(directory, ups, port, workers)
