@@ -5,8 +5,9 @@ and response machinery alone costs about as much CPU as the whole proxy may spen
 (``docs/benchmarks.md``). This server does what the gateway needs and nothing else:
 
 - keep-alive, pipelined requests answered in order (reading pauses while one is in flight);
-- a body limit: a request that declares or sends more than ``max_body`` bytes gets the
-  handler-independent ``too_large`` response and the connection closes once it is written;
+- a head limit (``MAX_HEAD``: request line and headers; 431) and a body limit: a request that
+  declares or sends more than ``max_body`` bytes gets a 413 and the connection closes once it
+  is written;
 - ``Expect: 100-continue``; malformed requests answered 400 and the connection closed;
 - a client that goes away cancels its handler task (so the upstream call is cancelled too);
 - TCP_NODELAY on every connection; idle keep-alive connections closed after ``keepalive``;
@@ -32,6 +33,7 @@ from gateway.http.messages import AnyResponse, Request, Response
 log = logging.getLogger("kvgate.http")
 
 Handler = Callable[[Request], Awaitable[AnyResponse]]
+MAX_HEAD = 64 * 1024  # bytes of request line + headers (aiohttp allows 8 KiB per line)
 ErrorFactory = Callable[[int, str], Response]
 
 
@@ -47,6 +49,8 @@ class Connection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._size = 0
         self._too_large = False
+        self._in_head = True  # reading a request line and headers
+        self._head_size = 0
         self._declared: int | None = None  # content-length, when the request gives one
         self._expects = False  # Expect: 100-continue
         self._pending: deque[Request] = deque()
@@ -78,6 +82,11 @@ class Connection(asyncio.Protocol):
         self.last_active = self._server.loop.time()
         if self._closing:
             return
+        if self._in_head:  # httptools buffers a request line and headers whole: bound them
+            self._head_size += len(data)
+            if self._head_size > MAX_HEAD:
+                self._reject(431, f"request line and headers exceed {MAX_HEAD} bytes")
+                return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -96,6 +105,8 @@ class Connection(asyncio.Protocol):
 
     # --- parser callbacks ------------------------------------------------------------------
     def on_message_begin(self) -> None:
+        self._in_head = True
+        self._head_size = 0
         self._url = b""
         self._headers = []
         self._body = []
@@ -117,6 +128,7 @@ class Connection(asyncio.Protocol):
             self._expects = text.lower() == "100-continue"
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         declared, expects = self._declared, self._expects
         if declared is not None and declared > self._server.max_body:
             self._refuse_too_large()
@@ -133,6 +145,8 @@ class Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._in_head = True  # what follows is the next request's head
+        self._head_size = 0
         if self._too_large or self._closing:
             return
         parser = self._parser

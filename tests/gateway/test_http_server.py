@@ -143,3 +143,15 @@ async def test_shutdown_waits_for_in_flight_then_closes(server: HttpServer) -> N
     with pytest.raises(OSError):
         await asyncio.open_connection("127.0.0.1", server.port)
     writer.close()
+
+
+async def test_oversized_headers_are_431(server: HttpServer) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET /echo HTTP/1.1\r\nhost: x\r\n")
+    for _ in range(100):  # 100 headers of 1 KiB: past the 64 KiB head limit, never finished
+        writer.write(b"x-filler: " + b"a" * 1024 + b"\r\n")
+    await writer.drain()
+    async with asyncio.timeout(5):
+        raw = await reader.read()
+    assert raw.startswith(b"HTTP/1.1 431 ") and b"headers exceed" in raw
+    writer.close()
