@@ -162,6 +162,7 @@ class _Connection(asyncio.Protocol):
         ``timeout`` seconds later (the pool sweeps deadlines: no timer per request)."""
         self._headers = []
         self._framing = []
+        self._resume()  # a connection reused after a paused read must be read again
         self._chunks.clear()
         self._buffered = 0
         self._complete = False
@@ -186,9 +187,8 @@ class _Connection(asyncio.Protocol):
             if self._chunks:
                 chunk = self._chunks.popleft()
                 self._buffered -= len(chunk)
-                if self._paused and self._buffered < _HIGH_WATER // 4 and self.transport:
-                    self._paused = False
-                    self.transport.resume_reading()
+                if self._paused and self._buffered < _HIGH_WATER // 4:
+                    self._resume()
                 return chunk
             if self._complete:
                 return b""
@@ -233,7 +233,13 @@ class _Connection(asyncio.Protocol):
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()
         self._buffered = 0
+        self._resume()
         return data
+
+    def _resume(self) -> None:
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
 
     def release(self) -> None:
         self._stop_idle_timer()

@@ -188,3 +188,47 @@ async def test_a_stalled_body_times_out_after_idle_seconds() -> None:
     response.close()
     pool.close()
     server.close()
+
+
+async def test_a_large_body_is_read_whole_through_backpressure() -> None:
+    payload = bytes(range(256)) * 12_000  # about 3 MB: past the 256 KiB pause threshold
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n{}")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(payload) + payload)
+        await writer.drain()
+        await reader.read()  # keep the connection until the client is done
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    pool = ConnectionPool(connect_timeout=1)
+    port = server.sockets[0].getsockname()[1]
+    response = await pool.request(f"127.0.0.1:{port}", "POST", "/", [], b"{}")
+    await asyncio.sleep(0.2)  # let the transport fill the buffer and pause
+    assert await response.read(idle=2) == payload
+    response.close()
+    pool.close()
+    server.close()
+
+
+async def test_a_connection_paused_by_a_large_body_is_reused_unpaused() -> None:
+    payload = b"x" * 400_000  # arrives in two reads: paused and complete at once
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                await reader.readuntil(b"\r\n\r\n{}")
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(payload) + payload)
+            await writer.drain()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    pool = ConnectionPool(connect_timeout=1)
+    address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    for _ in range(3):  # the same kept-alive connection each time
+        response = await pool.request(address, "POST", "/", [], b"{}", first_byte=2)
+        await asyncio.sleep(0.1)
+        assert await response.read(idle=2) == payload
+        response.close()
+    pool.close()
+    server.close()
