@@ -40,7 +40,7 @@ routes: [{{model: kvgate-sim, pool: p}}]
     for _ in range(40):  # a worker moves its batched samples into the shared files twice a second
         total = sum(
             s.value
-            for s in scrape(url)["kvgate_requests_total"]
+            for s in scrape(url).get("kvgate_requests_total", [])
             if s.labels["route"] == "/v1/completions"
         )
         if total == 60:
