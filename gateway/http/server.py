@@ -82,17 +82,20 @@ class Connection(asyncio.Protocol):
         self.last_active = self._server.loop.time()
         if self._closing:
             return
-        if self._in_head:  # httptools buffers a request line and headers whole: bound them
+        if self._in_head:
             self._head_size += len(data)
-            if self._head_size > MAX_HEAD:
-                self._reject(431, f"request line and headers exceed {MAX_HEAD} bytes")
-                return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._reject(400, "protocol upgrades are not supported")
+            return
         except httptools.HttpParserError:
             self._reject(400, "malformed HTTP request")
+            return
+        # httptools buffers a request line and headers whole: bound what is still unfinished
+        # (a chunk that completed the head may carry body bytes too: it does not count)
+        if self._in_head and self._head_size > MAX_HEAD:
+            self._reject(431, f"request line and headers exceed {MAX_HEAD} bytes")
 
     def pause_writing(self) -> None:
         self._paused = True

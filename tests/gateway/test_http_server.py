@@ -155,3 +155,12 @@ async def test_oversized_headers_are_431(server: HttpServer) -> None:
         raw = await reader.read()
     assert raw.startswith(b"HTTP/1.1 431 ") and b"headers exceed" in raw
     writer.close()
+
+
+async def test_a_large_body_in_the_same_packets_as_the_head_is_not_a_large_head() -> None:
+    srv = HttpServer(web.Application(), handler, http_error, max_body=1 << 20)
+    await srv.start("127.0.0.1", 0)
+    body = b"y" * 300_000  # far past the head limit, sent in one write with the head
+    raw = await exchange(srv.port, post("/echo", body, "connection: close\r\n"))
+    assert raw.startswith(b"HTTP/1.1 200 OK") and raw.endswith(body)
+    await srv.shutdown(1)
