@@ -25,17 +25,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from envoy.config.core.v3 import base_pb2 as core
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from epp.service import EppService
+from loadtest.envoy_messages import body_messages, headers_message
 from loadtest.http_load import percentile
 from loadtest.proc_stats import cpu_seconds
-from loadtest.processes import KvgateProcess, free_port
+from loadtest.processes import epp_process, free_port
 from policies.loader import load_policy_text
 
 CHARS_PER_TOKEN = 4
+REQUEST_HEADERS = {
+    ":path": "/v1/chat/completions",
+    ":method": "POST",
+    "content-type": "application/json",
+}
 WORDS = [
     "the",
     "quick",
@@ -99,22 +104,7 @@ def in_process(endpoints: int, tokens: int, picks: int) -> tuple[float, float, f
 
 
 def envoy_messages(body: bytes) -> list[ep.ProcessingRequest]:
-    headers = [
-        core.HeaderValue(key=":path", raw_value=b"/v1/chat/completions"),
-        core.HeaderValue(key=":method", raw_value=b"POST"),
-        core.HeaderValue(key="content-type", raw_value=b"application/json"),
-    ]
-    messages = [
-        ep.ProcessingRequest(
-            request_headers=ep.HttpHeaders(headers=core.HeaderMap(headers=headers))
-        )
-    ]
-    chunks = [body[i : i + 62_000] for i in range(0, len(body), 62_000)]
-    messages += [
-        ep.ProcessingRequest(request_body=ep.HttpBody(body=c, end_of_stream=i == len(chunks) - 1))
-        for i, c in enumerate(chunks)
-    ]
-    return messages
+    return [headers_message(REQUEST_HEADERS), *body_messages(body)]
 
 
 async def over_ext_proc(
@@ -216,18 +206,7 @@ def main() -> int:
         policy = directory / f"epp-{endpoints}.yaml"
         policy.write_text(policy_text(endpoints))
         grpc_port, metrics_port = free_port(), free_port()
-        argv = [
-            "epp",
-            "--policy",
-            str(policy),
-            "--host",
-            "127.0.0.1",
-            "--grpc-port",
-            str(grpc_port),
-            "--metrics-port",
-            str(metrics_port),
-        ]
-        with KvgateProcess(argv, f"http://127.0.0.1:{metrics_port}/metrics") as epp:
+        with epp_process(str(policy), grpc_port, metrics_port) as epp:
             assert epp.proc is not None
             for tokens in sizes:
                 row = measure(

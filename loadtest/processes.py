@@ -119,3 +119,19 @@ def gateway_process(
     """A gateway on 127.0.0.1:``port`` serving ``policy_file`` (not started yet)."""
     args = ["gateway", "--policy", policy_file, "--host", "127.0.0.1", "--port", str(port), *extra]
     return KvgateProcess(args, f"http://127.0.0.1:{port}/healthz", quiet=quiet, log=log)
+
+
+def epp_process(policy_file: str, grpc_port: int, metrics_port: int) -> KvgateProcess:
+    """``kvgate epp`` on 127.0.0.1 serving ``policy_file`` (not started yet)."""
+    args = [
+        "epp",
+        "--policy",
+        policy_file,
+        "--host",
+        "127.0.0.1",
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-port",
+        str(metrics_port),
+    ]
+    return KvgateProcess(args, f"http://127.0.0.1:{metrics_port}/metrics")

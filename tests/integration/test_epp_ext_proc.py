@@ -15,7 +15,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from loadtest.processes import KvgateProcess, free_port
+from loadtest.envoy_messages import body_messages, headers_message
+from loadtest.processes import epp_process, free_port
 from proto import epp_pb2, epp_pb2_grpc
 
 ENDPOINTS = ["127.0.0.2:{p}", "127.0.0.3:{p}"]  # loopback addresses nothing listens on
@@ -33,46 +34,12 @@ pools:
 routes: [{{model: public-model, pool: main}}]
 """)
     grpc_port, metrics_port = free_port(), free_port()
-    args = [
-        "epp",
-        "--policy",
-        str(policy),
-        "--host",
-        "127.0.0.1",
-        "--grpc-port",
-        str(grpc_port),
-        "--metrics-port",
-        str(metrics_port),
-    ]
-    with KvgateProcess(args, f"http://127.0.0.1:{metrics_port}/metrics"):
+    with epp_process(str(policy), grpc_port, metrics_port):
         yield f"127.0.0.1:{grpc_port}", metrics_port
 
 
-def headers_msg(
-    headers: dict[str, str], end: bool = False, subset: list[str] | None = None
-) -> ep.ProcessingRequest:
-    request = ep.ProcessingRequest(
-        request_headers=ep.HttpHeaders(
-            headers=core.HeaderMap(
-                headers=[core.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()]
-            ),
-            end_of_stream=end,
-        )
-    )
-    if subset is not None:
-        hint = struct_pb2.Struct()
-        hint.update({"x-gateway-destination-endpoint-subset": subset})
-        request.metadata_context.filter_metadata["envoy.lb.subset_hint"].CopyFrom(hint)
-    return request
-
-
 def body_msgs(body: bytes, pieces: int = 3) -> list[ep.ProcessingRequest]:
-    size = max(1, len(body) // pieces + 1)
-    chunks = [body[i : i + size] for i in range(0, len(body), size)]
-    return [
-        ep.ProcessingRequest(request_body=ep.HttpBody(body=c, end_of_stream=i == len(chunks) - 1))
-        for i, c in enumerate(chunks)
-    ]
+    return body_messages(body, max(1, len(body) // pieces + 1))
 
 
 def exchange(target: str, messages: list[ep.ProcessingRequest]) -> list[ep.ProcessingResponse]:
@@ -110,7 +77,7 @@ def set_headers(reply: ep.ProcessingResponse) -> dict[str, str]:
 
 def test_request_path_like_gie(epp: tuple[str, int]) -> None:
     target, _ = epp
-    replies = exchange(target, [headers_msg(REQUEST_HEADERS), *body_msgs(chat_body())])
+    replies = exchange(target, [headers_message(REQUEST_HEADERS), *body_msgs(chat_body())])
     first, *body_replies = replies
     assert first.WhichOneof("response") == "request_headers"
     assert first.request_headers.response.clear_route_cache
@@ -136,7 +103,7 @@ def test_request_path_like_gie(epp: tuple[str, int]) -> None:
 def test_one_megabyte_body_is_rechunked(epp: tuple[str, int]) -> None:
     target, _ = epp
     big = chat_body("x" * 1_000_000)
-    replies = exchange(target, [headers_msg(REQUEST_HEADERS), *body_msgs(big, pieces=20)])
+    replies = exchange(target, [headers_message(REQUEST_HEADERS), *body_msgs(big, pieces=20)])
     chunks = [r.request_body.response.body_mutation.streamed_response for r in replies[1:]]
     assert all(len(c.body) <= 62_000 for c in chunks) and len(chunks) == 17
     assert [c.end_of_stream for c in chunks] == [False] * 16 + [True]
@@ -146,7 +113,7 @@ def test_one_megabyte_body_is_rechunked(epp: tuple[str, int]) -> None:
 def test_model_name_rewrite_header_wins(epp: tuple[str, int]) -> None:
     target, _ = epp
     headers = {**REQUEST_HEADERS, "x-gateway-model-name-rewrite": "other-model"}
-    replies = exchange(target, [headers_msg(headers), *body_msgs(chat_body())])
+    replies = exchange(target, [headers_message(headers), *body_msgs(chat_body())])
     body = b"".join(
         r.request_body.response.body_mutation.streamed_response.body for r in replies[1:]
     )
@@ -177,7 +144,7 @@ def test_errors_are_immediate_responses(
     status: int,
 ) -> None:
     target, _ = epp
-    (reply,) = exchange(target, [headers_msg(headers, subset=subset), *body_msgs(body)])
+    (reply,) = exchange(target, [headers_message(headers, subset=subset), *body_msgs(body)])
     assert reply.WhichOneof("response") == "immediate_response"
     assert reply.immediate_response.status.code == status
     assert "error" in json.loads(reply.immediate_response.body)
@@ -188,7 +155,7 @@ def test_subset_hint_is_honoured(epp: tuple[str, int]) -> None:
     for _ in range(5):
         replies = exchange(
             target,
-            [headers_msg(REQUEST_HEADERS, subset=["127.0.0.3:1234"]), *body_msgs(chat_body())],
+            [headers_message(REQUEST_HEADERS, subset=["127.0.0.3:1234"]), *body_msgs(chat_body())],
         )
         assert set_headers(replies[0])["x-gateway-destination-endpoint"].startswith("127.0.0.3:")
 
@@ -213,7 +180,7 @@ def test_response_path_reads_usage_and_restores_the_model(epp: tuple[str, int]) 
     )
     response_headers.metadata_context.filter_metadata["envoy.lb"].CopyFrom(served)
     messages = [
-        headers_msg(REQUEST_HEADERS),
+        headers_message(REQUEST_HEADERS),
         *body_msgs(chat_body(), pieces=1),
         response_headers,
         ep.ProcessingRequest(response_body=ep.HttpBody(body=events[0])),
