@@ -12,6 +12,7 @@ from epp.datastore import Datastore
 from epp.scraper import MetricsScraper
 from loadtest.processes import free_port
 from policies.loader import load_policy_text
+from tests.http_servers import serving
 
 
 @pytest.fixture
@@ -22,12 +23,8 @@ async def metrics_server() -> AsyncIterator[int]:
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    yield port
-    await runner.cleanup()
+    async with serving(app) as port:
+        yield port
 
 
 async def test_scrapes_live_endpoints_and_marks_dead_ones_unhealthy(metrics_server: int) -> None:

@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from gateway.app import create_app
 from gateway.keys import TRACER
 from gateway.serving import running
-from loadtest.processes import free_port
 from policies.loader import load_policy_text
+from tests.http_servers import serving
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 KEY_HASH = hashlib.sha256(b"secret-xyz").hexdigest()
@@ -35,12 +35,8 @@ async def recording_upstream() -> AsyncIterator[tuple[int, list[dict[str, str]]]
 
     app = web.Application()
     app.router.add_post("/v1/completions", complete)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    yield port, seen
-    await runner.cleanup()
+    async with serving(app) as port:
+        yield port, seen
 
 
 async def test_spans_and_traceparent(recording_upstream: tuple[int, list[dict[str, str]]]) -> None:

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from loadtest.processes import KvgateProcess, free_port
+from tests.http_servers import serving
 from tests.integration.metrics_util import value
 
 STREAM = {"model": "kvgate-sim", "prompt": "long story", "max_tokens": 2000, "stream": True}
@@ -68,12 +69,8 @@ async def failing_upstream() -> AsyncIterator[tuple[str, list[int]]]:
 
     app = web.Application()
     app.router.add_post("/v1/completions", fail)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    yield f"127.0.0.1:{port}", hits
-    await runner.cleanup()
+    async with serving(app) as port:
+        yield f"127.0.0.1:{port}", hits
 
 
 async def test_5xx_before_first_byte_is_retried(
@@ -133,12 +130,8 @@ async def stalling_upstream() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_post("/v1/completions", stall)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    yield f"127.0.0.1:{port}"
-    await runner.cleanup()
+    async with serving(app, shutdown_timeout=0.1) as port:
+        yield f"127.0.0.1:{port}"
 
 
 async def test_stalled_stream_hits_the_idle_timeout(
