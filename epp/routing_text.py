@@ -15,7 +15,7 @@ import orjson
 _COMPACT = (",", ":")
 
 
-def _dump(value: object) -> str:
+def compact_json(value: object) -> str:
     """Compact JSON with sorted keys and UTF-8 text (orjson; json for what it refuses, such as
     integers past 64 bits)."""
     try:
@@ -32,7 +32,7 @@ def routing_text(body: Mapping[str, object], limit: int | None = None) -> str:
     if isinstance(prompt, str):
         return prompt if limit is None else prompt[:limit]
     value = prompt if isinstance(prompt, list) else body.get("input")
-    text = _dump(value) if value is not None else ""
+    text = compact_json(value) if value is not None else ""
     return text if limit is None else text[:limit]
 
 
@@ -46,7 +46,7 @@ def _render_messages(messages: list[object], limit: int | None) -> str:
             content = message.get("content")
             if limit is not None and isinstance(content, str) and len(content) > limit - size:
                 message = {**message, "content": content[: limit - size]}
-        part = _dump(message)
+        part = compact_json(message)
         parts.append(part)
         size += len(part) + 1
     text = "\n".join(parts)

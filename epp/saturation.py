@@ -26,14 +26,11 @@ class SaturationDetector:
     def __init__(self, thresholds: SaturationThresholds | None = None) -> None:
         self.thresholds = thresholds or SaturationThresholds()
 
-    def is_saturated(self, endpoint: Endpoint, now: float | None = None) -> bool:
-        t, m = self.thresholds, endpoint.metrics
-        queue = m.waiting + endpoint.dispatched
-        return m.age(now) > t.max_metrics_age or queue >= t.queue_depth or m.kv_usage >= t.kv_usage
-
     def unsaturated(self, endpoints: list[Endpoint], now: float) -> list[Endpoint]:
-        """The endpoints that are not saturated (``is_saturated`` inlined: this runs for every
-        endpoint of every pick)."""
+        """The endpoints that are not saturated: fresh metrics (scraped at most
+        ``max_metrics_age`` ago), a queue (waiting + dispatched since) under ``queue_depth``
+        and KV usage under ``kv_usage``. Written as one comprehension: it runs for every
+        endpoint of every pick."""
         t = self.thresholds
         oldest, depth, kv = now - t.max_metrics_age, t.queue_depth, t.kv_usage
         return [
@@ -47,5 +44,4 @@ class SaturationDetector:
 
     def all_saturated(self, endpoints: Iterable[Endpoint]) -> bool:
         """The capacity gate's question: may the pool take another request now?"""
-        now = time.monotonic()
-        return all(self.is_saturated(e, now) for e in endpoints)
+        return not self.unsaturated(list(endpoints), time.monotonic())

@@ -90,10 +90,6 @@ class PoolQueue:
         self.virtual = 0.0
 
     @property
-    def depth(self) -> int:
-        return sum(q.size for q in self.classes.values())
-
-    @property
     def empty(self) -> bool:
         return not any(queue.size for queue in self.classes.values())
 
@@ -163,12 +159,11 @@ class AdmissionQueue:
     async def admit(self, pool: str, cls_name: str | None, tenant: str) -> float:
         """Wait for a slot in ``pool``; returns the seconds waited. Pair with ``done(pool)``."""
         spec = self.class_of(cls_name)
+        if self.try_admit(pool):
+            return 0.0
         queue = self.pools.get(pool)
         if queue is None:
             queue = self.pools[pool] = PoolQueue(pool, self.classes)
-        if queue.depth == 0 and self.gate.has_capacity(pool):
-            self.gate.acquire(pool)
-            return 0.0
         class_queue = queue.classes[spec.name]
         if class_queue.size >= spec.max_queue:
             raise QueueFull(
@@ -200,7 +195,7 @@ class AdmissionQueue:
 
     def _dispatch(self, pool: str) -> None:
         queue = self.pools.get(pool)
-        while queue is not None and queue.depth and self.gate.has_capacity(pool):
+        while queue is not None and not queue.empty and self.gate.has_capacity(pool):
             ticket = queue.next_ticket()
             if ticket is None:
                 return
@@ -216,6 +211,6 @@ class AdmissionQueue:
 
     async def _poll(self, pool: str) -> None:
         queue = self.pools[pool]
-        while queue.depth:
+        while not queue.empty:
             self._dispatch(pool)
             await asyncio.sleep(POLL_INTERVAL)

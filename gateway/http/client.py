@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from typing import cast
 
 import httptools
-from multidict import CIMultiDict
 
 _HIGH_WATER = 256 * 1024
 
@@ -29,10 +28,9 @@ class UpstreamConnectionError(ConnectionError):
 
 class UpstreamResponse:
     """One response; ``status``, ``raw_headers`` (name/value pairs as sent) and
-    ``content_type`` are known on return; ``headers`` is a case-insensitive view made when
-    first read."""
+    ``content_type`` are known on return."""
 
-    __slots__ = ("_conn", "_headers", "content_type", "raw_headers", "status")
+    __slots__ = ("_conn", "content_type", "raw_headers", "status")
 
     def __init__(
         self, conn: _Connection, status: int, raw_headers: list[tuple[str, str]], content_type: str
@@ -41,13 +39,6 @@ class UpstreamResponse:
         self.raw_headers = raw_headers
         self.content_type = content_type
         self._conn = conn
-        self._headers: CIMultiDict[str] | None = None
-
-    @property
-    def headers(self) -> CIMultiDict[str]:
-        if self._headers is None:
-            self._headers = CIMultiDict(self.raw_headers)
-        return self._headers
 
     async def read(self, idle: float | None = None) -> bytes:
         """The whole body; TimeoutError if ``idle`` seconds pass with no bytes arriving."""

@@ -25,10 +25,6 @@ _REASONS[499] = "Client Closed Request"
 _STATUS_LINES = {code: f"HTTP/1.1 {code} {phrase}\r\n" for code, phrase in _REASONS.items()}
 
 
-def status_line(status: int) -> bytes:
-    return _status_text(status).encode()
-
-
 def _status_text(status: int) -> str:
     return _STATUS_LINES.get(status) or f"HTTP/1.1 {status} Unknown\r\n"
 
@@ -125,9 +121,6 @@ class Response:
         if content_type is not None:
             set_header(self.headers, "content-type", content_type)
 
-    def set_header(self, name: str, value: str) -> None:
-        set_header(self.headers, name, value)
-
     def head(self, keep_alive: bool) -> bytes:
         framing = f"content-length: {len(self.body)}\r\n"
         if not keep_alive:
@@ -158,10 +151,6 @@ class StreamResponse:
         self.finished = False
         self._connection: Connection | None = None
         self._chunked = True
-
-    def set_header(self, name: str, value: str) -> None:
-        """Replace a header (before ``prepare``)."""
-        set_header(self.headers, name, value)
 
     async def prepare(self, request: Request) -> None:
         connection = request.connection

@@ -10,14 +10,12 @@ enforces this replica's share of each limit in memory; ``fail_closed`` refuses w
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import orjson
-
+from epp.routing_text import compact_json
 from gateway.errors import GatewayError
 from gateway.identity import Identity
 from gateway.limits.buckets import BucketSpec, MemoryStore, TakeResult, reset_seconds
@@ -51,14 +49,6 @@ class Reservation:
 
 
 SETTLE_EVERY = 0.1  # seconds between batched settlements with Redis
-
-
-def _dumps(value: object) -> bytes:
-    """JSON of a prompt that is not a string (chat messages, token ids), to count its size."""
-    try:
-        return orjson.dumps(value)
-    except TypeError:  # what orjson refuses (integers past 64 bits): the standard library
-        return json.dumps(value).encode()
 
 
 class Limiter:
@@ -114,7 +104,7 @@ class Limiter:
         out = body.get("max_completion_tokens") or body.get("max_tokens")
         max_tokens = out if isinstance(out, int) and out > 0 else self.limits.default_max_tokens
         text = body.get("messages") or body.get("prompt") or body.get("input") or ""
-        chars = len(text) if isinstance(text, str) else len(_dumps(text))
+        chars = len(text) if isinstance(text, str) else len(compact_json(text))
         return chars // self.limits.chars_per_token + max_tokens
 
     async def reserve(
