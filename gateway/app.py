@@ -50,7 +50,11 @@ def create_app(
     metrics = app[METRICS] = GatewayMetrics()
     epp_metrics = EppMetrics(metrics.registry)
     runtime = build_runtime(policy, metrics, epp_metrics, picker=picker)
-    app[RUNTIME] = RuntimeHolder(runtime)
+    holder = app[RUNTIME] = RuntimeHolder(runtime)
+    metrics.in_flight_source = lambda: {
+        pool: sum(endpoint.in_flight for endpoint in endpoints)
+        for pool, endpoints in holder.current.endpoints.items()
+    }
     app[ADMISSION] = AdmissionQueue(dict(policy.classes), capacity_gate(runtime))
     metrics.registry.register(QueueCollector(app[ADMISSION]))
     app[SHUTTING_DOWN] = [False]

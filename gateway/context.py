@@ -1,31 +1,64 @@
-"""Per-request state that the middlewares and the proxy fill in, read by logs and metrics."""
+"""Per-request state that the handlers fill in, read by logs, metrics and traces."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 from gateway.identity import Identity
 
 
-@dataclass(slots=True)
 class RequestContext:
-    request_id: str
-    start: float = field(default_factory=time.perf_counter)
-    identity: Identity | None = None
-    model: str = ""  # the public model the client asked for
-    pool: str = ""
-    endpoint: str = ""  # host:port that served the request
-    attempts: int = 0
-    status: int = 0
-    stream: bool = False
-    ttft: float | None = None  # seconds to the first body byte sent to the client
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    error: str = ""  # kind of failure, for logs
-    usage_known: bool = False  # the upstream reported usage (prompt_tokens, completion_tokens)
-    extra_headers: dict[str, str] = field(default_factory=dict)  # added to the client's response
+    """One request's facts, filled in as it goes (a plain slots class: one is made per request)."""
+
+    __slots__ = (
+        "attempts",
+        "completion_tokens",
+        "elapsed",
+        "endpoint",
+        "error",
+        "extra_headers",
+        "identity",
+        "model",
+        "pool",
+        "priority_class",
+        "prompt_tokens",
+        "queue_wait",
+        "request_id",
+        "route",
+        "start",
+        "status",
+        "stream",
+        "ttft",
+        "usage_known",
+    )
+
+    def __init__(self, request_id: str, route: str = "") -> None:
+        self.request_id = request_id
+        self.route = route  # the request's path, the metrics' route label
+        self.start = time.perf_counter()
+        self.elapsed = 0.0  # seconds to the end of the response, set when it is recorded
+        self.identity: Identity | None = None
+        self.model = ""  # the public model the client asked for
+        self.pool = ""
+        self.endpoint = ""  # host:port that served the request
+        self.attempts = 0
+        self.status = 0
+        self.stream = False
+        self.ttft: float | None = None  # seconds to the first body byte sent to the client
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.error = ""  # kind of failure, for logs
+        self.usage_known = False  # the upstream reported usage (prompt and completion tokens)
+        self.priority_class = ""  # the admission class, once queued
+        self.queue_wait: float | None = None  # seconds waited for capacity, once admitted
+        self.extra_headers: dict[str, str] | None = None  # added to the client's response
 
     @property
     def tenant(self) -> str:
         return self.identity.tenant if self.identity else ""
+
+    def add_headers(self, headers: dict[str, str]) -> None:
+        """Headers for the client's response (rate limits, A/B arm)."""
+        if self.extra_headers is None:
+            self.extra_headers = {}
+        self.extra_headers.update(headers)

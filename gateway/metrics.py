@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -21,6 +21,7 @@ from gateway.metric_batch import BatchedCounter, BatchedHistogram
 
 if TYPE_CHECKING:
     from gateway.admission import AdmissionQueue
+    from gateway.context import RequestContext
     from gateway.picker import EndpointState
 
 log = logging.getLogger("kvgate.gateway")
@@ -159,26 +160,48 @@ class GatewayMetrics:
             registry=r,
         )
         self._children: dict[tuple[object, ...], Any] = {}
-        # the per-request updates, batched (gateway.metric_batch)
+        # the per-request updates: finished requests are kept as they are and added up into
+        # batches (gateway.metric_batch) when flushed, twice a second and before every scrape
+        self._finished: list[RequestContext] = []
         self.requests_batch = BatchedCounter(self.requests)
         self.latency_batch = BatchedHistogram(self.latency, LATENCY_BUCKETS)
         self.ttft_batch = BatchedHistogram(self.ttft, LATENCY_BUCKETS)
         self.tokens_batch = BatchedCounter(self.tokens)
-        self.in_flight_batch = BatchedCounter(self.in_flight)
         self.queue_wait_batch = BatchedHistogram(self.queue_wait, LATENCY_BUCKETS)
         self._batches = (
             self.requests_batch,
             self.latency_batch,
             self.ttft_batch,
             self.tokens_batch,
-            self.in_flight_batch,
             self.queue_wait_batch,
         )
+        # requests in flight per pool, read when flushing (set by the application)
+        self.in_flight_source: Callable[[], dict[str, int]] | None = None
+
+    def finished(self, ctx: RequestContext) -> None:
+        """Count a finished request (its route, model, status, timings, tokens, queue wait)."""
+        self._finished.append(ctx)
 
     def flush(self) -> None:
-        """Move the batched per-request updates into the metrics."""
+        """Move the finished requests and batched updates into the metrics."""
+        finished, self._finished = self._finished, []
+        requests, latency, ttft = self.requests_batch, self.latency_batch, self.ttft_batch
+        tokens, queue_wait = self.tokens_batch, self.queue_wait_batch
+        for ctx in finished:
+            requests.add((ctx.route, ctx.model, str(ctx.status)))
+            latency.observe((ctx.route,), ctx.elapsed)
+            if ctx.ttft is not None:
+                ttft.observe((ctx.model,), ctx.ttft)
+            if ctx.prompt_tokens or ctx.completion_tokens:
+                tokens.add((ctx.model, "prompt"), ctx.prompt_tokens)
+                tokens.add((ctx.model, "completion"), ctx.completion_tokens)
+            if ctx.queue_wait is not None:
+                queue_wait.observe((ctx.priority_class,), ctx.queue_wait)
         for batch in self._batches:
             batch.flush()
+        if self.in_flight_source is not None:
+            for pool, count in self.in_flight_source().items():
+                self.child(self.in_flight, pool).set(count)
 
     def breaker_changed(self, endpoint: EndpointState, state: BreakerState) -> None:
         level = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}[state]

@@ -35,9 +35,11 @@ class EndpointState:
         return self.endpoint.address
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PickRequest:
-    """What a picker may look at: the parsed body (for prompts), headers and the caller."""
+    """What a picker may look at: the parsed body (for prompts), headers and the caller.
+    (Not frozen: a frozen dataclass costs a setattr call per field, and one is made per
+    request; pickers only read it.)"""
 
     model: str
     body: Mapping[str, object]

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import orjson
+from aiohttp import web
 
 from gateway.admission import Evicted, Rejected
 from gateway.context import RequestContext
@@ -63,25 +65,29 @@ async def proxy(
     client_wants_usage = isinstance(options, dict) and options.get("include_usage") is True
     selection = select(route, body, request.headers, ctx.identity)
     if selection.ab_arm:
-        ctx.extra_headers["x-kvgate-ab-arm"] = selection.ab_arm
+        ctx.add_headers({"x-kvgate-ab-arm": selection.ab_arm})
     limiter = runtime.limiter
     reservation = None
     if limiter.active:
         reservation = await limiter.reserve(ctx.identity, model, request.path, body)
         if reservation is not None:
-            ctx.extra_headers.update(reservation.headers)
+            ctx.add_headers(reservation.headers)
     pick = PickRequest(model, body, request.headers, ctx.identity, ctx.request_id)
     shadow = None
     if route.shadow:
         shadow = app[SHADOW].start(policy, runtime.picker, route, path, body, pick)
+    forward = Forward(request, runtime, ctx, path, raw, pick, client_wants_usage)
     try:
-        response = await _serve_with_fallbacks(
-            request, runtime, ctx, route, selection.pool, path, raw, pick, client_wants_usage
-        )
+        if route.fallback:
+            response = await _serve_with_fallbacks(forward, route, selection.pool)
+        else:
+            response = await _serve_pool(forward, policy.pools[selection.pool])
     finally:
-        used = ctx.prompt_tokens + ctx.completion_tokens if ctx.usage_known else None
-        limiter.settle(reservation, used)
-        _record_ab(app[METRICS], selection.ab_arm, ctx)
+        if reservation is not None:
+            used = ctx.prompt_tokens + ctx.completion_tokens if ctx.usage_known else None
+            limiter.settle(reservation, used)
+        if selection.ab_arm:
+            _record_ab(app[METRICS], selection.ab_arm, ctx)
     if shadow is not None:
         primary = Outcome(
             ctx.status,
@@ -93,46 +99,106 @@ async def proxy(
     return response
 
 
-async def _serve_with_fallbacks(
-    request: Request,
-    runtime: Runtime,
-    ctx: RequestContext,
-    route: Route,
-    first_pool: str,
-    path: str,
-    raw: bytes,
-    pick: PickRequest,
-    client_wants_usage: bool,
-) -> AnyResponse:
+@dataclass(slots=True)
+class Forward:
+    """What sending one request upstream needs, whichever pool serves it."""
+
+    request: Request
+    runtime: Runtime
+    ctx: RequestContext
+    path: str  # the upstream path
+    raw: bytes  # the client's body as sent
+    pick: PickRequest
+    client_wants_usage: bool
+
+
+async def _serve_with_fallbacks(forward: Forward, route: Route, first_pool: str) -> AnyResponse:
     """Serve from ``first_pool``; if it is saturated or none of its endpoints can answer before
     the first byte, from the pools of the route's fallback models, in order."""
-    app = request.app
-    policy, admission, metrics = runtime.policy, app[ADMISSION], app[METRICS]
+    runtime, ctx = forward.runtime, forward.ctx
+    policy, metrics = runtime.policy, forward.request.app[METRICS]
+    admission = forward.request.app[ADMISSION]
     pools = [first_pool]
     for name in route.fallback:
         fallback = policy.route_for(name)
         if fallback is not None:
-            pools.append(select(fallback, pick.body, request.headers, ctx.identity).pool)
+            pools.append(
+                select(fallback, forward.pick.body, forward.request.headers, ctx.identity).pool
+            )
     for index, pool_name in enumerate(pools):
         last = index == len(pools) - 1
         if not last and not admission.gate.has_capacity(pool_name):
             metrics.child(metrics.fallbacks, route.model, "saturated").inc()
             continue
-        pool = policy.pools[pool_name]
-        ctx.pool = pool.name
-        payload = _payload(raw, pick.body, pool, ctx.model, ctx.stream, client_wants_usage)
-        await _queue(request, ctx, pool.name)  # returns at once when there is room
         try:
-            return await _forward(
-                request, runtime, ctx, pool, path, payload, pick, client_wants_usage
-            )
+            return await _serve_pool(forward, policy.pools[pool_name])
         except (NoEndpoint, UpstreamError, UpstreamTimeout):
             if last:
                 raise
             metrics.child(metrics.fallbacks, route.model, "unavailable").inc()
-        finally:
-            admission.done(pool.name)
     raise NoEndpoint(f"no pool of route '{route.model}' can serve the request")
+
+
+async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
+    """Wait for capacity in ``pool`` (in the caller's priority class), send the request to one
+    of its endpoints and relay the answer."""
+    request, runtime, ctx = forward.request, forward.runtime, forward.ctx
+    app = request.app
+    admission = app[ADMISSION]
+    ctx.pool = pool.name
+    ctx.priority_class = admission.class_of(
+        ctx.identity.priority_class if ctx.identity else None
+    ).name
+    if admission.try_admit(pool.name):  # the common case: room, nobody queued
+        ctx.queue_wait = 0.0
+    else:
+        try:
+            ctx.queue_wait = await admission.admit(pool.name, ctx.priority_class, ctx.tenant)
+        except (Rejected, Evicted) as exc:
+            reason = "full" if isinstance(exc, Rejected) else "expired"
+            metrics = app[METRICS]
+            metrics.child(metrics.queue_rejections, ctx.priority_class, reason).inc()
+            raise
+    try:
+        payload = _payload(
+            forward.raw, forward.pick.body, pool, ctx.model, ctx.stream, forward.client_wants_usage
+        )
+        call = runtime.calls.get(pool.name)
+        if call is None:
+            call = runtime.calls[pool.name] = _upstream_call(app, runtime, pool)
+        headers = upstream_headers(request.headers, ctx.request_id, pool)
+        endpoint, upstream = await open_upstream(
+            call, ctx, pool, forward.path, payload, headers, forward.pick
+        )
+        ctx.endpoint = endpoint.address
+        idle = runtime.policy.timeouts.idle
+        try:
+            if upstream.content_type == "text/event-stream":
+                return await relay_stream(
+                    request, ctx, upstream, idle, strip_usage=not forward.client_wants_usage
+                )
+            return await relay_body(ctx, upstream, idle)
+        finally:
+            endpoint.in_flight -= 1
+            upstream.close()
+            if ctx.error in BROKEN_RESPONSES:
+                endpoint.breaker.record(ok=False)
+    finally:
+        admission.done(pool.name)
+
+
+def _upstream_call(app: web.Application, runtime: Runtime, pool: Pool) -> UpstreamCall:
+    policy = runtime.policy
+    return UpstreamCall(
+        app[UPSTREAMS],
+        runtime.picker,
+        app[METRICS],
+        policy.timeouts,
+        policy.retries,
+        app[TRACER],
+        runtime.endpoints[pool.name],
+        runtime.budgets[pool.name],
+    )
 
 
 def _payload(
@@ -158,68 +224,6 @@ def _payload(
     return orjson.dumps({**body, **changes})
 
 
-def _record_ab(metrics: GatewayMetrics, arm: str | None, ctx: RequestContext) -> None:
-    if arm:
-        test, _, name = arm.partition("=")
-        metrics.child(metrics.ab_requests, test, name, str(ctx.status or 0)).inc()
-
-
-async def _queue(request: Request, ctx: RequestContext, pool: str) -> None:
-    """Wait for capacity in ``pool``, in the caller's priority class."""
-    admission, metrics = request.app[ADMISSION], request.app[METRICS]
-    cls = admission.class_of(ctx.identity.priority_class if ctx.identity else None).name
-    if admission.try_admit(pool):
-        metrics.queue_wait_batch.observe((cls,), 0.0)
-        return
-    try:
-        waited = await admission.admit(pool, cls, ctx.tenant)
-    except (Rejected, Evicted) as exc:
-        reason = "full" if isinstance(exc, Rejected) else "expired"
-        metrics.child(metrics.queue_rejections, cls, reason).inc()
-        raise
-    metrics.queue_wait_batch.observe((cls,), waited)
-
-
-async def _forward(
-    request: Request,
-    runtime: Runtime,
-    ctx: RequestContext,
-    pool: Pool,
-    path: str,
-    payload: bytes,
-    pick: PickRequest,
-    client_wants_usage: bool,
-) -> AnyResponse:
-    app = request.app
-    policy = runtime.policy
-    call = runtime.calls.get(pool.name)
-    if call is None:
-        call = runtime.calls[pool.name] = UpstreamCall(
-            app[UPSTREAMS],
-            runtime.picker,
-            app[METRICS],
-            policy.timeouts,
-            policy.retries,
-            app[TRACER],
-            runtime.endpoints[pool.name],
-            runtime.budgets[pool.name],
-        )
-    headers = upstream_headers(request.headers, ctx.request_id, pool)
-    in_flight = call.metrics.in_flight_batch
-    in_flight.add((pool.name,), 1)
-    try:
-        endpoint, upstream = await open_upstream(call, ctx, pool, path, payload, headers, pick)
-        ctx.endpoint = endpoint.address
-        try:
-            if upstream.content_type == "text/event-stream":
-                return await relay_stream(
-                    request, ctx, upstream, policy.timeouts.idle, strip_usage=not client_wants_usage
-                )
-            return await relay_body(ctx, upstream, policy.timeouts.idle)
-        finally:
-            endpoint.in_flight -= 1
-            upstream.close()
-            if ctx.error in BROKEN_RESPONSES:
-                endpoint.breaker.record(ok=False)
-    finally:
-        in_flight.add((pool.name,), -1)
+def _record_ab(metrics: GatewayMetrics, arm: str, ctx: RequestContext) -> None:
+    test, _, name = arm.partition("=")
+    metrics.child(metrics.ab_requests, test, name, str(ctx.status or 0)).inc()

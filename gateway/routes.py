@@ -1,27 +1,34 @@
-"""The gateway's routes and the layers around them: the proxied OpenAI API, models, health,
+"""The gateway's routes and what runs around them: the proxied OpenAI API, models, health,
 readiness and metrics.
 
-``handle`` is what the HTTP server calls for every request: errors (outermost) → request
-context (request id, span, access log, metrics) → auth (``/v1/*`` only, before the route is
-looked up, so an unauthenticated caller learns nothing about paths) → the route's handler.
+``handle`` is what the HTTP server calls for every request: request context (request id, span,
+access log, metrics), auth, the route's handler, errors.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 
+from opentelemetry.trace import Tracer
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import proxy
 from gateway.context import RequestContext
-from gateway.errors import MethodNotAllowed, NotFound
+from gateway.errors import GatewayError, MethodNotAllowed, NotFound
 from gateway.http.messages import AnyResponse, Request, Response, json_response
-from gateway.keys import METRICS, RUNTIME, SHUTTING_DOWN
-from gateway.middleware.auth import authenticate
+from gateway.keys import METRICS, RUNTIME, SHUTTING_DOWN, TRACER
 from gateway.middleware.errors import response_for
-from gateway.middleware.request_context import request_context
+from gateway.middleware.request_context import (
+    counted,
+    end_span,
+    log_access,
+    request_id_of,
+    server_span,
+)
+from gateway.request_id import new_request_id
 
 RouteHandler = Callable[[Request, RequestContext], Awaitable[AnyResponse]]
 
@@ -84,15 +91,55 @@ def _route(request: Request) -> RouteHandler:
     return handler
 
 
-async def _authenticated(request: Request, ctx: RequestContext) -> AnyResponse:
-    if request.path.startswith("/v1/"):
-        authenticate(request, ctx)
-    return await _route(request)(request, ctx)
-
-
 async def handle(request: Request) -> AnyResponse:
-    """The response to one request (never raises but for cancellation)."""
-    try:
-        return await request_context(request, _authenticated)
-    except Exception as exc:
-        return response_for(request, exc)
+    """The response to one request (never raises but for cancellation).
+
+    One coroutine does it all (a layer per concern costs a coroutine each, per request): the
+    request context (request id, server span, access log, metrics), auth (``/v1/*`` only, before
+    the route is looked up, so an unauthenticated caller learns nothing about paths), the
+    route's handler, and any exception made into an OpenAI-shaped error.
+    """
+    app = request.app
+    ctx = RequestContext(request_id_of(request) or new_request_id(), request.path)
+    tracer = app[TRACER]
+    with server_span(tracer, request) as span:
+        try:
+            if request.path.startswith("/v1/"):
+                _authenticate(request, ctx, tracer)
+            response = await _route(request)(request, ctx)
+        except asyncio.CancelledError:
+            ctx.status, ctx.error = 499, ctx.error or "client_disconnected"
+            _finish(request, ctx)
+            raise
+        except Exception as exc:
+            response = response_for(request, exc)
+            if isinstance(exc, GatewayError):
+                ctx.error = ctx.error or exc.code or type(exc).__name__
+        if not response.prepared:
+            response.headers.append(("x-request-id", ctx.request_id))  # no handler sets it
+        ctx.status = ctx.status or response.status
+        _finish(request, ctx)
+        if span is not None:
+            end_span(span, ctx)
+    return response
+
+
+def _authenticate(request: Request, ctx: RequestContext, tracer: Tracer | None) -> None:
+    """Set ``ctx.identity``, or raise Unauthorized / Forbidden."""
+    authenticator = request.app[RUNTIME].current.authenticator
+    if tracer is None:
+        ctx.identity = authenticator.authenticate(request.headers)
+        return
+    with tracer.start_as_current_span("auth"):
+        ctx.identity = authenticator.authenticate(request.headers)
+
+
+def _finish(request: Request, ctx: RequestContext) -> None:
+    """Count and log the finished request."""
+    observability = request.app[RUNTIME].current.policy.observability
+    if not counted(request, observability):
+        return
+    ctx.elapsed = time.perf_counter() - ctx.start
+    request.app[METRICS].finished(ctx)
+    if observability.access_log == "json":
+        log_access(request, ctx)

@@ -54,7 +54,9 @@ class Connection(asyncio.Protocol):
         self._declared: int | None = None  # content-length, when the request gives one
         self._expects = False  # Expect: 100-continue
         self._pending: deque[Request] = deque()
-        self._task: asyncio.Task[None] | None = None
+        self._worker: asyncio.Task[None] | None = None  # serves this connection's requests
+        self._wakeup: asyncio.Future[None] | None = None  # the idle worker waits on it
+        self._busy = False  # a request is being handled
         self._closing = False
         self._lost = False
         self._drain: asyncio.Future[None] | None = None
@@ -72,8 +74,8 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
         self._closing = self._lost = True
-        if self._task is not None:
-            self._task.cancel()
+        if self._worker is not None:
+            self._worker.cancel()
         if self._drain is not None and not self._drain.done():
             self._drain.set_exception(ConnectionResetError("the client went away"))
         self._pending.clear()
@@ -166,10 +168,13 @@ class Connection(asyncio.Protocol):
         )
         self._body = []
         self._pending.append(request)
-        if self._task is None:
-            self._next()
-        elif self._transport is not None:
-            self._transport.pause_reading()  # pipelined: one request in flight at a time
+        if self._busy:
+            if self._transport is not None:
+                self._transport.pause_reading()  # pipelined: one request in flight at a time
+        elif self._worker is None:
+            self._worker = self._server.loop.create_task(self._work())
+        elif self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
 
     # --- writing ---------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
@@ -186,18 +191,36 @@ class Connection(asyncio.Protocol):
         await asyncio.shield(self._drain)
 
     # --- request loop ----------------------------------------------------------------------
-    def _next(self) -> None:
-        request = self._pending.popleft()
-        self._task = asyncio.get_running_loop().create_task(self._serve(request))
+    async def _work(self) -> None:
+        """Serve the connection's requests in order, for as long as it stays open (one task per
+        connection, not per request: a task costs more than the wait for the next request)."""
+        loop = self._server.loop
+        while True:
+            while not self._pending:
+                self._wakeup = loop.create_future()
+                try:
+                    await self._wakeup
+                finally:
+                    self._wakeup = None
+            request = self._pending.popleft()
+            self._busy = True
+            try:
+                keep_alive = await self._serve(request)
+            finally:
+                self._busy = False
+            if not self._after(keep_alive):
+                self._worker = None
+                return
 
-    async def _serve(self, request: Request) -> None:
+    async def _serve(self, request: Request) -> bool:
+        """Handle and answer one request; whether the connection may stay open."""
         server = self._server
         server.in_flight += 1
         try:
             try:
                 response = await server.handler(request)
             except asyncio.CancelledError:
-                return
+                raise
             except Exception:
                 log.exception("unhandled error serving %s %s", request.method, request.path)
                 response = server.error_response(500, "internal gateway error")
@@ -212,19 +235,20 @@ class Connection(asyncio.Protocol):
             server.in_flight -= 1
             if not server.in_flight and server.drained is not None:
                 server.drained.set()
-            self._task = None
-        self._after(request.keep_alive and not server.stopping)
+        return request.keep_alive and not server.stopping
 
-    def _after(self, keep_alive: bool) -> None:
+    def _after(self, keep_alive: bool) -> bool:
+        """After a response: whether to go on serving this connection."""
         if self._transport is None:
-            return
+            return False
         if not keep_alive or self._closing:
             self._close()
-        elif self._pending:
+            return False
+        if self._pending:
             self._transport.resume_reading()
-            self._next()
         else:
             self.last_active = self._server.loop.time()
+        return True
 
     def _refuse_too_large(self) -> None:
         """Answer 413 now and close once it is written; later body bytes are discarded."""
@@ -239,7 +263,7 @@ class Connection(asyncio.Protocol):
         self._finish_with(self._server.error_response(status, message))
 
     def _finish_with(self, response: Response) -> None:
-        if self._task is not None:  # a request is in flight: just stop after it
+        if self._busy:  # a request is in flight: just stop after it
             self._pending.clear()
             self._closing = True
             return
@@ -260,7 +284,7 @@ class Connection(asyncio.Protocol):
     def close_if_idle(self, idle_since: float | None = None) -> None:
         """Close the connection if no request is in flight (and, given ``idle_since``, nothing
         arrived after it: a half-sent request does not hold a connection forever)."""
-        if self._task is not None or self._pending or self._transport is None:
+        if self._busy or self._pending or self._transport is None:
             return
         if idle_since is None or self.last_active < idle_since:
             self._transport.close()
