@@ -35,6 +35,7 @@ class CircuitBreaker:
         self.clock = clock
         self.on_change = on_change
         self._state = BreakerState.CLOSED
+        self.closed = True  # the state is CLOSED (read per request without a call)
         self._opened_at = 0.0
         self._consecutive = 0
         # outcomes in the window, in time slices of window/20: [slice start, total, failures]
@@ -116,6 +117,7 @@ class CircuitBreaker:
         if state is self._state:
             return
         self._state = state
+        self.closed = state is BreakerState.CLOSED
         self._probes = self._probe_successes = 0
         if state is BreakerState.CLOSED:
             self._consecutive = 0
@@ -143,8 +145,10 @@ class RetryBudget:
         self._last = clock()
 
     def deposit(self) -> None:
-        self._refill()
-        self._balance = min(self.cap, self._balance + self.ratio)
+        now = self.clock()
+        balance = self._balance + (now - self._last) * self.min_per_second + self.ratio
+        self._balance = balance if balance < self.cap else self.cap
+        self._last = now
 
     def try_spend(self) -> bool:
         self._refill()

@@ -185,16 +185,18 @@ class GatewayMetrics:
     def flush(self) -> None:
         """Move the finished requests and batched updates into the metrics."""
         finished, self._finished = self._finished, []
-        requests, latency, ttft = self.requests_batch, self.latency_batch, self.ttft_batch
-        tokens, queue_wait = self.tokens_batch, self.queue_wait_batch
+        requests, tokens = self.requests_batch.pending, self.tokens_batch.pending
+        latency, ttft, queue_wait = self.latency_batch, self.ttft_batch, self.queue_wait_batch
         for ctx in finished:
-            requests.add((ctx.route, ctx.model, str(ctx.status)))
+            key = (ctx.route, ctx.model, str(ctx.status))
+            requests[key] = requests.get(key, 0.0) + 1
             latency.observe((ctx.route,), ctx.elapsed)
             if ctx.ttft is not None:
                 ttft.observe((ctx.model,), ctx.ttft)
             if ctx.prompt_tokens or ctx.completion_tokens:
-                tokens.add((ctx.model, "prompt"), ctx.prompt_tokens)
-                tokens.add((ctx.model, "completion"), ctx.completion_tokens)
+                prompt, completion = (ctx.model, "prompt"), (ctx.model, "completion")
+                tokens[prompt] = tokens.get(prompt, 0.0) + ctx.prompt_tokens
+                tokens[completion] = tokens.get(completion, 0.0) + ctx.completion_tokens
             if ctx.queue_wait is not None:
                 queue_wait.observe((ctx.priority_class,), ctx.queue_wait)
         for batch in self._batches:

@@ -26,13 +26,11 @@ class EndpointState:
     breaker: CircuitBreaker
     in_flight: int = 0
     url: str = field(init=False)
+    address: str = field(init=False)  # the endpoint's host:port (read on every pick)
 
     def __post_init__(self) -> None:
         self.url = self.endpoint.url
-
-    @property
-    def address(self) -> str:
-        return self.endpoint.address
+        self.address = self.endpoint.address
 
 
 @dataclass(slots=True)

@@ -122,7 +122,9 @@ async def open_upstream(
         if attempt and not call.budget.try_spend():
             call.metrics.retry_budget_exhausted.labels(pool.name).inc()
             break
-        blocked = [e.address for e in call.endpoints if not e.breaker.available()]
+        blocked = [
+            e.address for e in call.endpoints if not e.breaker.closed and not e.breaker.available()
+        ]
         exclude = tried.union(blocked) if blocked else tried
         endpoint = await call.picker.pick(pool.name, pick, exclude)
         if endpoint is None:
