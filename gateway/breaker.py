@@ -24,6 +24,11 @@ class BreakerState(Enum):
     HALF_OPEN = "half_open"
 
 
+# The states as module constants: reading an attribute of an Enum class goes through the enum
+# metaclass's __getattr__ hook (Python 3.11), and a breaker is consulted several times per request.
+CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
+
+
 class CircuitBreaker:
     def __init__(
         self,
@@ -34,7 +39,7 @@ class CircuitBreaker:
         self.config = config
         self.clock = clock
         self.on_change = on_change
-        self._state = BreakerState.CLOSED
+        self._state = CLOSED
         self.closed = True  # the state is CLOSED (read per request without a call)
         self._opened_at = 0.0
         self._consecutive = 0
@@ -47,39 +52,36 @@ class CircuitBreaker:
 
     @property
     def state(self) -> BreakerState:
-        if (
-            self._state is BreakerState.OPEN
-            and self.clock() >= self._opened_at + self.config.cool_down
-        ):
-            self._move(BreakerState.HALF_OPEN)
+        if self._state is OPEN and self.clock() >= self._opened_at + self.config.cool_down:
+            self._move(HALF_OPEN)
         return self._state
 
     def available(self) -> bool:
         """May the picker choose this endpoint now? (No side effects.)"""
-        if self._state is BreakerState.CLOSED:  # the common case, without reading the clock
+        if self._state is CLOSED:  # the common case, without reading the clock
             return True
         state = self.state
-        return state is BreakerState.CLOSED or (
-            state is BreakerState.HALF_OPEN and self._probes < self.config.half_open_probes
+        return state is CLOSED or (
+            state is HALF_OPEN and self._probes < self.config.half_open_probes
         )
 
     def on_dispatch(self) -> None:
         """A request was sent; half-open, it uses up one probe."""
-        if self._state is not BreakerState.CLOSED and self.state is BreakerState.HALF_OPEN:
+        if self._state is not CLOSED and self.state is HALF_OPEN:
             self._probes += 1
 
     def record(self, ok: bool) -> None:
         now = self.clock()
-        state = self._state if self._state is BreakerState.CLOSED else self.state
-        if state is BreakerState.HALF_OPEN:
+        state = self._state if self._state is CLOSED else self.state
+        if state is HALF_OPEN:
             if not ok:
                 self._open(now)
                 return
             self._probe_successes += 1
             if self._probe_successes >= self.config.half_open_probes:
-                self._move(BreakerState.CLOSED)
+                self._move(CLOSED)
             return
-        if state is BreakerState.OPEN:
+        if state is OPEN:
             return  # a late answer from before the breaker opened
         self._count(now, ok)
         self._consecutive = 0 if ok else self._consecutive + 1
@@ -111,15 +113,15 @@ class CircuitBreaker:
 
     def _open(self, now: float) -> None:
         self._opened_at = now
-        self._move(BreakerState.OPEN)
+        self._move(OPEN)
 
     def _move(self, state: BreakerState) -> None:
         if state is self._state:
             return
         self._state = state
-        self.closed = state is BreakerState.CLOSED
+        self.closed = state is CLOSED
         self._probes = self._probe_successes = 0
-        if state is BreakerState.CLOSED:
+        if state is CLOSED:
             self._consecutive = 0
             self._slices.clear()
             self._total = self._failures = 0

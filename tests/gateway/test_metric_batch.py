@@ -55,3 +55,32 @@ def test_batched_updates_match_plain_ones() -> None:
         else:
             assert got == want
     assert any(line.startswith('h_bucket{le="+Inf",model="x"}') for line in expositions[1])
+
+
+def test_finished_requests_and_in_flight_reach_the_metrics_at_flush() -> None:
+    from gateway.context import RequestContext
+    from gateway.metrics import GatewayMetrics
+
+    metrics = GatewayMetrics()
+    in_flight = {"gpu": 3}
+    metrics.in_flight_source = lambda: dict(in_flight)
+    for status, ttft, tokens, wait in ((200, 0.02, (5, 7), 0.0), (429, None, (0, 0), None)):
+        ctx = RequestContext("id", "/v1/chat/completions")
+        ctx.model, ctx.status, ctx.ttft, ctx.elapsed = "m", status, ttft, 0.05
+        ctx.prompt_tokens, ctx.completion_tokens = tokens
+        ctx.priority_class, ctx.queue_wait = "standard", wait
+        metrics.finished(ctx)
+    text = metrics.exposition().decode()  # flushes first
+    route = 'route="/v1/chat/completions"'
+    assert f'kvgate_requests_total{{model="m",{route},status="200"}} 1.0' in text
+    assert f'kvgate_requests_total{{model="m",{route},status="429"}} 1.0' in text
+    assert f"kvgate_request_duration_seconds_count{{{route}}} 2.0" in text
+    assert 'kvgate_time_to_first_byte_seconds_count{model="m"} 1.0' in text
+    assert 'kvgate_tokens_total{direction="prompt",model="m"} 5.0' in text
+    assert 'kvgate_tokens_total{direction="completion",model="m"} 7.0' in text
+    assert 'kvgate_in_flight_requests{pool="gpu"} 3.0' in text
+    in_flight["gpu"] = 0
+    text = metrics.exposition().decode()
+    assert 'kvgate_in_flight_requests{pool="gpu"} 0.0' in text
+    assert f'kvgate_requests_total{{model="m",{route},status="200"}} 1.0' in text  # not twice
+    assert 'kvgate_queue_wait_seconds_count{class="standard"} 1.0' in text  # 429: never queued
