@@ -85,7 +85,9 @@ class CircuitBreaker:
             return  # a late answer from before the breaker opened
         self._count(now, ok)
         self._consecutive = 0 if ok else self._consecutive + 1
-        if self._consecutive >= self.config.consecutive_failures or self._ratio_tripped():
+        if self._consecutive >= self.config.consecutive_failures or (
+            self._failures and self._ratio_tripped()
+        ):
             self._open(now)
 
     def _count(self, now: float, ok: bool) -> None:

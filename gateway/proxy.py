@@ -160,9 +160,10 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
             metrics.child(metrics.queue_rejections, ctx.priority_class, reason).inc()
             raise
     try:
-        payload = _payload(
-            forward.raw, forward.pick.body, pool, ctx.model, ctx.stream, forward.client_wants_usage
-        )
+        payload = forward.raw
+        add_usage = ctx.stream and not forward.client_wants_usage
+        if pool.model or add_usage:
+            payload = _payload(payload, forward.pick.body, pool, ctx.model, add_usage)
         call = runtime.calls.get(pool.name)
         if call is None:
             call = runtime.calls[pool.name] = _upstream_call(app, runtime, pool)
@@ -202,18 +203,14 @@ def _upstream_call(app: web.Application, runtime: Runtime, pool: Pool) -> Upstre
 
 
 def _payload(
-    raw: bytes,
-    body: Mapping[str, object],
-    pool: Pool,
-    model: str,
-    stream: bool,
-    client_wants_usage: bool,
+    raw: bytes, body: Mapping[str, object], pool: Pool, model: str, add_usage: bool
 ) -> bytes:
-    """The body for ``pool``: the original bytes unless the model or stream options change."""
+    """The body for ``pool``: the original bytes unless the pool's model differs or, on a
+    stream the client asked no usage of, ``stream_options.include_usage`` must be added."""
     changes: dict[str, object] = {}
     if pool.model and pool.model != model:
         changes["model"] = pool.model
-    if stream and not client_wants_usage:
+    if add_usage:
         options = body.get("stream_options")
         changes["stream_options"] = {
             **(options if isinstance(options, dict) else {}),

@@ -22,11 +22,13 @@ BROKEN_RESPONSES = frozenset({"upstream_stream_broken", "upstream_body_error"})
 
 
 async def relay_body(ctx: RequestContext, upstream: UpstreamResponse, idle: float) -> Response:
-    try:
-        data = await upstream.read(idle)  # a whole JSON body comes at once after generation
-    except MID_STREAM_ERRORS as exc:
-        ctx.error = "upstream_body_error"
-        raise _upstream_failed(ctx, exc) from exc
+    data = upstream.read_now()  # a whole JSON body usually comes with the headers
+    if data is None:
+        try:
+            data = await upstream.read(idle)
+        except MID_STREAM_ERRORS as exc:
+            ctx.error = "upstream_body_error"
+            raise _upstream_failed(ctx, exc) from exc
     ctx.ttft = time.perf_counter() - ctx.start
     ctx.status = upstream.status
     if upstream.status == 200 and upstream.content_type == "application/json":

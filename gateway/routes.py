@@ -12,7 +12,6 @@ import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 
-from opentelemetry.trace import Tracer
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import proxy
@@ -22,13 +21,12 @@ from gateway.http.messages import AnyResponse, Request, Response, json_response
 from gateway.keys import METRICS, RUNTIME, SHUTTING_DOWN, TRACER
 from gateway.middleware.errors import response_for
 from gateway.middleware.request_context import (
-    counted,
-    end_span,
+    QUIET_PATHS,
+    end_server_span,
     log_access,
     request_id_of,
-    server_span,
+    start_server_span,
 )
-from gateway.request_id import new_request_id
 
 RouteHandler = Callable[[Request, RequestContext], Awaitable[AnyResponse]]
 
@@ -100,12 +98,18 @@ async def handle(request: Request) -> AnyResponse:
     route's handler, and any exception made into an OpenAI-shaped error.
     """
     app = request.app
-    ctx = RequestContext(request_id_of(request) or new_request_id(), request.path)
+    ctx = RequestContext(request_id_of(request.headers), request.path)
     tracer = app[TRACER]
-    with server_span(tracer, request) as span:
+    span = None if tracer is None else start_server_span(tracer, request)
+    try:
         try:
             if request.path.startswith("/v1/"):
-                _authenticate(request, ctx, tracer)
+                authenticator = app[RUNTIME].current.authenticator
+                if tracer is None:
+                    ctx.identity = authenticator.authenticate(request.headers)
+                else:
+                    with tracer.start_as_current_span("auth"):
+                        ctx.identity = authenticator.authenticate(request.headers)
             response = await _route(request)(request, ctx)
         except asyncio.CancelledError:
             ctx.status, ctx.error = 499, ctx.error or "client_disconnected"
@@ -119,25 +123,17 @@ async def handle(request: Request) -> AnyResponse:
             response.headers.append(("x-request-id", ctx.request_id))  # no handler sets it
         ctx.status = ctx.status or response.status
         _finish(request, ctx)
+    finally:
         if span is not None:
-            end_span(span, ctx)
+            end_server_span(span, ctx)
     return response
 
 
-def _authenticate(request: Request, ctx: RequestContext, tracer: Tracer | None) -> None:
-    """Set ``ctx.identity``, or raise Unauthorized / Forbidden."""
-    authenticator = request.app[RUNTIME].current.authenticator
-    if tracer is None:
-        ctx.identity = authenticator.authenticate(request.headers)
-        return
-    with tracer.start_as_current_span("auth"):
-        ctx.identity = authenticator.authenticate(request.headers)
-
-
 def _finish(request: Request, ctx: RequestContext) -> None:
-    """Count and log the finished request."""
+    """Count and log the finished request (probes and scrapes are not)."""
     observability = request.app[RUNTIME].current.policy.observability
-    if not counted(request, observability):
+    path = request.path
+    if path in QUIET_PATHS or path == observability.metrics_path:
         return
     ctx.elapsed = time.perf_counter() - ctx.start
     request.app[METRICS].finished(ctx)

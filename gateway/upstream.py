@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from opentelemetry import trace
@@ -55,6 +55,7 @@ DROP_RESPONSE_HEADERS = HOP_BY_HOP | {
     "x-request-id",
 }
 _NOT_FORWARDED = DROP_REQUEST_HEADERS | {"content-type"}  # the gateway sets its own
+_NOT_RETURNED = frozenset(name.encode() for name in DROP_RESPONSE_HEADERS)
 RETRYABLE = (UpstreamConnectionError, asyncio.TimeoutError)
 
 
@@ -70,19 +71,23 @@ def upstream_headers(
 
 
 def response_headers(
-    upstream: Iterable[tuple[str, str]],
+    upstream: list[tuple[bytes, bytes]],
     request_id: str | None,
     extra: Mapping[str, str] | None = None,
 ) -> list[tuple[str, str]]:
     """The upstream's headers for the client, without hop-by-hop ones and the upstream's own
     request id; with ``request_id`` (streams: prepared before the request context sees them;
     whole responses get it from the request context) and ``extra``."""
+    drop = _NOT_RETURNED
     if extra:
-        replaced = DROP_RESPONSE_HEADERS | {name.lower() for name in extra}
-        headers = [(k, v) for k, v in upstream if k.lower() not in replaced]
+        drop = drop | {name.lower().encode("latin-1") for name in extra}
+    headers = [
+        (name.decode("latin-1"), value.decode("latin-1"))
+        for name, value in upstream
+        if name.lower() not in drop
+    ]
+    if extra:
         headers.extend(extra.items())
-    else:
-        headers = [(k, v) for k, v in upstream if k.lower() not in DROP_RESPONSE_HEADERS]
     if request_id is not None:
         headers.append(("x-request-id", request_id))
     return headers
@@ -135,7 +140,8 @@ async def open_upstream(
         tried.add(endpoint.address)
         ctx.attempts = attempt + 1
         endpoint.in_flight += 1
-        endpoint.breaker.on_dispatch()
+        if not endpoint.breaker.closed:
+            endpoint.breaker.on_dispatch()  # half-open: uses up a probe
         try:
             if call.tracer is None:
                 response = await call.pool.request(

@@ -44,7 +44,7 @@ async def serve(port: int, upstream_ports: list[int]) -> None:
             data = await upstream.read(60.0)
         finally:
             upstream.close()
-        return Response(data, status=upstream.status, headers=upstream.raw_headers[:1])
+        return Response(data, status=upstream.status, content_type=upstream.content_type)
 
     server = HttpServer(web.Application(), handler, http_error, max_body=1 << 20)
     await server.start("127.0.0.1", port)

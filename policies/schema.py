@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 DEFAULT_CLASS = "standard"
 ROLES = ("both", "prefill", "decode")
@@ -308,10 +309,15 @@ class Policy:
     source: str = "<policy>"
 
     def route_for(self, model: str) -> Route | None:
+        return self._routes_by_model.get(model)
+
+    @cached_property
+    def _routes_by_model(self) -> dict[str, Route]:
+        """The first route of each model (a request looks its model up once)."""
+        found: dict[str, Route] = {}
         for route in self.routes:
-            if route.model == model:
-                return route
-        return None
+            found.setdefault(route.model, route)
+        return found
 
     @property
     def public_models(self) -> tuple[str, ...]:

@@ -27,23 +27,33 @@ class UpstreamConnectionError(ConnectionError):
 
 
 class UpstreamResponse:
-    """One response; ``status``, ``raw_headers`` (name/value pairs as sent) and
+    """One response; ``status``, ``raw_headers`` (name/value byte pairs as sent) and
     ``content_type`` are known on return."""
 
     __slots__ = ("_conn", "content_type", "raw_headers", "status")
 
     def __init__(
-        self, conn: _Connection, status: int, raw_headers: list[tuple[str, str]], content_type: str
+        self,
+        conn: _Connection,
+        status: int,
+        raw_headers: list[tuple[bytes, bytes]],
+        content_type: str,
     ) -> None:
         self.status = status
         self.raw_headers = raw_headers
         self.content_type = content_type
         self._conn = conn
 
+    def read_now(self) -> bytes | None:
+        """The whole body if it has all arrived (the usual case: it came with the headers),
+        else None (then ``await read()``)."""
+        conn = self._conn
+        return conn.take_all() if conn.complete else None
+
     async def read(self, idle: float | None = None) -> bytes:
         """The whole body; TimeoutError if ``idle`` seconds pass with no bytes arriving."""
         conn = self._conn
-        if conn.body_complete:  # the usual case: the body came with the headers
+        if conn.complete:
             return conn.take_all()
         parts = []
         while chunk := await self._conn.next_chunk(idle):
@@ -67,13 +77,13 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.lost = False
         self.idle_since = 0.0
-        self._headers: list[tuple[str, str]] = []
-        self._framing: list[tuple[str, bytes]] = []  # the headers that frame the body
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._framing: list[tuple[bytes, bytes]] = []  # the headers that frame the body
         self._loop = asyncio.get_running_loop()
         self._head: asyncio.Future[UpstreamResponse] | None = None
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
-        self._complete = False
+        self.complete = False
         self._received = False
         self._until_close = False  # the body ends when the connection does (no length given)
         self._keep_alive = False
@@ -94,7 +104,7 @@ class _Connection(asyncio.Protocol):
         self.pool.forget(self)
         self.pool.unwatch(self)
         if self._until_close and self._head is not None and self._head.done():
-            self._complete = True
+            self.complete = True
         error = UpstreamConnectionError("the upstream closed the connection")
         if self._head is not None and not self._head.done():
             self._head.set_exception(error)
@@ -112,21 +122,20 @@ class _Connection(asyncio.Protocol):
 
     # --- parser callbacks ------------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
-        text = name.decode("latin-1")
-        self._headers.append((text, value.decode("latin-1")))
+        self._headers.append((name, value))  # decoded only if passed on (most are not)
         size = len(name)
         if size == 12 or size == 14 or size == 17:  # content-type, -length, transfer-encoding
-            self._framing.append((text.lower(), value))
+            self._framing.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
         content_type, sized, chunked = "", False, False
         for name, value in self._framing:
-            if name == "content-type":
+            if name == b"content-type":
                 content_type = value.partition(b";")[0].strip().lower().decode("latin-1")
-            elif name == "content-length":
+            elif name == b"content-length":
                 sized = True
-            elif name == "transfer-encoding":
+            elif name == b"transfer-encoding":
                 chunked = b"chunked" in value.lower()
         self._until_close = not sized and not chunked and status not in (204, 304)
         self._keep_alive = self.parser.should_keep_alive()  # reset once the message ends
@@ -141,11 +150,13 @@ class _Connection(asyncio.Protocol):
         if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
-        self._wake()
+        if self._waiter is not None:
+            self._wake()
 
     def on_message_complete(self) -> None:
-        self._complete = True
-        self._wake()
+        self.complete = True
+        if self._waiter is not None:
+            self._wake()
 
     # --- use -------------------------------------------------------------------------------
     def start(self, request: bytes, timeout: float | None) -> asyncio.Future[UpstreamResponse]:
@@ -153,10 +164,11 @@ class _Connection(asyncio.Protocol):
         ``timeout`` seconds later (the pool sweeps deadlines: no timer per request)."""
         self._headers = []
         self._framing = []
-        self._resume()  # a connection reused after a paused read must be read again
+        if self._paused:  # a connection reused after a paused read must be read again
+            self._resume()
         self._chunks.clear()
         self._buffered = 0
-        self._complete = False
+        self.complete = False
         self._received = False
         self._until_close = False
         loop = self._loop
@@ -181,7 +193,7 @@ class _Connection(asyncio.Protocol):
                 if self._paused and self._buffered < _HIGH_WATER // 4:
                     self._resume()
                 return chunk
-            if self._complete:
+            if self.complete:
                 return b""
             if self.lost:
                 raise UpstreamConnectionError("the upstream closed the connection mid-response")
@@ -214,17 +226,14 @@ class _Connection(asyncio.Protocol):
             self._idle_timer.cancel()
             self._idle_timer = None
 
-    @property
-    def body_complete(self) -> bool:
-        return self._complete
-
     def take_all(self) -> bytes:
         """Every buffered body byte (the body is complete)."""
         chunks = self._chunks
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()
         self._buffered = 0
-        self._resume()
+        if self._paused:
+            self._resume()
         return data
 
     def _resume(self) -> None:
@@ -233,8 +242,9 @@ class _Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def release(self) -> None:
-        self._stop_idle_timer()
-        if self._complete and not self.lost and not self._chunks and self._keep_alive:
+        if self._idle_timer is not None:
+            self._stop_idle_timer()
+        if self.complete and not self.lost and not self._chunks and self._keep_alive:
             self.pool.put_back(self)
         else:
             self.abort()

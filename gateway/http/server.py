@@ -46,13 +46,12 @@ class Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._url = b""
         self._headers: list[tuple[str, str]] = []
+        self._mapping: CIMultiDict[str] = CIMultiDict()  # the headers of the current request
         self._body: list[bytes] = []
         self._size = 0
         self._too_large = False
         self._in_head = True  # reading a request line and headers
         self._head_size = 0
-        self._declared: int | None = None  # content-length, when the request gives one
-        self._expects = False  # Expect: 100-continue
         self._pending: deque[Request] = deque()
         self._worker: asyncio.Task[None] | None = None  # serves this connection's requests
         self._wakeup: asyncio.Future[None] | None = None  # the idle worker waits on it
@@ -108,36 +107,20 @@ class Connection(asyncio.Protocol):
             self._drain.set_result(None)
         self._drain = None
 
-    # --- parser callbacks ------------------------------------------------------------------
-    def on_message_begin(self) -> None:
-        self._in_head = True
-        self._head_size = 0
-        self._url = b""
-        self._headers = []
-        self._body = []
-        self._size = 0
-        self._too_large = False
-        self._declared = None
-        self._expects = False
-
+    # --- parser callbacks (per-message state is reset when a message completes) ------------
     def on_url(self, url: bytes) -> None:
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        text = value.decode("latin-1")
-        self._headers.append((name.decode("latin-1"), text))
-        size = len(name)
-        if size == 14 and name.lower() == b"content-length" and text.isdigit():
-            self._declared = int(text)
-        elif size == 6 and name.lower() == b"expect":
-            self._expects = text.lower() == "100-continue"
+        self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        declared, expects = self._declared, self._expects
-        if declared is not None and declared > self._server.max_body:
+        self._mapping = headers = CIMultiDict(self._headers)
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._server.max_body:
             self._refuse_too_large()
-        elif expects:
+        elif "expect" in headers and headers["expect"].lower() == "100-continue":
             self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
@@ -150,23 +133,26 @@ class Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        parts, url, headers = self._body, self._url, self._mapping
         self._in_head = True  # what follows is the next request's head
-        self._head_size = 0
+        self._head_size = self._size = 0
+        self._url = b""
+        self._headers = []
+        self._body = []
         if self._too_large or self._closing:
+            self._too_large = False
             return
         parser = self._parser
-        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         request = Request(
             parser.get_method().decode("latin-1"),
-            self._url,
-            CIMultiDict(self._headers),
-            body,
+            url,
+            headers,
+            parts[0] if len(parts) == 1 else b"".join(parts),
             parser.get_http_version(),
             parser.should_keep_alive(),
             self._server.app,
             self,
         )
-        self._body = []
         self._pending.append(request)
         if self._busy:
             if self._transport is not None:
@@ -194,7 +180,8 @@ class Connection(asyncio.Protocol):
     async def _work(self) -> None:
         """Serve the connection's requests in order, for as long as it stays open (one task per
         connection, not per request: a task costs more than the wait for the next request)."""
-        loop = self._server.loop
+        server = self._server
+        loop = server.loop
         while True:
             while not self._pending:
                 self._wakeup = loop.create_future()
@@ -204,38 +191,30 @@ class Connection(asyncio.Protocol):
                     self._wakeup = None
             request = self._pending.popleft()
             self._busy = True
+            server.in_flight += 1
             try:
-                keep_alive = await self._serve(request)
+                try:
+                    response = await server.handler(request)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("unhandled error serving %s %s", request.method, request.path)
+                    response = server.error_response(500, "internal gateway error")
+                    request.keep_alive = False
+                if isinstance(response, Response):
+                    self.write(
+                        response.head(request.keep_alive and not server.stopping) + response.body
+                    )
+                elif not response.finished:  # a stream the handler left open
+                    await response.write_eof()
             finally:
                 self._busy = False
-            if not self._after(keep_alive):
+                server.in_flight -= 1
+                if not server.in_flight and server.drained is not None:
+                    server.drained.set()
+            if not self._after(request.keep_alive and not server.stopping):
                 self._worker = None
                 return
-
-    async def _serve(self, request: Request) -> bool:
-        """Handle and answer one request; whether the connection may stay open."""
-        server = self._server
-        server.in_flight += 1
-        try:
-            try:
-                response = await server.handler(request)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("unhandled error serving %s %s", request.method, request.path)
-                response = server.error_response(500, "internal gateway error")
-                request.keep_alive = False
-            if isinstance(response, Response):
-                self.write(
-                    response.head(request.keep_alive and not server.stopping) + response.body
-                )
-            elif not response.finished:  # a stream the handler left open
-                await response.write_eof()
-        finally:
-            server.in_flight -= 1
-            if not server.in_flight and server.drained is not None:
-                server.drained.set()
-        return request.keep_alive and not server.stopping
 
     def _after(self, keep_alive: bool) -> bool:
         """After a response: whether to go on serving this connection."""

@@ -67,10 +67,7 @@ class Limiter:
         self._flusher: asyncio.Task[None] | None = None
         # each rule's conditions in a fixed order, so the bucket key is the same every time
         self._conditions = [(rule, sorted(rule.match.items())) for rule in limits.rules]
-
-    @property
-    def active(self) -> bool:
-        return bool(self.limits.rules)
+        self.active = bool(limits.rules)  # any rule to enforce (read per request)
 
     @property
     def status(self) -> str:

@@ -12,49 +12,52 @@ import json
 import logging
 import re
 import time
-from contextlib import AbstractContextManager, nullcontext
 
-from opentelemetry import trace
+from multidict import CIMultiDict
+from opentelemetry import context, trace
 from opentelemetry.propagate import extract
 from opentelemetry.trace import Span, Tracer
 
 from gateway.context import RequestContext
 from gateway.http.messages import Request
-from policies.schema import Observability
+from gateway.request_id import new_request_id
 
 access_log = logging.getLogger("kvgate.access")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$").match
 QUIET_PATHS = frozenset({"/healthz", "/readyz"})  # not counted or logged
-_NO_SPAN: AbstractContextManager[None] = nullcontext()
 
 
-def request_id_of(request: Request) -> str | None:
-    """The client's ``x-request-id`` when it is sane, else None (the caller makes one)."""
-    given = request.headers.get("x-request-id")
+def request_id_of(headers: CIMultiDict[str]) -> str:
+    """The client's ``x-request-id`` when it is sane, else a new one."""
+    given = headers.get("x-request-id")
     if given is not None and _REQUEST_ID(given):
         return given
-    return None
+    return new_request_id()
 
 
-def server_span(
-    tracer: Tracer | None, request: Request
-) -> AbstractContextManager[Span] | AbstractContextManager[None]:
-    """The request's server span (continuing the client's ``traceparent``), or nothing."""
-    if tracer is None:
-        return _NO_SPAN
-    return tracer.start_as_current_span(
+ServerSpan = tuple[Span, object]  # the span and the token that made it current
+
+
+def start_server_span(tracer: Tracer, request: Request) -> ServerSpan:
+    """Start the request's server span (continuing the client's ``traceparent``) and make it
+    current; end it with ``end_server_span``."""
+    span = tracer.start_span(
         f"{request.method} {request.path}",
         context=extract(request.headers),
         kind=trace.SpanKind.SERVER,
     )
+    return span, context.attach(trace.set_span_in_context(span))
 
 
-def end_span(span: Span, ctx: RequestContext) -> None:
+def end_server_span(started: ServerSpan, ctx: RequestContext) -> None:
+    span, token = started
     span.set_attribute("kvgate.request_id", ctx.request_id)
     span.set_attribute("http.response.status_code", ctx.status)
     if ctx.model:
         span.set_attribute("kvgate.model", ctx.model)
         span.set_attribute("kvgate.tenant", ctx.tenant)
+    span.end()
+    context.detach(token)  # type: ignore[arg-type]
 
 
 def log_access(request: Request, ctx: RequestContext) -> None:
@@ -83,8 +86,3 @@ def log_access(request: Request, ctx: RequestContext) -> None:
             }
         )
     )
-
-
-def counted(request: Request, observability: Observability) -> bool:
-    """Whether the request is counted in metrics and access logs (probes and scrapes are not)."""
-    return request.path not in QUIET_PATHS and request.path != observability.metrics_path

@@ -68,7 +68,8 @@ def select(
         pools = route.canary
         chosen = rng.choices(pools, weights=[p.weight for p in pools])[0]
         return _plain(chosen.pool)
-    return _plain(route.pool)
+    found = _PLAIN.get(route.pool)
+    return found if found is not None else _plain(route.pool)
 
 
 _PLAIN: dict[str, Selection] = {}
