@@ -24,9 +24,7 @@ class EmbeddedEpp:
     async def stop(self) -> None:
         await self.service.stop()
 
-    async def pick(
-        self, pool: str, request: PickRequest, exclude: set[str]
-    ) -> EndpointState | None:
+    def pick(self, pool: str, request: PickRequest, exclude: set[str]) -> EndpointState | None:
         model = self.service.target_model(pool, request.model)
         scheduling = self.service.scheduling_request(
             pool, request.request_id, model, request.body, request.headers

@@ -91,7 +91,10 @@ class PoolQueue:
 
     @property
     def empty(self) -> bool:
-        return not any(queue.size for queue in self.classes.values())
+        for queue in self.classes.values():  # asked twice per request: no generator
+            if queue.size:
+                return False
+        return True
 
     def next_ticket(self) -> Ticket | None:
         """Start-time fair queueing over classes: smallest start tag, then smallest finish."""

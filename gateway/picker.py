@@ -47,10 +47,11 @@ class PickRequest:
 
 
 class Picker(Protocol):
-    async def pick(
-        self, pool: str, request: PickRequest, exclude: set[str]
-    ) -> EndpointState | None:
-        """An endpoint of ``pool`` not in ``exclude`` (addresses), or None if none can serve."""
+    def pick(self, pool: str, request: PickRequest, exclude: set[str]) -> EndpointState | None:
+        """An endpoint of ``pool`` not in ``exclude`` (addresses), or None if none can serve.
+
+        Synchronous, made in-process on every request: a picker reads state that is kept
+        fresh in the background (scrapes, KV events), it does not wait for anything."""
         ...
 
 
@@ -76,9 +77,7 @@ class LeastInFlightPicker:
         self.pools = pools
         self._random = random.Random(seed)
 
-    async def pick(
-        self, pool: str, request: PickRequest, exclude: set[str]
-    ) -> EndpointState | None:
+    def pick(self, pool: str, request: PickRequest, exclude: set[str]) -> EndpointState | None:
         best: list[EndpointState] = []
         least = 0
         for endpoint in self.pools.get(pool, ()):

@@ -23,7 +23,7 @@ from gateway.http.messages import AnyResponse, Request, Response
 from gateway.keys import ADMISSION, METRICS, RUNTIME, SHADOW, TRACER, UPSTREAMS
 from gateway.metrics import GatewayMetrics
 from gateway.picker import PickRequest
-from gateway.relay import BROKEN_RESPONSES, relay_body, relay_stream
+from gateway.relay import BROKEN_RESPONSES, body_response, read_body, relay_stream
 from gateway.routing.selector import select
 from gateway.routing.shadow import Outcome, text_of
 from gateway.runtime import Runtime
@@ -178,7 +178,10 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
                 return await relay_stream(
                     request, ctx, upstream, idle, strip_usage=not forward.client_wants_usage
                 )
-            return await relay_body(ctx, upstream, idle)
+            data = upstream.read_now()  # a whole JSON body usually comes with the headers
+            if data is None:
+                data = await read_body(ctx, upstream, idle)
+            return body_response(ctx, upstream, data)
         finally:
             endpoint.in_flight -= 1
             upstream.close()

@@ -21,23 +21,23 @@ MID_STREAM_ERRORS = (UpstreamConnectionError, asyncio.TimeoutError)
 BROKEN_RESPONSES = frozenset({"upstream_stream_broken", "upstream_body_error"})
 
 
-async def relay_body(ctx: RequestContext, upstream: UpstreamResponse, idle: float) -> Response:
-    data = upstream.read_now()  # a whole JSON body usually comes with the headers
-    if data is None:
-        try:
-            data = await upstream.read(idle)
-        except MID_STREAM_ERRORS as exc:
-            ctx.error = "upstream_body_error"
-            raise _upstream_failed(ctx, exc) from exc
+async def read_body(ctx: RequestContext, upstream: UpstreamResponse, idle: float) -> bytes:
+    """The rest of a whole (non-stream) body, when it did not come with the headers."""
+    try:
+        return await upstream.read(idle)
+    except MID_STREAM_ERRORS as exc:
+        ctx.error = "upstream_body_error"
+        raise _upstream_failed(ctx, exc) from exc
+
+
+def body_response(ctx: RequestContext, upstream: UpstreamResponse, data: bytes) -> Response:
+    """The client's response for a whole upstream body (its usage recorded)."""
     ctx.ttft = time.perf_counter() - ctx.start
     ctx.status = upstream.status
     if upstream.status == 200 and upstream.content_type == "application/json":
         _record_usage(ctx, usage_of(data))
-    return Response(  # the request context adds x-request-id
-        data,
-        status=upstream.status,
-        headers=response_headers(upstream.raw_headers, None, ctx.extra_headers),
-    )
+    headers = response_headers(upstream.raw_headers, None, ctx.extra_headers)
+    return Response(data, status=upstream.status, headers=headers)  # + x-request-id, by handle
 
 
 async def relay_stream(

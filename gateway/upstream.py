@@ -131,7 +131,7 @@ async def open_upstream(
             e.address for e in call.endpoints if not e.breaker.closed and not e.breaker.available()
         ]
         exclude = tried.union(blocked) if blocked else tried
-        endpoint = await call.picker.pick(pool.name, pick, exclude)
+        endpoint = call.picker.pick(pool.name, pick, exclude)
         if endpoint is None:
             break
         if attempt:

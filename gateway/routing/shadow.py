@@ -93,7 +93,7 @@ class ShadowMirror:
     ) -> Outcome | None:
         try:
             pool = policy.pools[spec.pool]
-            endpoint = await picker.pick(pool.name, pick, set())
+            endpoint = picker.pick(pool.name, pick, set())
             if endpoint is None:
                 return None
             body.update(stream=False, model=pool.model or body.get("model"))

@@ -12,18 +12,18 @@ routes: [{model: m, pool: a}]
 REQ = PickRequest("m", {}, {}, None)
 
 
-async def test_prefers_fewest_in_flight_and_honours_exclude() -> None:
+def test_prefers_fewest_in_flight_and_honours_exclude() -> None:
     pools = endpoint_states(POLICY)
     first, second, third = pools["a"]
     first.in_flight, second.in_flight, third.in_flight = 3, 1, 2
     picker = LeastInFlightPicker(pools, seed=1)
-    assert await picker.pick("a", REQ, set()) is second
-    assert await picker.pick("a", REQ, {second.address}) is third
-    assert await picker.pick("a", REQ, {e.address for e in pools["a"]}) is None
-    assert await picker.pick("missing", REQ, set()) is None
+    assert picker.pick("a", REQ, set()) is second
+    assert picker.pick("a", REQ, {second.address}) is third
+    assert picker.pick("a", REQ, {e.address for e in pools["a"]}) is None
+    assert picker.pick("missing", REQ, set()) is None
 
 
-async def test_ties_spread_over_endpoints() -> None:
+def test_ties_spread_over_endpoints() -> None:
     picker = LeastInFlightPicker(endpoint_states(POLICY), seed=7)
-    picked = {(await picker.pick("a", REQ, set())).address for _ in range(50)}  # type: ignore[union-attr]
+    picked = {(picker.pick("a", REQ, set())).address for _ in range(50)}  # type: ignore[union-attr]
     assert len(picked) == 3
