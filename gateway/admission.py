@@ -91,7 +91,7 @@ class PoolQueue:
 
     @property
     def empty(self) -> bool:
-        for queue in self.classes.values():  # asked twice per request: no generator
+        for queue in self.classes.values():  # noqa: SIM110 (asked twice per request: no generator)
             if queue.size:
                 return False
         return True
