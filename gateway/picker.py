@@ -78,15 +78,16 @@ class LeastInFlightPicker:
         self._random = random.Random(seed)
 
     def pick(self, pool: str, request: PickRequest, exclude: set[str]) -> EndpointState | None:
-        best: list[EndpointState] = []
-        least = 0
+        best: EndpointState | None = None
+        least = ties = 0
         for endpoint in self.pools.get(pool, ()):
-            if endpoint.address in exclude:
+            if exclude and endpoint.address in exclude:
                 continue
-            if not best or endpoint.in_flight < least:
-                best, least = [endpoint], endpoint.in_flight
-            elif endpoint.in_flight == least:
-                best.append(endpoint)
-        if len(best) < 2:
-            return best[0] if best else None
-        return best[int(self._random.random() * len(best))]
+            count = endpoint.in_flight
+            if best is None or count < least:
+                best, least, ties = endpoint, count, 1
+            elif count == least:  # reservoir sampling: each of the tied equally likely
+                ties += 1
+                if self._random.random() * ties < 1.0:
+                    best = endpoint
+        return best

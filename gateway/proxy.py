@@ -43,7 +43,7 @@ def _read_json(request: Request) -> tuple[bytes, dict[str, object]]:
 
 
 async def proxy(
-    request: Request, ctx: RequestContext, *, path: str, streams: bool = True
+    request: Request, ctx: RequestContext, path: str, streams: bool = True
 ) -> AnyResponse:
     """Proxy one OpenAI API request (``path``: the upstream path; ``streams``: whether the
     endpoint can stream)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from functools import partial
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -64,10 +63,24 @@ async def metrics(request: Request, ctx: RequestContext) -> Response:
     return Response(body, content_type=CONTENT_TYPE_LATEST)
 
 
+class Proxied:
+    """The handler of a proxied OpenAI path (a plain call: no partial with keywords, no extra
+    coroutine, per request)."""
+
+    __slots__ = ("path", "streams")
+
+    def __init__(self, path: str, *, streams: bool = True) -> None:
+        self.path = path  # the upstream path
+        self.streams = streams  # whether the endpoint can stream
+
+    def __call__(self, request: Request, ctx: RequestContext) -> Awaitable[AnyResponse]:
+        return proxy.proxy(request, ctx, self.path, self.streams)
+
+
 ROUTES: dict[str, dict[str, RouteHandler]] = {
-    "/v1/chat/completions": {"POST": partial(proxy.proxy, path="/v1/chat/completions")},
-    "/v1/completions": {"POST": partial(proxy.proxy, path="/v1/completions")},
-    "/v1/embeddings": {"POST": partial(proxy.proxy, path="/v1/embeddings", streams=False)},
+    "/v1/chat/completions": {"POST": Proxied("/v1/chat/completions")},
+    "/v1/completions": {"POST": Proxied("/v1/completions")},
+    "/v1/embeddings": {"POST": Proxied("/v1/embeddings", streams=False)},
     "/v1/models": {"GET": models},
     "/healthz": {"GET": healthz},
     "/readyz": {"GET": readyz},

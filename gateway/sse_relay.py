@@ -59,6 +59,9 @@ class SSERelay:
         return True
 
 
+_WHOLE_BELOW = 4096  # bytes
+
+
 def usage_of(body: bytes) -> dict[str, object] | None:
     """The ``usage`` object of a JSON response body; None when there is none.
 
@@ -68,6 +71,8 @@ def usage_of(body: bytes) -> dict[str, object] | None:
     at = body.rfind(_USAGE)
     if at < 0:
         return None
+    if len(body) <= _WHOLE_BELOW:  # parsing a small body whole is cheaper than slicing it
+        return _usage_of_whole(body)
     start = body.find(b"{", at)
     end = _object_end(body, start) if start >= 0 else -1
     if end > 0:
@@ -77,6 +82,10 @@ def usage_of(body: bytes) -> dict[str, object] | None:
             usage = None
         if isinstance(usage, dict):
             return usage
+    return _usage_of_whole(body)
+
+
+def _usage_of_whole(body: bytes) -> dict[str, object] | None:
     try:
         parsed = orjson.loads(body)
     except ValueError:

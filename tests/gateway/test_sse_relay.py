@@ -42,22 +42,26 @@ def test_usage_inside_a_content_chunk_is_read_not_dropped() -> None:
     assert relay.feed(event) == event and relay.usage == {"prompt_tokens": 1}
 
 
-def test_usage_of_a_json_body() -> None:
+@pytest.mark.parametrize("pad", [0, 5000], ids=["small body: parsed whole", "large: sliced"])
+def test_usage_of_a_json_body(pad: int) -> None:
     from gateway.sse_relay import usage_of
+
+    def encoded(body: dict[str, object]) -> bytes:
+        return json.dumps({"pad": "x" * pad, **body} if pad else body).encode()
 
     body = {
         "choices": [{"text": 'a "usage" word'}],
         "usage": {"prompt_tokens": 3, "completion_tokens": 4},
     }
-    assert usage_of(json.dumps(body).encode()) == {"prompt_tokens": 3, "completion_tokens": 4}
-    assert usage_of(b'{"choices": []}') is None
-    assert usage_of(b'{"usage": null}') is None
-    assert usage_of(b'not json "usage": {') is None
+    assert usage_of(encoded(body)) == {"prompt_tokens": 3, "completion_tokens": 4}
+    assert usage_of(b" " * pad + b'{"choices": []}') is None
+    assert usage_of(b" " * pad + b'{"usage": null}') is None
+    assert usage_of(b" " * pad + b'not json "usage": {') is None
     nested = {"usage": {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}}
-    assert usage_of(json.dumps(nested).encode()) == nested["usage"]
+    assert usage_of(encoded(nested)) == nested["usage"]
     # a brace inside a string defeats the brace count: the whole body is parsed instead
     odd = {"usage": {"note": "}{", "prompt_tokens": 1}, "choices": []}
-    assert usage_of(json.dumps(odd).encode()) == odd["usage"]
+    assert usage_of(encoded(odd)) == odd["usage"]
     # usage before the choices, whose text mentions "usage" again (escaped in the JSON)
     first = {"usage": {"prompt_tokens": 5}, "choices": [{"text": 'the "usage" key'}]}
-    assert usage_of(json.dumps(first).encode()) == {"prompt_tokens": 5}
+    assert usage_of(encoded(first)) == {"prompt_tokens": 5}
