@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench bench-proxy bench-epp bench-policy wrk nginx redis proto clean
+.PHONY: demo test lint format bench bench-proxy bench-epp bench-policy bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,18 @@ bench-policy: $(STAMP) wrk redis
 
 bench-epp: $(STAMP)
 	$(BIN)/python -m loadtest.bench_epp
+
+# The gateway's request path without sockets: CPU time per request, then (under valgrind)
+# instructions per request, which do not move with this shared machine's load.
+bench-inprocess: $(STAMP)
+	$(BIN)/python -m loadtest.inprocess
+	$(BIN)/python -m loadtest.inprocess --peer layers
+
+bench-instructions: $(STAMP) valgrind
+	$(BIN)/python -m loadtest.bench_instructions $(if $(AGAINST),--against $(AGAINST))
+
+valgrind:
+	@command -v valgrind >/dev/null || (apt-get update -qq && apt-get install -y -qq valgrind >/dev/null)
 
 nginx:
 	@command -v nginx >/dev/null || (apt-get update -qq && apt-get install -y -qq nginx >/dev/null) \

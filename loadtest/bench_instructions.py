@@ -1,0 +1,116 @@
+"""Instructions per request on the gateway's request path: `make bench-instructions`.
+
+Runs ``loadtest.inprocess`` (the real gateway, transports in memory) under valgrind's callgrind
+twice, with ``--requests`` and three times as many, and reports the difference divided by the
+extra requests: start-up and warm-up cancel out, and the count is the same from run to run
+(within about 2%: the garbage collector runs at slightly different moments), where CPU time on
+this shared machine moves by ±25%. Use it to tell whether a change to the hot path helped;
+``make bench-proxy`` remains the measure of the goals (it includes the kernel's share).
+
+``--against REF`` measures a git revision as well, in a temporary worktree, and prints the
+ratio (the harness of this checkout is used for both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+_COLLECTED = re.compile(r"Collected : (\d+)")
+
+
+def instructions(checkout: Path, peer: str, requests: int) -> int:
+    """Instructions that ``requests`` requests add to a run of the in-process harness (the two
+    runs side by side, one per core)."""
+    env = dict(os.environ, PYTHONPATH=str(checkout))
+    runs = [
+        subprocess.Popen(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--callgrind-out-file=/dev/null",
+                sys.executable,
+                "-m",
+                "loadtest.inprocess",
+                "--requests",
+                str(total),
+                "--peer",
+                peer,
+            ],
+            cwd=checkout,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for total in (requests, 3 * requests)
+    ]
+    counts = []
+    for run in runs:
+        _, stderr = run.communicate()
+        found = _COLLECTED.search(stderr)
+        if run.returncode != 0 or found is None:
+            raise RuntimeError(f"valgrind run failed in {checkout}:\n{stderr[-2000:]}")
+        counts.append(int(found.group(1)))
+    return (counts[1] - counts[0]) // (2 * requests)
+
+
+def worktree(ref: str, directory: Path) -> Path:
+    """``ref`` checked out under ``directory``, with this checkout's harness."""
+    path = directory / "ref"
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(path), ref],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    shutil.copy(ROOT / "loadtest" / "inprocess.py", path / "loadtest" / "inprocess.py")
+    return path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--against", metavar="REF", help="also measure this git revision")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None:
+        print("valgrind is required (make bench-instructions installs it)", file=sys.stderr)
+        return 2
+    checkouts = [("this checkout", ROOT)]
+    scratch = Path(tempfile.mkdtemp(prefix="kvgate-instructions-"))
+    try:
+        if args.against:
+            checkouts.insert(0, (args.against, worktree(args.against, scratch)))
+        results: dict[str, dict[str, int]] = {}
+        print("| checkout | kvgate instructions/request | http layers only | gateway's own |")
+        print("|---|---:|---:|---:|")
+        for name, path in checkouts:
+            counts = {
+                peer: instructions(path, peer, args.requests) for peer in ("kvgate", "layers")
+            }
+            results[name] = counts
+            own = counts["kvgate"] - counts["layers"]
+            print(f"| {name} | {counts['kvgate']:,} | {counts['layers']:,} | {own:,} |")
+        if args.against:
+            before, after = results[args.against]["kvgate"], results["this checkout"]["kvgate"]
+            print(f"\nthis checkout ÷ {args.against}: {after / before:.3f}")
+    finally:
+        if args.against:
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(scratch / "ref")],
+                cwd=ROOT,
+                capture_output=True,
+            )
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,195 @@
+"""The gateway's request path without sockets, for a measure that this shared machine's noise
+does not blur: ``make bench-inprocess``.
+
+The real application (``create_app``), kvgate's HTTP server and routes, and the real upstream
+pool run on uvloop; only the transports are in memory: each client connection sends the next
+chat completion as soon as its answer is written, and each upstream connection answers at once
+with the mock upstream's JSON body. What is left is the gateway's own user-space work per
+request: parsing, context, auth, routing, admission, picking, the upstream call, usage,
+metrics. ``--peer layers`` runs kvgate's HTTP layers with a trivial handler instead.
+
+``python -m loadtest.inprocess [--requests N] [--peer kvgate|layers]`` prints CPU microseconds
+per request; ``loadtest.bench_instructions`` runs it under valgrind and reports instructions per
+request, which are the same from run to run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import itertools
+import time
+from typing import cast
+
+import orjson
+import uvloop
+from aiohttp import web
+
+from gateway.app import create_app
+from gateway.http.client import ConnectionPool, UpstreamResponse, _Connection
+from gateway.http.messages import Request, Response
+from gateway.http.server import Connection, Handler, HttpServer
+from gateway.keys import UPSTREAMS
+from gateway.middleware.errors import http_error
+from gateway.routes import handle
+from loadtest.bench_proxy import CHAT
+from loadtest.mock_upstream import BODY
+from policies.loader import load_policy_text
+
+UPSTREAMS_ADDRESSES = ("127.0.0.1:1", "127.0.0.1:2")  # never connected: transports in memory
+CONNECTIONS = 8  # client connections, each with one request in flight
+POLICY = f"""
+pools: {{mocks: {{endpoints: [{", ".join(UPSTREAMS_ADDRESSES)}]}}}}
+routes: [{{model: mock, pool: mocks}}]
+observability: {{access_log: "off"}}
+epp: {{picker: least-in-flight}}
+"""
+_BODY = orjson.dumps(CHAT)
+REQUEST = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n"
+    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(_BODY), _BODY)
+)
+RESPONSE = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
+    b"Content-Length: %d\r\nDate: Sun, 29 Nov 2026 17:00:00 GMT\r\n"
+    b"Server: Python/3.11 aiohttp/3.14.5\r\n\r\n%s" % (len(BODY), BODY)
+)
+
+
+class _MemoryTransport:
+    """The few transport calls the server and the pool make."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+    def is_closing(self) -> bool:
+        return False
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+class _UpstreamTransport(_MemoryTransport):
+    """An upstream that answers every request with the mock's body."""
+
+    def __init__(self, conn: _Connection) -> None:
+        super().__init__()
+        self.conn = conn
+
+    def write(self, data: bytes) -> None:
+        self.loop.call_soon(self.conn.data_received, RESPONSE)
+
+
+class _ClientTransport(_MemoryTransport):
+    """A client that sends the next request when an answer is written, until ``total``."""
+
+    def __init__(self, conn: Connection, run: _Run) -> None:
+        super().__init__()
+        self.conn = conn
+        self.run = run
+
+    def write(self, data: bytes) -> None:
+        if not data.startswith(b"HTTP/1.1 200"):
+            self.run.fail(data)
+        elif self.run.answered():
+            self.loop.call_soon(self.conn.data_received, REQUEST)
+
+
+class _Run:
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.count = 0
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def answered(self) -> bool:
+        """Count an answer; whether to send another request."""
+        self.count += 1
+        if self.count >= self.total and not self.done.done():
+            self.done.set_result(None)
+        return self.count < self.total
+
+    def fail(self, data: bytes) -> None:
+        if not self.done.done():
+            self.done.set_exception(RuntimeError(f"unexpected answer: {data[:200]!r}"))
+
+
+def _layers_handler(pool: ConnectionPool) -> Handler:
+    turn = itertools.count()
+
+    async def handler(request: Request) -> Response:
+        orjson.loads(request.body)
+        address = UPSTREAMS_ADDRESSES[next(turn) % len(UPSTREAMS_ADDRESSES)]
+        headers = [("content-type", "application/json")]
+        upstream: UpstreamResponse = await pool.request(
+            address, request.method, request.path, headers, request.body, first_byte=60.0
+        )
+        try:
+            data = await upstream.read(60.0)
+        finally:
+            upstream.close()
+        return Response(data, status=upstream.status, content_type=upstream.content_type)
+
+    return handler
+
+
+async def measure(requests: int, peer: str) -> float:
+    """CPU seconds per request over ``requests`` requests (after 500 of warm-up)."""
+    app = create_app(load_policy_text(POLICY))
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    try:
+        pool = app[UPSTREAMS]
+        for address in UPSTREAMS_ADDRESSES:
+            for _ in range(2 * CONNECTIONS):  # idle upstream connections: none is dialled
+                conn = _Connection(pool, address)
+                conn.connection_made(cast(asyncio.Transport, _UpstreamTransport(conn)))
+                pool.put_back(conn)
+        handler = handle if peer == "kvgate" else _layers_handler(pool)
+        server = HttpServer(app, handler, http_error, max_body=1 << 20)
+        await _drive(server, 500)
+        gc.freeze()  # as a gateway worker does once it listens
+        started = time.process_time()
+        await _drive(server, requests)
+        return (time.process_time() - started) / requests
+    finally:
+        await runner.cleanup()
+
+
+async def _drive(server: HttpServer, requests: int) -> None:
+    run = _Run(requests)
+    connections = []
+    for _ in range(CONNECTIONS):
+        conn = Connection(server)
+        conn.connection_made(cast(asyncio.Transport, _ClientTransport(conn, run)))
+        connections.append(conn)
+    for conn in connections:
+        conn.data_received(REQUEST)
+    await run.done
+    for conn in connections:
+        conn.connection_lost(None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--peer", choices=["kvgate", "layers"], default="kvgate")
+    args = parser.parse_args()
+    seconds = uvloop.run(measure(args.requests, args.peer))
+    print(f"{args.peer}: {seconds * 1e6:.1f} us of CPU per request over {args.requests:,}")
+
+
+if __name__ == "__main__":
+    main()
