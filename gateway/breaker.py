@@ -45,6 +45,7 @@ class CircuitBreaker:
         self._consecutive = 0
         # outcomes in the window, in time slices of window/20: [slice start, total, failures]
         self._slices: deque[list[float]] = deque()
+        self._width = config.window / 20
         self._total = 0
         self._failures = 0
         self._probes = 0  # half-open requests let through
@@ -92,7 +93,7 @@ class CircuitBreaker:
 
     def _count(self, now: float, ok: bool) -> None:
         """Add an outcome; drop slices older than the window (O(1) amortized)."""
-        width = self.config.window / 20
+        width = self._width
         slices = self._slices
         if not slices or now >= slices[-1][0] + width:
             slices.append([now, 0, 0])

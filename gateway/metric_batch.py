@@ -54,6 +54,16 @@ class BatchedHistogram:
         entry[bisect_left(self.bounds, value)] += 1  # the first bucket with value <= bound
         entry[-1] += value
 
+    def observe_many(self, labels: tuple[str, ...], values: list[float]) -> None:
+        """``observe`` for each of ``values`` (one lookup for all)."""
+        entry = self.pending.get(labels)
+        if entry is None:
+            entry = self.pending[labels] = [0.0] * (len(self.bounds) + 1)
+        bounds = self.bounds
+        for value in values:
+            entry[bisect_left(bounds, value)] += 1
+        entry[-1] += sum(values)
+
     def flush(self) -> None:
         pending, self.pending = self.pending, {}
         for labels, entry in pending.items():

@@ -186,19 +186,28 @@ class GatewayMetrics:
         """Move the finished requests and batched updates into the metrics."""
         finished, self._finished = self._finished, []
         requests, tokens = self.requests_batch.pending, self.tokens_batch.pending
-        latency, ttft, queue_wait = self.latency_batch, self.ttft_batch, self.queue_wait_batch
+        latencies: dict[str, list[float]] = {}
+        ttfts: dict[str, list[float]] = {}
+        waits: dict[str, list[float]] = {}
         for ctx in finished:
             key = (ctx.route, ctx.model, str(ctx.status))
             requests[key] = requests.get(key, 0.0) + 1
-            latency.observe((ctx.route,), ctx.elapsed)
+            latencies.setdefault(ctx.route, []).append(ctx.elapsed)
             if ctx.ttft is not None:
-                ttft.observe((ctx.model,), ctx.ttft)
+                ttfts.setdefault(ctx.model, []).append(ctx.ttft)
             if ctx.prompt_tokens or ctx.completion_tokens:
                 prompt, completion = (ctx.model, "prompt"), (ctx.model, "completion")
                 tokens[prompt] = tokens.get(prompt, 0.0) + ctx.prompt_tokens
                 tokens[completion] = tokens.get(completion, 0.0) + ctx.completion_tokens
             if ctx.queue_wait is not None:
-                queue_wait.observe((ctx.priority_class,), ctx.queue_wait)
+                waits.setdefault(ctx.priority_class, []).append(ctx.queue_wait)
+        for histogram, values in (
+            (self.latency_batch, latencies),
+            (self.ttft_batch, ttfts),
+            (self.queue_wait_batch, waits),
+        ):
+            for label, observed in values.items():
+                histogram.observe_many((label,), observed)
         for batch in self._batches:
             batch.flush()
         if self.in_flight_source is not None:

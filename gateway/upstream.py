@@ -158,16 +158,19 @@ async def open_upstream(
             continue
         except BaseException:
             endpoint.in_flight -= 1
-            _release(held)
+            if held is not None:
+                _release(held)
             raise
         endpoint.breaker.record(ok=response.status < 500)
         if response.status >= 500:
             call.metrics.upstream_errors.labels(endpoint.address, f"http_{response.status}").inc()
             if attempt < call.retries.attempts:
-                _release(held)
+                if held is not None:
+                    _release(held)
                 held = (endpoint, response)
                 continue
-        _release(held)
+        if held is not None:
+            _release(held)
         return endpoint, response
     if held is not None:
         return held  # nobody else could answer: the client gets the upstream's own 5xx
@@ -177,10 +180,9 @@ async def open_upstream(
     raise last
 
 
-def _release(held: tuple[EndpointState, UpstreamResponse] | None) -> None:
-    if held is not None:
-        held[0].in_flight -= 1
-        held[1].close()
+def _release(held: tuple[EndpointState, UpstreamResponse]) -> None:
+    held[0].in_flight -= 1
+    held[1].close()
 
 
 async def _send_traced(

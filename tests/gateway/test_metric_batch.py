@@ -84,3 +84,15 @@ def test_finished_requests_and_in_flight_reach_the_metrics_at_flush() -> None:
     assert 'kvgate_in_flight_requests{pool="gpu"} 0.0' in text
     assert f'kvgate_requests_total{{model="m",{route},status="200"}} 1.0' in text  # not twice
     assert 'kvgate_queue_wait_seconds_count{class="standard"} 1.0' in text  # 429: never queued
+
+
+def test_observe_many_equals_one_observe_each() -> None:
+    values = [0.0005, 0.001, 0.05, 3.0, 50.0, 0.01]
+    one, many = (
+        BatchedHistogram(Histogram(name, name, ["m"], registry=CollectorRegistry()), BUCKETS)
+        for name in ("one", "many")
+    )
+    for value in values:
+        one.observe(("x",), value)
+    many.observe_many(("x",), values)
+    assert one.pending == many.pending
