@@ -31,7 +31,13 @@ async def running(
     listen = app[RUNTIME].current.policy.listen
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()  # runs the application's startup and cleanup contexts
-    server = HttpServer(app, handle, http_error, max_body=listen.max_body_bytes)
+    server = HttpServer(
+        app,
+        handle,
+        http_error,
+        max_body=listen.max_body_bytes,
+        header_timeout=listen.header_timeout,
+    )
     try:
         await server.start(host, port, reuse_port=reuse_port)
         yield server

@@ -99,7 +99,10 @@ def _build(src: Source, source: str, base_dir: Path) -> Policy:
 
 
 def _listen(top: Fields) -> Listen:
-    f = top.sub("listen", {"host", "port", "workers", "max_body", "shutdown_grace", "admin"})
+    f = top.sub(
+        "listen",
+        {"host", "port", "workers", "max_body", "shutdown_grace", "header_timeout", "admin"},
+    )
     admin = None
     if f.has("admin"):
         a = f.sub("admin", {"host", "port", "token"})
@@ -116,6 +119,7 @@ def _listen(top: Fields) -> Listen:
         workers=f.integer("workers", d.workers, low=1, high=64),
         max_body_bytes=f.size("max_body", d.max_body_bytes),
         shutdown_grace=f.duration("shutdown_grace", d.shutdown_grace),
+        header_timeout=f.duration("header_timeout", d.header_timeout),
         admin=admin,
     )
 

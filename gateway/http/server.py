@@ -11,6 +11,7 @@ and response machinery alone costs about as much CPU as the whole proxy may spen
 - ``Expect: 100-continue``; malformed requests answered 400 and the connection closed;
 - a client that goes away cancels its handler task (so the upstream call is cancelled too);
 - TCP_NODELAY on every connection; idle keep-alive connections closed after ``keepalive``;
+- a request head that takes longer than ``header_timeout`` gets a 408 (slow-header clients);
 - ``shutdown(grace)``: stop accepting, close idle connections, let handlers finish.
 """
 
@@ -61,6 +62,7 @@ class Connection(asyncio.Protocol):
         self._drain: asyncio.Future[None] | None = None
         self._paused = False
         self.last_active = server.loop.time()  # idle keep-alive connections are swept
+        self.head_started = 0.0  # when the head being read began (slow heads are swept too)
 
     # --- asyncio protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -84,6 +86,8 @@ class Connection(asyncio.Protocol):
         if self._closing:
             return
         if self._in_head:
+            if not self._head_size:
+                self.head_started = self.last_active  # a request's head begins
             self._head_size += len(data)
         try:
             self._parser.feed_data(data)
@@ -260,6 +264,14 @@ class Connection(asyncio.Protocol):
         else:
             transport.close()
 
+    def expire_head(self, started_before: float) -> None:
+        """Answer 408 and close if a request's head began before ``started_before`` and is
+        still unfinished (a client trickling its head must not hold a connection)."""
+        if self._busy or not (self._in_head and self._head_size):
+            return
+        if self.head_started < started_before:
+            self._reject(408, "the request's head took too long to arrive")
+
     def close_if_idle(self, idle_since: float | None = None) -> None:
         """Close the connection if no request is in flight (and, given ``idle_since``, nothing
         arrived after it: a half-sent request does not hold a connection forever)."""
@@ -284,12 +296,14 @@ class HttpServer:
         *,
         max_body: int,
         keepalive: float = 75.0,
+        header_timeout: float = 30.0,
     ) -> None:
         self.app = app
         self.handler = handler
         self.error_response = error_response
         self.max_body = max_body
         self.keepalive = keepalive
+        self.header_timeout = header_timeout
         self.connections: set[Connection] = set()
         self.in_flight = 0
         self.stopping = False
@@ -307,13 +321,14 @@ class HttpServer:
         self._sweeper = self.loop.create_task(self._sweep())
 
     async def _sweep(self) -> None:
-        """Close keep-alive connections idle for ``keepalive`` seconds (one timer for all,
-        instead of one per request)."""
+        """Close keep-alive connections idle for ``keepalive`` seconds, and answer 408 to those
+        whose request head has taken ``header_timeout`` (one timer for all, not per request)."""
         while True:
-            await asyncio.sleep(min(self.keepalive / 4, 5.0))
-            cutoff = self.loop.time() - self.keepalive
+            await asyncio.sleep(min(self.keepalive / 4, self.header_timeout / 4, 5.0))
+            now = self.loop.time()
             for connection in list(self.connections):
-                connection.close_if_idle(cutoff)
+                connection.expire_head(now - self.header_timeout)
+                connection.close_if_idle(now - self.keepalive)
 
     @property
     def port(self) -> int:

@@ -21,7 +21,8 @@ def response_for(request: Request, exc: Exception) -> Response:
 
 
 def http_error(status: int, message: str) -> Response:
-    """The body of an error found while parsing HTTP itself (400, 413), before any handler."""
+    """The body of an error found while reading HTTP itself (400, 408, 413, 431), before any
+    handler."""
     code = "request_too_large" if status == 413 else None
     error_type = "invalid_request_error" if status < 500 else "server_error"
     return error_response(status, message, error_type, code=code)

@@ -164,3 +164,23 @@ async def test_a_large_body_in_the_same_packets_as_the_head_is_not_a_large_head(
     raw = await exchange(srv.port, post("/echo", body, "connection: close\r\n"))
     assert raw.startswith(b"HTTP/1.1 200 OK") and raw.endswith(body)
     await srv.shutdown(1)
+
+
+async def test_a_head_trickled_past_header_timeout_is_408_and_closes() -> None:
+    srv = HttpServer(web.Application(), handler, http_error, max_body=1000, header_timeout=0.4)
+    await srv.start("127.0.0.1", 0)
+    try:
+        fast = await exchange(srv.port, post("/echo", b"ok", "connection: close\r\n"))
+        assert fast.startswith(b"HTTP/1.1 200 OK")  # a whole head in time is served
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        writer.write(b"POST /echo HTTP/1.1\r\nhost: x\r\n")  # and never the rest
+        await writer.drain()
+        started = asyncio.get_running_loop().time()
+        async with asyncio.timeout(5):
+            raw = await reader.read()
+        waited = asyncio.get_running_loop().time() - started
+        assert raw.startswith(b"HTTP/1.1 408 ") and b"took too long" in raw
+        assert 0.3 < waited < 3.0  # swept within a quarter of the timeout after it passed
+        writer.close()
+    finally:
+        await srv.shutdown(1)

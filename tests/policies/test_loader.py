@@ -28,6 +28,8 @@ def test_examples_load(path: Path) -> None:
 def test_defaults() -> None:
     policy = load_policy_text(BASE)
     assert policy.listen.port == 8080 and policy.listen.workers == 1
+    assert policy.listen.header_timeout == 30.0
+    assert load_policy_text(BASE + "listen: {header_timeout: 5s}").listen.header_timeout == 5.0
     assert policy.auth.allow_anonymous
     assert policy.timeouts.first_byte == 60.0
     assert policy.route_for("m") is not None and policy.route_for("x") is None
@@ -39,6 +41,7 @@ def test_defaults() -> None:
         ("listen: {port: 70000}", "listen.port (line 6): must be at most 65535; got 70000"),
         ("listen: {wrkers: 2}", "listen.wrkers (line 6): unknown field"),
         ("timeouts: {idle: soon}", "timeouts.idle (line 6): must be a duration"),
+        ("listen: {header_timeout: slow}", "listen.header_timeout (line 6): must be a duration"),
         ("listen: {max_body: lots}", "listen.max_body (line 6): must be a size"),
         ("observability: {access_log: xml}", "observability.access_log (line 6): must be one of"),
         ("auth: {api_keys: [{sha256: abc, tenant: t}]}", "auth.api_keys[0].sha256 (line 6)"),
