@@ -10,6 +10,8 @@ another worker's samples are at most that old).
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import Counter as Tally
+from itertools import repeat
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -59,9 +61,8 @@ class BatchedHistogram:
         entry = self.pending.get(labels)
         if entry is None:
             entry = self.pending[labels] = [0.0] * (len(self.bounds) + 1)
-        bounds = self.bounds
-        for value in values:
-            entry[bisect_left(bounds, value)] += 1
+        for bucket, count in Tally(map(bisect_left, repeat(self.bounds), values)).items():
+            entry[bucket] += count  # the first bucket with value <= bound
         entry[-1] += sum(values)
 
     def flush(self) -> None:

@@ -17,6 +17,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from gateway.breaker import BreakerState
+from gateway.finished_requests import FinishedRequests
 from gateway.metric_batch import BatchedCounter, BatchedHistogram
 
 if TYPE_CHECKING:
@@ -162,7 +163,7 @@ class GatewayMetrics:
         self._children: dict[tuple[object, ...], Any] = {}
         # the per-request updates: finished requests are kept as they are and added up into
         # batches (gateway.metric_batch) when flushed, twice a second and before every scrape
-        self._finished: list[RequestContext] = []
+        self._finished = FinishedRequests()
         self.requests_batch = BatchedCounter(self.requests)
         self.latency_batch = BatchedHistogram(self.latency, LATENCY_BUCKETS)
         self.ttft_batch = BatchedHistogram(self.ttft, LATENCY_BUCKETS)
@@ -180,34 +181,17 @@ class GatewayMetrics:
 
     def finished(self, ctx: RequestContext) -> None:
         """Count a finished request (its route, model, status, timings, tokens, queue wait)."""
-        self._finished.append(ctx)
+        self._finished.add(ctx)
 
     def flush(self) -> None:
         """Move the finished requests and batched updates into the metrics."""
-        finished, self._finished = self._finished, []
-        requests, tokens = self.requests_batch.pending, self.tokens_batch.pending
-        latencies: dict[str, list[float]] = {}
-        ttfts: dict[str, list[float]] = {}
-        waits: dict[str, list[float]] = {}
-        for ctx in finished:
-            key = (ctx.route, ctx.model, str(ctx.status))
-            requests[key] = requests.get(key, 0.0) + 1
-            latencies.setdefault(ctx.route, []).append(ctx.elapsed)
-            if ctx.ttft is not None:
-                ttfts.setdefault(ctx.model, []).append(ctx.ttft)
-            if ctx.prompt_tokens or ctx.completion_tokens:
-                prompt, completion = (ctx.model, "prompt"), (ctx.model, "completion")
-                tokens[prompt] = tokens.get(prompt, 0.0) + ctx.prompt_tokens
-                tokens[completion] = tokens.get(completion, 0.0) + ctx.completion_tokens
-            if ctx.queue_wait is not None:
-                waits.setdefault(ctx.priority_class, []).append(ctx.queue_wait)
-        for histogram, values in (
-            (self.latency_batch, latencies),
-            (self.ttft_batch, ttfts),
-            (self.queue_wait_batch, waits),
-        ):
-            for label, observed in values.items():
-                histogram.observe_many((label,), observed)
+        self._finished.drain_into(
+            self.requests_batch,
+            self.latency_batch,
+            self.ttft_batch,
+            self.tokens_batch,
+            self.queue_wait_batch,
+        )
         for batch in self._batches:
             batch.flush()
         if self.in_flight_source is not None:

@@ -70,7 +70,13 @@ def test_finished_requests_and_in_flight_reach_the_metrics_at_flush() -> None:
         ctx.prompt_tokens, ctx.completion_tokens = tokens
         ctx.priority_class, ctx.queue_wait = "standard", wait
         metrics.finished(ctx)
+    other = RequestContext("id2", "/v1/completions")
+    other.model, other.status, other.elapsed, other.completion_tokens = "n", 200, 0.5, 9
+    metrics.finished(other)
     text = metrics.exposition().decode()  # flushes first
+    assert 'kvgate_requests_total{model="n",route="/v1/completions",status="200"} 1.0' in text
+    assert 'kvgate_request_duration_seconds_sum{route="/v1/completions"} 0.5' in text
+    assert 'kvgate_tokens_total{direction="completion",model="n"} 9.0' in text
     route = 'route="/v1/chat/completions"'
     assert f'kvgate_requests_total{{model="m",{route},status="200"}} 1.0' in text
     assert f'kvgate_requests_total{{model="m",{route},status="429"}} 1.0' in text
