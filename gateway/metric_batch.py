@@ -49,15 +49,8 @@ class BatchedHistogram:
         self.bounds = [*buckets, float("inf")]
         self.pending: dict[tuple[str, ...], list[float]] = {}
 
-    def observe(self, labels: tuple[str, ...], value: float) -> None:
-        entry = self.pending.get(labels)
-        if entry is None:
-            entry = self.pending[labels] = [0.0] * (len(self.bounds) + 1)
-        entry[bisect_left(self.bounds, value)] += 1  # the first bucket with value <= bound
-        entry[-1] += value
-
     def observe_many(self, labels: tuple[str, ...], values: list[float]) -> None:
-        """``observe`` for each of ``values`` (one lookup for all)."""
+        """Observe each of ``values`` (bucketed in one pass, one lookup for all)."""
         entry = self.pending.get(labels)
         if entry is None:
             entry = self.pending[labels] = [0.0] * (len(self.bounds) + 1)

@@ -161,8 +161,9 @@ class GatewayMetrics:
             registry=r,
         )
         self._children: dict[tuple[object, ...], Any] = {}
-        # the per-request updates: finished requests are kept as they are and added up into
-        # batches (gateway.metric_batch) when flushed, twice a second and before every scrape
+        # the per-request updates: each finished request is added up at once (FinishedRequests)
+        # and the sums go into batches (gateway.metric_batch) and on into prometheus_client
+        # when flushed, twice a second and before every scrape
         self._finished = FinishedRequests()
         self.requests_batch = BatchedCounter(self.requests)
         self.latency_batch = BatchedHistogram(self.latency, LATENCY_BUCKETS)

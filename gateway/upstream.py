@@ -158,19 +158,16 @@ async def open_upstream(
             continue
         except BaseException:
             endpoint.in_flight -= 1
-            if held is not None:
-                _release(held)
+            _release(held)
             raise
         endpoint.breaker.record(ok=response.status < 500)
         if response.status >= 500:
             call.metrics.upstream_errors.labels(endpoint.address, f"http_{response.status}").inc()
             if attempt < call.retries.attempts:
-                if held is not None:
-                    _release(held)
+                _release(held)
                 held = (endpoint, response)
                 continue
-        if held is not None:
-            _release(held)
+        _release(held)
         return endpoint, response
     if held is not None:
         return held  # nobody else could answer: the client gets the upstream's own 5xx
@@ -180,9 +177,10 @@ async def open_upstream(
     raise last
 
 
-def _release(held: tuple[EndpointState, UpstreamResponse]) -> None:
-    held[0].in_flight -= 1
-    held[1].close()
+def _release(held: tuple[EndpointState, UpstreamResponse] | None) -> None:
+    if held is not None:
+        held[0].in_flight -= 1
+        held[1].close()
 
 
 async def _send_traced(

@@ -52,9 +52,9 @@ class UpstreamResponse:
 
     async def read(self, idle: float | None = None) -> bytes:
         """The whole body; TimeoutError if ``idle`` seconds pass with no bytes arriving."""
-        conn = self._conn
-        if conn.complete:
-            return conn.take_all()
+        whole = self.read_now()
+        if whole is not None:
+            return whole
         parts = []
         while chunk := await self._conn.next_chunk(idle):
             parts.append(chunk)

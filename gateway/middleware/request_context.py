@@ -12,9 +12,11 @@ import json
 import logging
 import re
 import time
+from contextvars import Token
 
 from multidict import CIMultiDict
 from opentelemetry import context, trace
+from opentelemetry.context import Context
 from opentelemetry.propagate import extract
 from opentelemetry.trace import Span, Tracer
 
@@ -35,7 +37,7 @@ def request_id_of(headers: CIMultiDict[str]) -> str:
     return new_request_id()
 
 
-ServerSpan = tuple[Span, object]  # the span and the token that made it current
+ServerSpan = tuple[Span, Token[Context]]  # the span and the token that made it current
 
 
 def start_server_span(tracer: Tracer, request: Request) -> ServerSpan:
@@ -57,7 +59,7 @@ def end_server_span(started: ServerSpan, ctx: RequestContext) -> None:
         span.set_attribute("kvgate.model", ctx.model)
         span.set_attribute("kvgate.tenant", ctx.tenant)
     span.end()
-    context.detach(token)  # type: ignore[arg-type]
+    context.detach(token)
 
 
 def log_access(request: Request, ctx: RequestContext) -> None:

@@ -33,7 +33,7 @@ def test_batched_updates_match_plain_ones() -> None:
             if batched:
                 bc.add((route,))
                 bg.add(("p",), delta)
-                bh.observe((model,), value)
+                bh.observe_many((model,), [value])
                 if step % 300 == 0:
                     for batch in (bc, bg, bh):
                         batch.flush()
@@ -92,13 +92,13 @@ def test_finished_requests_and_in_flight_reach_the_metrics_at_flush() -> None:
     assert 'kvgate_queue_wait_seconds_count{class="standard"} 1.0' in text  # 429: never queued
 
 
-def test_observe_many_equals_one_observe_each() -> None:
+def test_observing_many_at_once_equals_one_at_a_time() -> None:
     values = [0.0005, 0.001, 0.05, 3.0, 50.0, 0.01]
     one, many = (
         BatchedHistogram(Histogram(name, name, ["m"], registry=CollectorRegistry()), BUCKETS)
         for name in ("one", "many")
     )
     for value in values:
-        one.observe(("x",), value)
+        one.observe_many(("x",), [value])
     many.observe_many(("x",), values)
     assert one.pending == many.pending
