@@ -17,6 +17,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from gateway.breaker import BreakerState
+from gateway.build_info import request_path_compiled, version
 from gateway.finished_requests import FinishedRequests
 from gateway.metric_batch import BatchedCounter, BatchedHistogram
 
@@ -97,6 +98,14 @@ class GatewayMetrics:
             "kvgate_retries", "Upstream attempts retried on another endpoint.", ["pool"], registry=r
         )
 
+        self.build_info = Gauge(
+            "kvgate_build_info",
+            "Always 1: kvgate's version, and whether the request path runs compiled (mypyc).",
+            ["version", "compiled"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.build_info.labels(version(), str(request_path_compiled()).lower()).set(1)
         self.breaker_state = Gauge(
             "kvgate_breaker_state",
             "Circuit breaker per endpoint: 0 closed, 1 half-open, 2 open.",

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, replace
 
 from gateway.app import create_app
+from gateway.build_info import request_path_compiled
 from gateway.serving import running
 from policies.loader import load_policy
 from policies.schema import Policy
@@ -78,7 +79,13 @@ def run_worker(options: ServeOptions) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         async with running(app, listen.host, listen.port, reuse_port=listen.workers > 1):
-            log.info("gateway worker %d listening on %s:%d", os.getpid(), listen.host, listen.port)
+            log.info(
+                "gateway worker %d listening on %s:%d (request path: %s)",
+                os.getpid(),
+                listen.host,
+                listen.port,
+                "compiled" if request_path_compiled() else "python",
+            )
             gc.freeze()  # what startup made lives as long as the process: out of every collection
             await stop.wait()
             log.info("gateway worker %d stopping", os.getpid())

@@ -4,8 +4,9 @@ The same load goes (a) straight to a fast mock upstream, (b) through nginx (when
 (c) through ``loadtest.floor_proxy`` (the least a Python proxy can do: httptools on both legs,
 no features: the floor for any Python gateway), (d) through ``loadtest.layers_proxy`` (kvgate's
 own HTTP server and upstream pool with a trivial handler), (e) through kvgate with
-``--workers 1`` and ``--workers 2``, all in front of two mock upstreams
-(``loadtest.mock_upstream``: 16 SSE chunks or a small JSON body, no delay). For each: wrk at 32
+``--workers 1`` and ``--workers 2``, as Python and as the compiled build (``make compiled``),
+all in front of two mock upstreams (``loadtest.mock_upstream``: 16 SSE chunks or a small JSON
+body, no delay). For each: wrk at 32
 connections on non-streaming chat completions (requests/s, p50, p99), an aiohttp client
 streaming 2,000 requests at concurrency 32 over keep-alive connections (time to first chunk,
 which shows any Nagle-style delay), and the peer's CPU time per request. Then RSS of a kvgate
@@ -185,9 +186,15 @@ def rss_check(directory: Path, ups: list[int], total: int) -> None:
 
 
 def one_round(
-    directory: Path, ups: list[int], up1_pid: int, seconds: float, streams: int
+    directory: Path,
+    ups: list[int],
+    up1_pid: int,
+    seconds: float,
+    streams: int,
+    compiled: Path | None,
 ) -> list[Row]:
-    """Every peer once, one after the other, in front of the running mocks."""
+    """Every peer once, one after the other, in front of the running mocks; kvgate as Python
+    and, when ``compiled`` names the tree ``make compiled`` built, compiled."""
     rows: list[Row] = []
     rows.append(
         measure(
@@ -220,20 +227,24 @@ def one_round(
     with process(layers, f"http://127.0.0.1:{port}/health") as proc:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         rows.append(measure("kvgate http layers only", url, proc.pid, seconds, streams))
-    for workers in (1, 2):
-        port = free_port()
-        policy = kvgate_policy(directory, ups, port, workers)
-        with gateway_process(policy, port) as gateway:
-            assert gateway.proc is not None
-            rows.append(
-                measure(
-                    f"kvgate {workers} worker{'s' if workers > 1 else ''}",
-                    f"http://127.0.0.1:{port}/v1/chat/completions",
-                    gateway.proc.pid,
-                    seconds,
-                    streams,
+    builds: list[tuple[str, str | None]] = [("", None)]
+    if compiled is not None:
+        builds.append((", compiled", str(compiled)))
+    for build, tree in builds:
+        for workers in (1, 2):
+            port = free_port()
+            policy = kvgate_policy(directory, ups, port, workers)
+            with gateway_process(policy, port, tree=tree) as gateway:
+                assert gateway.proc is not None
+                rows.append(
+                    measure(
+                        f"kvgate {workers} worker{'s' if workers > 1 else ''}{build}",
+                        f"http://127.0.0.1:{port}/v1/chat/completions",
+                        gateway.proc.pid,
+                        seconds,
+                        streams,
+                    )
                 )
-            )
     return rows
 
 
@@ -248,7 +259,17 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=2000)
     parser.add_argument("--rss-requests", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3, help="median of this many rounds")
+    parser.add_argument(
+        "--compiled",
+        type=Path,
+        default=Path("build/compiled"),
+        help="the compiled tree `make compiled` builds (its rows are left out when missing)",
+    )
     args = parser.parse_args()
+    compiled: Path | None = args.compiled.resolve()
+    if not (args.compiled / ".stamp").exists():
+        print(f"no compiled build in {args.compiled} (make compiled): Python rows only")
+        compiled = None
     if not shutil.which("wrk"):
         print("wrk is required (make bench-proxy installs it)", file=sys.stderr)
         return 2
@@ -260,7 +281,7 @@ def main() -> int:
         process([*mock, str(ups[1])], f"http://127.0.0.1:{ups[1]}/health"),
     ):
         rounds = [
-            one_round(directory, ups, up1.pid, args.seconds, args.streams)
+            one_round(directory, ups, up1.pid, args.seconds, args.streams, compiled)
             for _ in range(args.rounds)
         ]
         rows = [median_row([r[i] for r in rounds]) for i in range(len(rounds[0]))]

@@ -40,12 +40,22 @@ def wait_http_ok(
 
 
 class KvgateProcess:
-    """``python -m gateway.cli ARGS`` as a child process, stopped with SIGTERM on exit."""
+    """``python -m gateway.cli ARGS`` as a child process, stopped with SIGTERM on exit.
+
+    ``tree``: the source tree to run from (its packages come first on the import path), e.g.
+    the compiled copy ``make compiled`` builds; by default the current directory's."""
 
     def __init__(
-        self, args: Sequence[str], health_url: str, *, quiet: bool = True, log: str | None = None
+        self,
+        args: Sequence[str],
+        health_url: str,
+        *,
+        quiet: bool = True,
+        log: str | None = None,
+        tree: str | None = None,
     ) -> None:
         self.args = list(args)
+        self.tree = tree
         self.health_url = health_url
         self.quiet = quiet
         self.log = log  # a file for the process's stdout and stderr
@@ -56,10 +66,12 @@ class KvgateProcess:
         argv = [sys.executable, "-m", "gateway.cli", *self.args]
         if self.log is not None:
             with open(self.log, "ab") as log:
-                self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+                self.proc = subprocess.Popen(
+                    argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.tree
+                )
         else:
             out = subprocess.DEVNULL if self.quiet else None
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=out, env=env)
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=out, env=env, cwd=self.tree)
         try:
             wait_http_ok(self.health_url, timeout, self.proc)
         except BaseException:
@@ -114,11 +126,17 @@ def backend_process(
 
 
 def gateway_process(
-    policy_file: str, port: int, *extra: str, quiet: bool = True, log: str | None = None
+    policy_file: str,
+    port: int,
+    *extra: str,
+    quiet: bool = True,
+    log: str | None = None,
+    tree: str | None = None,
 ) -> KvgateProcess:
     """A gateway on 127.0.0.1:``port`` serving ``policy_file`` (not started yet)."""
     args = ["gateway", "--policy", policy_file, "--host", "127.0.0.1", "--port", str(port), *extra]
-    return KvgateProcess(args, f"http://127.0.0.1:{port}/healthz", quiet=quiet, log=log)
+    health = f"http://127.0.0.1:{port}/healthz"
+    return KvgateProcess(args, health, quiet=quiet, log=log, tree=tree)
 
 
 def epp_process(policy_file: str, grpc_port: int, metrics_port: int) -> KvgateProcess:

@@ -18,10 +18,13 @@ from collections.abc import Iterable
 from typing import cast
 
 import httptools
+from mypy_extensions import mypyc_attr
 
 _HIGH_WATER = 256 * 1024
 
 
+# mypyc cannot compile a subclass of a builtin exception into a native class: a plain one.
+@mypyc_attr(native_class=False)
 class UpstreamConnectionError(ConnectionError):
     """Connecting failed, or the upstream closed the connection before the response ended."""
 

@@ -23,7 +23,7 @@ import logging
 import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import Any, cast
 
 import httptools
 from aiohttp import web
@@ -317,7 +317,8 @@ class HttpServer:
         self._server = await self.loop.create_server(
             lambda: Connection(self), host, port, reuse_port=reuse_port, backlog=2048
         )
-        self._port = int(self._server.sockets[0].getsockname()[1])
+        # uvloop's server is not an asyncio.Server: compiled code must not assume the class
+        self._port = int(cast(Any, self._server).sockets[0].getsockname()[1])
         self._sweeper = self.loop.create_task(self._sweep())
 
     async def _sweep(self) -> None:
