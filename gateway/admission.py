@@ -17,30 +17,10 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from gateway.capacity import CapacityGate
-from gateway.errors import GatewayError
+from gateway.errors import Expired, QueueFull
 from policies.schema import DEFAULT_CLASS, PriorityClass
 
 POLL_INTERVAL = 0.02  # re-check gates that change without a release (metrics, saturation)
-
-
-class Rejected(GatewayError):
-    """Refused before queueing."""
-
-    status, type, code = 429, "rate_limit_error", "queue_full"
-
-
-class QueueFull(Rejected):
-    pass
-
-
-class Evicted(GatewayError):
-    """Given up after queueing."""
-
-    status, type, code = 503, "server_error", "queue_timeout"
-
-
-class Expired(Evicted):
-    pass
 
 
 @dataclass(eq=False)

@@ -77,6 +77,28 @@ class UpstreamTimeout(GatewayError):
     status, type, code = 504, "server_error", "upstream_timeout"
 
 
+# The admission queue's refusals (here, not in the compiled gateway.admission: mypyc's classes
+# do not override the class attributes of an interpreted base such as GatewayError).
+class Rejected(GatewayError):
+    """Refused before queueing."""
+
+    status, type, code = 429, "rate_limit_error", "queue_full"
+
+
+class QueueFull(Rejected):
+    pass
+
+
+class Evicted(GatewayError):
+    """Given up after queueing."""
+
+    status, type, code = 503, "server_error", "queue_timeout"
+
+
+class Expired(Evicted):
+    pass
+
+
 def error_response(
     status: int,
     message: str,

@@ -33,17 +33,29 @@ class EndpointState:
         self.address = self.endpoint.address
 
 
-@dataclass(slots=True)
 class PickRequest:
     """What a picker may look at: the parsed body (for prompts), headers and the caller.
-    (Not frozen: a frozen dataclass costs a setattr call per field, and one is made per
-    request; pickers only read it.)"""
+    (A plain slots class: one is made per request, and a dataclass's generated ``__init__``
+    stays interpreted Python in the compiled build; pickers only read it.)"""
 
-    model: str
-    body: Mapping[str, object]
-    headers: Mapping[str, str]
-    identity: Identity | None
-    request_id: str = ""
+    __slots__ = ("body", "headers", "identity", "model", "request_id")
+
+    def __init__(
+        self,
+        model: str,
+        body: Mapping[str, object],
+        headers: Mapping[str, str],
+        identity: Identity | None,
+        request_id: str = "",
+    ) -> None:
+        self.model = model
+        self.body = body
+        self.headers = headers
+        self.identity = identity
+        self.request_id = request_id
+
+    def __repr__(self) -> str:
+        return f"PickRequest(model={self.model!r}, request_id={self.request_id!r})"
 
 
 class Picker(Protocol):

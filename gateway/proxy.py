@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import orjson
 from aiohttp import web
 
-from gateway.admission import Evicted, Rejected
 from gateway.context import RequestContext
-from gateway.errors import BadRequest, ModelNotFound, NoEndpoint, UpstreamError, UpstreamTimeout
+from gateway.errors import (
+    BadRequest,
+    Evicted,
+    ModelNotFound,
+    NoEndpoint,
+    Rejected,
+    UpstreamError,
+    UpstreamTimeout,
+)
 from gateway.http.messages import AnyResponse, Request, Response
 from gateway.keys import ADMISSION, METRICS, RUNTIME, SHADOW, TRACER, UPSTREAMS
 from gateway.metrics import GatewayMetrics
@@ -99,17 +105,29 @@ async def proxy(
     return response
 
 
-@dataclass(slots=True)
 class Forward:
-    """What sending one request upstream needs, whichever pool serves it."""
+    """What sending one request upstream needs, whichever pool serves it (a plain slots class:
+    one is made per request)."""
 
-    request: Request
-    runtime: Runtime
-    ctx: RequestContext
-    path: str  # the upstream path
-    raw: bytes  # the client's body as sent
-    pick: PickRequest
-    client_wants_usage: bool
+    __slots__ = ("client_wants_usage", "ctx", "path", "pick", "raw", "request", "runtime")
+
+    def __init__(
+        self,
+        request: Request,
+        runtime: Runtime,
+        ctx: RequestContext,
+        path: str,
+        raw: bytes,
+        pick: PickRequest,
+        client_wants_usage: bool,
+    ) -> None:
+        self.request = request
+        self.runtime = runtime
+        self.ctx = ctx
+        self.path = path  # the upstream path
+        self.raw = raw  # the client's body as sent
+        self.pick = pick
+        self.client_wants_usage = client_wants_usage
 
 
 async def _serve_with_fallbacks(forward: Forward, route: Route, first_pool: str) -> AnyResponse:

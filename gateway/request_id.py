@@ -6,9 +6,10 @@ import itertools
 import os
 
 _PREFIX = os.urandom(8).hex()
-_COUNTER = itertools.count(int.from_bytes(os.urandom(4)))
+# From 2**60 up, hex() gives 16 digits without padding (for the next 2**63 ids).
+_COUNTER = itertools.count(2**60 + int.from_bytes(os.urandom(4)))
 
 
 def new_request_id() -> str:
     """32 hex characters, unique within this process and, by the random prefix, across them."""
-    return f"{_PREFIX}{next(_COUNTER):016x}"  # starts under 2**32: stays 16 digits
+    return _PREFIX + hex(next(_COUNTER))[2:]

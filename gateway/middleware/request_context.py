@@ -25,7 +25,7 @@ from gateway.http.messages import Request
 from gateway.request_id import new_request_id
 
 access_log = logging.getLogger("kvgate.access")
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$").match
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}").fullmatch
 QUIET_PATHS = frozenset({"/healthz", "/readyz"})  # not counted or logged
 
 

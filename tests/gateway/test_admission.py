@@ -7,8 +7,9 @@ from collections import Counter
 
 import pytest
 
-from gateway.admission import AdmissionQueue, Expired, QueueFull
+from gateway.admission import AdmissionQueue
 from gateway.capacity import ConcurrencyGate
+from gateway.errors import Expired, QueueFull
 from policies.schema import DEFAULT_CLASSES, PriorityClass
 
 CLASSES = dict(DEFAULT_CLASSES)
