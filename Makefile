@@ -74,7 +74,7 @@ bench-inprocess: $(STAMP)
 	$(BIN)/python -m loadtest.inprocess
 	$(BIN)/python -m loadtest.inprocess --peer layers
 
-bench-instructions: $(STAMP) valgrind
+bench-instructions: $(STAMP) valgrind compiled
 	$(BIN)/python -m loadtest.bench_instructions $(if $(AGAINST),--against $(AGAINST))
 
 valgrind:

@@ -59,22 +59,25 @@ class SSERelay:
         return True
 
 
-_WHOLE_BELOW = 4096  # bytes
-
-
 def usage_of(body: bytes) -> dict[str, object] | None:
     """The ``usage`` object of a JSON response body; None when there is none.
 
-    Only the object after the last ``"usage"`` key is parsed (servers put usage last; a body
-    can be large); if that slice is not a JSON object, the whole body is parsed instead.
+    Only the object after the last ``"usage"`` key is parsed (servers put usage near the end;
+    parsing a whole body builds every choice and message just to drop them): a flat object
+    ends at the first ``}``, a nested one is found by counting braces; if that slice is not a
+    JSON object, the whole body is parsed instead.
     """
     at = body.rfind(_USAGE)
     if at < 0:
         return None
-    if len(body) <= _WHOLE_BELOW:  # parsing a small body whole is cheaper than slicing it
-        return _usage_of_whole(body)
     start = body.find(b"{", at)
-    end = _object_end(body, start) if start >= 0 else -1
+    if start < 0 or body[at + len(_USAGE) : start].strip() != b":":
+        return _usage_of_whole(body)  # "usage": null, or not a key followed by an object
+    close = body.find(b"}", start)
+    if close > 0 and body.find(b"{", start + 1, close) < 0:
+        end = close + 1  # no nested object: the common case
+    else:
+        end = _object_end(body, start)
     if end > 0:
         try:
             usage = orjson.loads(body[start:end])

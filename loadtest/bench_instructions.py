@@ -8,7 +8,8 @@ this shared machine moves by ±25%. Use it to tell whether a change to the hot p
 ``make bench-proxy`` remains the measure of the goals (it includes the kernel's share).
 
 ``--against REF`` measures a git revision as well, in a temporary worktree, and prints the
-ratio (the harness of this checkout is used for both).
+ratio (the harness of this checkout is used for both). The compiled build (``make compiled``,
+``build/compiled``) gets its own row when it is there.
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ def main() -> int:
         print("valgrind is required (make bench-instructions installs it)", file=sys.stderr)
         return 2
     checkouts = [("this checkout", ROOT)]
+    compiled = ROOT / "build" / "compiled"
+    if (compiled / ".stamp").exists():
+        checkouts.append(("this checkout, compiled", compiled))
     scratch = Path(tempfile.mkdtemp(prefix="kvgate-instructions-"))
     try:
         if args.against:

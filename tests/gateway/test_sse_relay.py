@@ -42,7 +42,7 @@ def test_usage_inside_a_content_chunk_is_read_not_dropped() -> None:
     assert relay.feed(event) == event and relay.usage == {"prompt_tokens": 1}
 
 
-@pytest.mark.parametrize("pad", [0, 5000], ids=["small body: parsed whole", "large: sliced"])
+@pytest.mark.parametrize("pad", [0, 5000], ids=["small body", "large body"])
 def test_usage_of_a_json_body(pad: int) -> None:
     from gateway.sse_relay import usage_of
 
@@ -56,6 +56,8 @@ def test_usage_of_a_json_body(pad: int) -> None:
     assert usage_of(encoded(body)) == {"prompt_tokens": 3, "completion_tokens": 4}
     assert usage_of(b" " * pad + b'{"choices": []}') is None
     assert usage_of(b" " * pad + b'{"usage": null}') is None
+    # a null usage followed by another object: that object is not the usage
+    assert usage_of(encoded({"usage": None, "x": {"prompt_tokens": 9}})) is None
     assert usage_of(b" " * pad + b'not json "usage": {') is None
     nested = {"usage": {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}}
     assert usage_of(encoded(nested)) == nested["usage"]
