@@ -70,9 +70,12 @@ bench-epp: $(STAMP)
 
 # The gateway's request path without sockets: CPU time per request, then (under valgrind)
 # instructions per request, which do not move with this shared machine's load.
-bench-inprocess: $(STAMP)
+bench-inprocess: $(STAMP) compiled
 	$(BIN)/python -m loadtest.inprocess
 	$(BIN)/python -m loadtest.inprocess --peer layers
+	cd $(COMPILED) && $(CURDIR)/$(BIN)/python -m loadtest.inprocess --label "kvgate, compiled"
+	cd $(COMPILED) && $(CURDIR)/$(BIN)/python -m loadtest.inprocess --peer layers \
+		--label "layers, compiled"
 
 bench-instructions: $(STAMP) valgrind compiled
 	$(BIN)/python -m loadtest.bench_instructions $(if $(AGAINST),--against $(AGAINST))

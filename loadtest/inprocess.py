@@ -8,9 +8,9 @@ with the mock upstream's JSON body. What is left is the gateway's own user-space
 request: parsing, context, auth, routing, admission, picking, the upstream call, usage,
 metrics. ``--peer layers`` runs kvgate's HTTP layers with a trivial handler instead.
 
-``python -m loadtest.inprocess [--requests N] [--peer kvgate|layers]`` prints CPU microseconds
-per request; ``loadtest.bench_instructions`` runs it under valgrind and reports instructions per
-request, which are the same from run to run.
+``python -m loadtest.inprocess [--requests N] [--peer kvgate|layers] [--label L]`` prints CPU
+microseconds per request; ``loadtest.bench_instructions`` runs it under valgrind and reports
+instructions per request, which are the same from run to run.
 """
 
 from __future__ import annotations
@@ -186,9 +186,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--peer", choices=["kvgate", "layers"], default="kvgate")
+    parser.add_argument("--label", help="the name to print (default: the peer's)")
     args = parser.parse_args()
     seconds = uvloop.run(measure(args.requests, args.peer))
-    print(f"{args.peer}: {seconds * 1e6:.1f} us of CPU per request over {args.requests:,}")
+    label = args.label or args.peer
+    print(f"{label}: {seconds * 1e6:.1f} us of CPU per request over {args.requests:,}")
 
 
 if __name__ == "__main__":
