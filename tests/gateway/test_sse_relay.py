@@ -61,6 +61,8 @@ def test_usage_of_a_json_body(pad: int) -> None:
     assert usage_of(b" " * pad + b'not json "usage": {') is None
     nested = {"usage": {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}}
     assert usage_of(encoded(nested)) == nested["usage"]
+    deeper = {"usage": {"prompt_tokens": 3, "details": {"a": {"b": 1}}}}
+    assert usage_of(encoded(deeper)) == deeper["usage"]
     # a brace inside a string defeats the brace count: the whole body is parsed instead
     odd = {"usage": {"note": "}{", "prompt_tokens": 1}, "choices": []}
     assert usage_of(encoded(odd)) == odd["usage"]
