@@ -1,9 +1,10 @@
 """Finished requests added up for the request metrics, in plain dicts and lists.
 
 Each finished request adds its counts here at once (a context kept until the next flush would
-outlive young garbage collections and make every one of them slower); ``drain_into`` hands the
-sums to the batched metrics when they are flushed, and the latencies are bucketed there per
-label in one pass (``BatchedHistogram.observe_many``).
+outlive young garbage collections and make every one of them slower), into the totals of its
+route, model, status and class; ``drain_into`` gathers them per metric label and hands them to
+the batched metrics when they are flushed, where the latencies are bucketed per label in one
+pass (``BatchedHistogram.observe_many``).
 """
 
 from __future__ import annotations
@@ -16,45 +17,44 @@ if TYPE_CHECKING:
     from gateway.context import RequestContext
 
 
-class FinishedRequests:
-    """Requests by route, model and status; latency per route; time to first byte and tokens
-    per model; queue wait per class."""
+class _Totals:
+    """What the finished requests of one route, model, status and priority class added up to
+    since the last flush."""
 
-    __slots__ = ("_counts", "_latencies", "_tokens", "_ttfts", "_waits")
+    __slots__ = ("completion", "count", "latencies", "prompt", "ttfts", "waits")
 
     def __init__(self) -> None:
-        self._reset()
+        self.count = 0
+        self.prompt = 0
+        self.completion = 0
+        self.latencies: list[float] = []
+        self.ttfts: list[float] = []
+        self.waits: list[float] = []
 
-    def _reset(self) -> None:
-        self._counts: dict[tuple[str, str, int], int] = {}
-        self._latencies: dict[str, list[float]] = {}
-        self._ttfts: dict[str, list[float]] = {}
-        self._tokens: dict[tuple[str, str], int] = {}
-        self._waits: dict[str, list[float]] = {}
+
+class FinishedRequests:
+    """Requests by route, model and status; latency per route; time to first byte and tokens
+    per model; queue wait per class. A request costs one lookup (of its route, model, status
+    and class together) and a few appends; the labels of each metric are gathered at flush."""
+
+    __slots__ = ("_totals",)
+
+    def __init__(self) -> None:
+        self._totals: dict[tuple[str, str, int, str], _Totals] = {}
 
     def add(self, ctx: RequestContext) -> None:
-        counts, model = self._counts, ctx.model
-        key = (ctx.route, model, ctx.status)
-        counts[key] = counts.get(key, 0) + 1
-        found = self._latencies.get(ctx.route)
-        if found is None:
-            found = self._latencies[ctx.route] = []
-        found.append(ctx.elapsed)
+        key = (ctx.route, ctx.model, ctx.status, ctx.priority_class)
+        totals = self._totals.get(key)
+        if totals is None:
+            totals = self._totals[key] = _Totals()
+        totals.count += 1
+        totals.latencies.append(ctx.elapsed)
         if ctx.ttft is not None:
-            found = self._ttfts.get(model)
-            if found is None:
-                found = self._ttfts[model] = []
-            found.append(ctx.ttft)
-        if ctx.prompt_tokens or ctx.completion_tokens:
-            tokens = self._tokens
-            tokens[(model, "prompt")] = tokens.get((model, "prompt"), 0) + ctx.prompt_tokens
-            completion = (model, "completion")
-            tokens[completion] = tokens.get(completion, 0) + ctx.completion_tokens
+            totals.ttfts.append(ctx.ttft)
+        totals.prompt += ctx.prompt_tokens
+        totals.completion += ctx.completion_tokens
         if ctx.queue_wait is not None:
-            found = self._waits.get(ctx.priority_class)
-            if found is None:
-                found = self._waits[ctx.priority_class] = []
-            found.append(ctx.queue_wait)
+            totals.waits.append(ctx.queue_wait)
 
     def drain_into(
         self,
@@ -65,15 +65,20 @@ class FinishedRequests:
         queue_wait: BatchedHistogram,
     ) -> None:
         """Move everything added so far into the batches, and start again."""
-        for (route, model, status), count in self._counts.items():
-            requests.add((route, model, str(status)), count)
-        for labels, amount in self._tokens.items():
-            tokens.add(labels, amount)
-        for histogram, values in (
-            (latency, self._latencies),
-            (ttft, self._ttfts),
-            (queue_wait, self._waits),
-        ):
+        totals, self._totals = self._totals, {}
+        latencies: dict[str, list[float]] = {}
+        ttfts: dict[str, list[float]] = {}
+        waits: dict[str, list[float]] = {}
+        for (route, model, status, priority_class), added in totals.items():
+            requests.add((route, model, str(status)), added.count)
+            latencies.setdefault(route, []).extend(added.latencies)
+            if added.ttfts:
+                ttfts.setdefault(model, []).extend(added.ttfts)
+            if added.waits:
+                waits.setdefault(priority_class, []).extend(added.waits)
+            if added.prompt or added.completion:
+                tokens.add((model, "prompt"), added.prompt)
+                tokens.add((model, "completion"), added.completion)
+        for histogram, values in ((latency, latencies), (ttft, ttfts), (queue_wait, waits)):
             for label, observed in values.items():
                 histogram.observe_many((label,), observed)
-        self._reset()

@@ -70,6 +70,11 @@ def test_finished_requests_and_in_flight_reach_the_metrics_at_flush() -> None:
         ctx.prompt_tokens, ctx.completion_tokens = tokens
         ctx.priority_class, ctx.queue_wait = "standard", wait
         metrics.finished(ctx)
+    batch = RequestContext("id3", "/v1/chat/completions")  # same labels, another class
+    batch.model, batch.status, batch.ttft, batch.elapsed = "m", 200, 0.03, 0.07
+    batch.prompt_tokens, batch.completion_tokens = 1, 2
+    batch.priority_class, batch.queue_wait = "batch", 0.25
+    metrics.finished(batch)
     other = RequestContext("id2", "/v1/completions")
     other.model, other.status, other.elapsed, other.completion_tokens = "n", 200, 0.5, 9
     metrics.finished(other)
@@ -78,17 +83,18 @@ def test_finished_requests_and_in_flight_reach_the_metrics_at_flush() -> None:
     assert 'kvgate_request_duration_seconds_sum{route="/v1/completions"} 0.5' in text
     assert 'kvgate_tokens_total{direction="completion",model="n"} 9.0' in text
     route = 'route="/v1/chat/completions"'
-    assert f'kvgate_requests_total{{model="m",{route},status="200"}} 1.0' in text
+    assert f'kvgate_requests_total{{model="m",{route},status="200"}} 2.0' in text
     assert f'kvgate_requests_total{{model="m",{route},status="429"}} 1.0' in text
-    assert f"kvgate_request_duration_seconds_count{{{route}}} 2.0" in text
-    assert 'kvgate_time_to_first_byte_seconds_count{model="m"} 1.0' in text
-    assert 'kvgate_tokens_total{direction="prompt",model="m"} 5.0' in text
-    assert 'kvgate_tokens_total{direction="completion",model="m"} 7.0' in text
+    assert f"kvgate_request_duration_seconds_count{{{route}}} 3.0" in text
+    assert 'kvgate_time_to_first_byte_seconds_count{model="m"} 2.0' in text
+    assert 'kvgate_tokens_total{direction="prompt",model="m"} 6.0' in text
+    assert 'kvgate_tokens_total{direction="completion",model="m"} 9.0' in text
+    assert 'kvgate_queue_wait_seconds_sum{class="batch"} 0.25' in text
     assert 'kvgate_in_flight_requests{pool="gpu"} 3.0' in text
     in_flight["gpu"] = 0
     text = metrics.exposition().decode()
     assert 'kvgate_in_flight_requests{pool="gpu"} 0.0' in text
-    assert f'kvgate_requests_total{{model="m",{route},status="200"}} 1.0' in text  # not twice
+    assert f'kvgate_requests_total{{model="m",{route},status="200"}} 2.0' in text  # not twice
     assert 'kvgate_queue_wait_seconds_count{class="standard"} 1.0' in text  # 429: never queued
 
 
