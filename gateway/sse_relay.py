@@ -63,9 +63,8 @@ def usage_of(body: bytes) -> dict[str, object] | None:
     """The ``usage`` object of a JSON response body; None when there is none.
 
     Only the object after the last ``"usage"`` key is parsed (servers put usage near the end;
-    parsing a whole body builds every choice and message just to drop them): a flat object
-    ends at the first ``}``, a nested one is found by counting braces; if that slice is not a
-    JSON object, the whole body is parsed instead.
+    parsing a whole body builds every choice and message just to drop them), its end found by
+    counting braces; if that slice is not a JSON object, the whole body is parsed instead.
     """
     at = body.rfind(_USAGE)
     if at < 0:
@@ -73,11 +72,7 @@ def usage_of(body: bytes) -> dict[str, object] | None:
     start = body.find(b"{", at)
     if start < 0 or body[at + len(_USAGE) : start].strip() != b":":
         return _usage_of_whole(body)  # "usage": null, or not a key followed by an object
-    close = body.find(b"}", start)
-    if close > 0 and body.find(b"{", start + 1, close) < 0:
-        end = close + 1  # no nested object: the common case
-    else:
-        end = _object_end(body, start)
+    end = _object_end(body, start)
     if end > 0:
         try:
             usage = orjson.loads(body[start:end])
@@ -99,8 +94,9 @@ def _usage_of_whole(body: bytes) -> dict[str, object] | None:
 
 def _object_end(data: bytes, start: int) -> int:
     """The index after the ``}`` that closes the ``{`` at ``start`` (-1 if none), counting
-    braces only: right for usage objects, which hold numbers and nested objects."""
-    depth, index = 0, start
+    braces only: right for usage objects, which hold numbers and nested objects. Counting
+    starts inside the object, so a flat one costs one search for each brace."""
+    depth, index = 1, start + 1
     while True:
         close = data.find(b"}", index)
         if close < 0:
