@@ -19,7 +19,7 @@ from gateway.http.client import ConnectionPool, UpstreamConnectionError
 
 log = logging.getLogger("kvgate.epp")
 UNHEALTHY_AFTER = 3  # consecutive failed scrapes
-_ACCEPT = [("accept", "text/plain")]
+_ACCEPT = b"accept: text/plain\r\n"  # the header lines of a scrape
 
 
 class ScrapeError(Exception):

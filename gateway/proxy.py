@@ -185,7 +185,7 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
         call = runtime.calls.get(pool.name)
         if call is None:
             call = runtime.calls[pool.name] = _upstream_call(app, runtime, pool)
-        headers = upstream_headers(request.headers, ctx.request_id, pool)
+        headers = upstream_headers(request.raw_headers, ctx.request_id, pool)
         endpoint, upstream = await open_upstream(
             call, ctx, pool, forward.path, payload, headers, forward.pick
         )

@@ -36,8 +36,8 @@ def body_response(ctx: RequestContext, upstream: UpstreamResponse, data: bytes) 
     ctx.status = upstream.status
     if upstream.status == 200 and upstream.content_type == "application/json":
         _record_usage(ctx, usage_of(data))
-    headers = response_headers(upstream.raw_headers, None, ctx.extra_headers)
-    return Response(data, status=upstream.status, headers=headers)  # + x-request-id, by handle
+    block = response_headers(upstream.raw_headers, None, ctx.extra_headers)
+    return Response(data, status=upstream.status, block=block)  # + x-request-id, by handle
 
 
 async def relay_stream(
@@ -50,7 +50,7 @@ async def relay_stream(
 ) -> StreamResponse:
     response = StreamResponse(
         status=upstream.status,
-        headers=response_headers(upstream.raw_headers, ctx.request_id, ctx.extra_headers),
+        block=response_headers(upstream.raw_headers, ctx.request_id, ctx.extra_headers),
     )
     await response.prepare(request)
     ctx.status = upstream.status

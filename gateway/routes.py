@@ -133,7 +133,8 @@ async def handle(request: Request) -> AnyResponse:
             if isinstance(exc, GatewayError):
                 ctx.error = ctx.error or exc.code or type(exc).__name__
         if not response.prepared:
-            response.headers.append(("x-request-id", ctx.request_id))  # no handler sets it
+            # no handler sets it; as an encoded line (headers as pairs are formatted per line)
+            response.block += b"x-request-id: %b\r\n" % ctx.request_id.encode("latin-1")
         ctx.status = ctx.status or response.status
         _finish(request, ctx)
     finally:

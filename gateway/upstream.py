@@ -19,6 +19,7 @@ from gateway.breaker import RetryBudget
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, NoEndpoint, UpstreamError, UpstreamTimeout
 from gateway.http.client import ConnectionPool, UpstreamConnectionError, UpstreamResponse
+from gateway.http.messages import header_block
 from gateway.metrics import GatewayMetrics
 from gateway.picker import EndpointState, Picker, PickRequest
 from policies.schema import Pool, Retries, Timeouts
@@ -54,43 +55,70 @@ DROP_RESPONSE_HEADERS = HOP_BY_HOP | {
     "date",
     "x-request-id",
 }
-_NOT_FORWARDED = DROP_REQUEST_HEADERS | {"content-type"}  # the gateway sets its own
-_NOT_RETURNED = frozenset(name.encode() for name in DROP_RESPONSE_HEADERS)
+_JSON = b"content-type: application/json\r\n"
 RETRYABLE = (UpstreamConnectionError, asyncio.TimeoutError)
 
 
-def upstream_headers(
-    client: Mapping[str, str], request_id: str, pool: Pool
-) -> list[tuple[str, str]]:
-    headers = [(k, v) for k, v in client.items() if k.lower() not in _NOT_FORWARDED]
-    headers.append(("x-request-id", request_id))
-    headers.append(("content-type", "application/json"))
+class HeaderFilter:
+    """Header lines passed on as sent, less the ``drop`` names (any case). Whether a name
+    passes is worked out once per distinct spelling (names repeat from request to request;
+    up to ``REMEMBERED`` of them are kept)."""
+
+    REMEMBERED = 1024
+
+    def __init__(self, drop: frozenset[str]) -> None:
+        self._drop = frozenset(name.encode() for name in drop)
+        self._passes: dict[bytes, bool] = {}
+
+    def lines(self, headers: list[tuple[bytes, bytes]], out: list[bytes]) -> None:
+        """Append a ``name: value`` line (with CRLF) to ``out`` for each header that passes."""
+        passes = self._passes
+        for name, value in headers:
+            ok = passes.get(name)
+            if ok is None:
+                ok = name.lower() not in self._drop
+                if len(passes) < self.REMEMBERED:
+                    passes[name] = ok
+            if ok:
+                out.append(b"%b: %b\r\n" % (name, value))
+
+
+_FORWARDED = HeaderFilter(DROP_REQUEST_HEADERS | {"content-type"})  # the gateway sets its own
+_RETURNED = HeaderFilter(DROP_RESPONSE_HEADERS)
+
+
+def upstream_headers(client: list[tuple[bytes, bytes]], request_id: str, pool: Pool) -> bytes:
+    """The header lines sent upstream: the client's (as sent, less ``DROP_REQUEST_HEADERS``),
+    the request id, the content type and the pool's own credentials."""
+    lines: list[bytes] = []
+    _FORWARDED.lines(client, lines)
+    lines.append(b"x-request-id: %b\r\n" % request_id.encode("latin-1"))
+    lines.append(_JSON)
     if pool.api_key:
-        headers.append(("authorization", f"Bearer {pool.api_key}"))
-    return headers
+        lines.append(f"authorization: Bearer {pool.api_key}\r\n".encode("latin-1"))
+    return b"".join(lines)
 
 
 def response_headers(
     upstream: list[tuple[bytes, bytes]],
     request_id: str | None,
     extra: Mapping[str, str] | None = None,
-) -> list[tuple[str, str]]:
-    """The upstream's headers for the client, without hop-by-hop ones and the upstream's own
-    request id; with ``request_id`` (streams: prepared before the request context sees them;
-    whole responses get it from the request context) and ``extra``."""
-    drop = _NOT_RETURNED
+) -> bytes:
+    """The upstream's header lines for the client, as sent, without hop-by-hop ones and the
+    upstream's own request id; with ``request_id`` (streams: prepared before the request
+    context sees them; whole responses get it from the request context) and ``extra`` (which
+    replace the upstream's headers of the same names)."""
+    lines: list[bytes] = []
     if extra:
-        drop = drop | {name.lower().encode("latin-1") for name in extra}
-    headers = [
-        (name.decode("latin-1"), value.decode("latin-1"))
-        for name, value in upstream
-        if name.lower() not in drop
-    ]
-    if extra:
-        headers.extend(extra.items())
+        replaced = {name.lower().encode("latin-1") for name in extra}
+        kept = [(name, value) for name, value in upstream if name.lower() not in replaced]
+        _RETURNED.lines(kept, lines)
+        lines.append(header_block(extra.items()))
+    else:
+        _RETURNED.lines(upstream, lines)
     if request_id is not None:
-        headers.append(("x-request-id", request_id))
-    return headers
+        lines.append(b"x-request-id: %b\r\n" % request_id.encode("latin-1"))
+    return b"".join(lines)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +139,7 @@ async def open_upstream(
     pool: Pool,
     path: str,
     payload: bytes,
-    headers: list[tuple[str, str]],
+    headers: bytes,
     pick: PickRequest,
 ) -> tuple[EndpointState, UpstreamResponse]:
     """The first acceptable upstream response; the endpoint's in-flight count is raised.
@@ -188,7 +216,7 @@ async def _send_traced(
     endpoint: EndpointState,
     path: str,
     payload: bytes,
-    headers: list[tuple[str, str]],
+    headers: bytes,
 ) -> UpstreamResponse:
     assert call.tracer is not None
     with call.tracer.start_as_current_span(
@@ -198,8 +226,12 @@ async def _send_traced(
     ):
         carrier: dict[str, str] = {}
         inject(carrier)  # this attempt's client span becomes the upstream's parent
-        headers = [(k, v) for k, v in headers if k.lower() not in carrier]
-        headers.extend(carrier.items())
+        lines = [
+            line + b"\r\n"
+            for line in headers.split(b"\r\n")
+            if line and line.partition(b":")[0].strip().lower().decode("latin-1") not in carrier
+        ]
+        headers = b"".join(lines) + header_block(carrier.items())
         return await call.pool.request(
             endpoint.address, "POST", path, headers, payload, first_byte=call.timeouts.first_byte
         )

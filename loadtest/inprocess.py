@@ -132,7 +132,7 @@ def _layers_handler(pool: ConnectionPool) -> Handler:
     async def handler(request: Request) -> Response:
         orjson.loads(request.body)
         address = UPSTREAMS_ADDRESSES[next(turn) % len(UPSTREAMS_ADDRESSES)]
-        headers = [("content-type", "application/json")]
+        headers = b"content-type: application/json\r\n"
         upstream: UpstreamResponse = await pool.request(
             address, request.method, request.path, headers, request.body, first_byte=60.0
         )

@@ -36,7 +36,7 @@ async def serve(port: int, upstream_ports: list[int]) -> None:
             upstreams[next(turn) % len(upstreams)],
             request.method,
             request.path,
-            [("content-type", "application/json")],
+            b"content-type: application/json\r\n",
             request.body,
             first_byte=60.0,
         )

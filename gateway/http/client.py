@@ -14,7 +14,6 @@ import asyncio
 import socket
 import time
 from collections import deque
-from collections.abc import Iterable
 from typing import cast
 
 import httptools
@@ -303,19 +302,18 @@ class ConnectionPool:
         address: str,
         method: str,
         path: str,
-        headers: Iterable[tuple[str, str]],
+        headers: bytes,
         body: bytes,
         *,
         first_byte: float | None = None,
     ) -> UpstreamResponse:
         """Send the request and wait for the response headers: TimeoutError after
-        ``connect_timeout`` connecting, or ``first_byte`` seconds waiting for the response."""
-        lines = "".join([f"{name}: {value}\r\n" for name, value in headers])
-        head = (
-            f"{method} {path} HTTP/1.1\r\nhost: {address}\r\n{lines}"
-            f"content-length: {len(body)}\r\n\r\n"
-        )
-        message = head.encode("latin-1") + body
+        ``connect_timeout`` connecting, or ``first_byte`` seconds waiting for the response.
+
+        ``headers``: the header lines, encoded (``header_block`` makes them from pairs); the
+        pool adds host and content-length."""
+        start = f"{method} {path} HTTP/1.1\r\nhost: {address}\r\n".encode("latin-1")
+        message = b"".join([start, headers, b"content-length: %d\r\n\r\n" % len(body), body])
         conn = self._take(address)
         if conn is not None:
             try:

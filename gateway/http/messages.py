@@ -22,17 +22,27 @@ _REASONS = {status.value: status.phrase for status in HTTPStatus}
 _REASONS[499] = "Client Closed Request"
 
 
-_STATUS_LINES = {code: f"HTTP/1.1 {code} {phrase}\r\n" for code, phrase in _REASONS.items()}
+_STATUS_LINES = {
+    code: f"HTTP/1.1 {code} {phrase}\r\n".encode("latin-1") for code, phrase in _REASONS.items()
+}
 
 
-def _status_text(status: int) -> str:
-    return _STATUS_LINES.get(status) or f"HTTP/1.1 {status} Unknown\r\n"
+def _status_line(status: int) -> bytes:
+    return _STATUS_LINES.get(status) or f"HTTP/1.1 {status} Unknown\r\n".encode("latin-1")
 
 
-def head_bytes(status: int, headers: Iterable[tuple[str, str]], framing: str) -> bytes:
-    """The status line and headers, then ``framing`` (content-length or transfer-encoding)."""
-    lines = "".join([f"{name}: {value}\r\n" for name, value in headers])
-    return f"{_status_text(status)}{lines}{framing}\r\n".encode("latin-1")
+def header_block(headers: Iterable[tuple[str, str]]) -> bytes:
+    """Header lines as sent (``name: value`` and CRLF each)."""
+    return "".join([f"{name}: {value}\r\n" for name, value in headers]).encode("latin-1")
+
+
+def head_bytes(
+    status: int, headers: list[tuple[str, str]], framing: bytes, block: bytes = b""
+) -> bytes:
+    """The status line, ``block`` (header lines already encoded), ``headers``, then
+    ``framing`` (content-length or transfer-encoding) and the blank line."""
+    lines = header_block(headers) if headers else b""
+    return b"".join([_status_line(status), block, lines, framing, b"\r\n"])
 
 
 class Request:
@@ -47,6 +57,7 @@ class Request:
         "method",
         "path",
         "query",
+        "raw_headers",
         "version",
     )
 
@@ -55,6 +66,7 @@ class Request:
         method: str,
         target: bytes,
         headers: CIMultiDict[str],
+        raw_headers: list[tuple[bytes, bytes]],
         body: bytes,
         version: str,
         keep_alive: bool,
@@ -66,6 +78,7 @@ class Request:
         self.path = path.decode("latin-1")
         self.query = query.decode("latin-1")
         self.headers = headers  # case-insensitive; handlers only read it
+        self.raw_headers = raw_headers  # name/value pairs as sent (what is forwarded upstream)
         self.body = body
         self.version = version
         self.keep_alive = keep_alive
@@ -102,9 +115,11 @@ def set_header(headers: list[tuple[str, str]], name: str, value: str) -> None:
 
 class Response:
     """A whole response; the server adds content-length. ``headers`` is a list of pairs (no
-    case-insensitive mapping is built per response: use ``set_header`` to replace one)."""
+    case-insensitive mapping is built per response: use ``set_header`` to replace one);
+    ``block``: more header lines, already encoded (a proxied upstream's, passed on as bytes),
+    sent before them."""
 
-    __slots__ = ("body", "headers", "status")
+    __slots__ = ("block", "body", "headers", "status")
     prepared = False
 
     def __init__(
@@ -114,18 +129,20 @@ class Response:
         status: int = 200,
         headers: HeaderItems = None,
         content_type: str | None = None,
+        block: bytes = b"",
     ) -> None:
         self.status = status
         self.body = body
         self.headers = header_list(headers)
+        self.block = block
         if content_type is not None:
             set_header(self.headers, "content-type", content_type)
 
     def head(self, keep_alive: bool) -> bytes:
-        framing = f"content-length: {len(self.body)}\r\n"
+        framing = b"content-length: %d\r\n" % len(self.body)
         if not keep_alive:
-            framing = "connection: close\r\n" + framing
-        return head_bytes(self.status, self.headers, framing)
+            framing = b"connection: close\r\n" + framing
+        return head_bytes(self.status, self.headers, framing, self.block)
 
 
 def json_response(
@@ -142,11 +159,14 @@ class StreamResponse:
     connection's close.
     """
 
-    __slots__ = ("_chunked", "_connection", "finished", "headers", "prepared", "status")
+    __slots__ = ("_chunked", "_connection", "block", "finished", "headers", "prepared", "status")
 
-    def __init__(self, *, status: int = 200, headers: HeaderItems = None) -> None:
+    def __init__(
+        self, *, status: int = 200, headers: HeaderItems = None, block: bytes = b""
+    ) -> None:
         self.status = status
         self.headers = header_list(headers)
+        self.block = block  # header lines already encoded, sent before ``headers``
         self.prepared = False
         self.finished = False
         self._connection: Connection | None = None
@@ -156,11 +176,11 @@ class StreamResponse:
         connection = request.connection
         self._connection = connection
         self._chunked = request.version != "1.0"
-        framing = "transfer-encoding: chunked\r\n" if self._chunked else ""
+        framing = b"transfer-encoding: chunked\r\n" if self._chunked else b""
         if not request.keep_alive or not self._chunked:
-            framing = "connection: close\r\n" + framing
+            framing = b"connection: close\r\n" + framing
             request.keep_alive = False
-        connection.write(head_bytes(self.status, self.headers, framing))
+        connection.write(head_bytes(self.status, self.headers, framing, self.block))
         self.prepared = True
 
     async def write(self, data: bytes) -> None:

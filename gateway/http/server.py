@@ -38,6 +38,15 @@ MAX_HEAD = 64 * 1024  # bytes of request line + headers (aiohttp allows 8 KiB pe
 ErrorFactory = Callable[[int, str], Response]
 
 
+_METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
+
+
+def _method(raw: bytes) -> str:
+    """The request method as a string (the common ones without decoding)."""
+    method = _METHODS.get(raw)
+    return method if method is not None else raw.decode("latin-1")
+
+
 class Connection(asyncio.Protocol):
     """One client connection: parse, hand complete requests to the handler one at a time."""
 
@@ -46,7 +55,7 @@ class Connection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._url = b""
-        self._headers: list[tuple[str, str]] = []
+        self._headers: list[tuple[bytes, bytes]] = []  # as sent (forwarded as bytes)
         self._mapping: CIMultiDict[str] = CIMultiDict()  # the headers of the current request
         self._body: list[bytes] = []
         self._size = 0
@@ -116,11 +125,13 @@ class Connection(asyncio.Protocol):
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
+        self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._mapping = headers = CIMultiDict(self._headers)
+        self._mapping = headers = CIMultiDict(
+            [(name.decode("latin-1"), value.decode("latin-1")) for name, value in self._headers]
+        )
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self._server.max_body:
             self._refuse_too_large()
@@ -137,7 +148,7 @@ class Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        parts, url, headers = self._body, self._url, self._mapping
+        parts, url, headers, raw_headers = self._body, self._url, self._mapping, self._headers
         self._in_head = True  # what follows is the next request's head
         self._head_size = self._size = 0
         self._url = b""
@@ -147,13 +158,17 @@ class Connection(asyncio.Protocol):
             self._too_large = False
             return
         parser = self._parser
+        keep_alive = parser.should_keep_alive()
         request = Request(
-            parser.get_method().decode("latin-1"),
+            _method(parser.get_method()),
             url,
             headers,
+            raw_headers,
             parts[0] if len(parts) == 1 else b"".join(parts),
-            parser.get_http_version(),
-            parser.should_keep_alive(),
+            # HTTP/1.1 unless told otherwise: only a 1.0 client keeps its connection alive by
+            # saying so (get_http_version formats a string: not called for the usual request)
+            "1.1" if keep_alive and "connection" not in headers else parser.get_http_version(),
+            keep_alive,
             self._server.app,
             self,
         )

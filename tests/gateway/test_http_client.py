@@ -58,7 +58,7 @@ async def started(answer: Callable[[int], bytes | None]) -> tuple[Upstream, asyn
 
 async def call(pool: ConnectionPool, up: Upstream, first_byte: float | None = None) -> bytes:
     response = await pool.request(
-        f"127.0.0.1:{up.port}", "POST", "/v1/x", [("a", "b")], b"{}", first_byte=first_byte
+        f"127.0.0.1:{up.port}", "POST", "/v1/x", b"a: b\r\n", b"{}", first_byte=first_byte
     )
     try:
         return await response.read(idle=2)
@@ -104,7 +104,7 @@ async def test_a_body_cut_short_raises() -> None:
         b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{part"
     )
     pool = ConnectionPool(connect_timeout=1)
-    response = await pool.request(f"127.0.0.1:{port}", "POST", "/", [], b"{}")
+    response = await pool.request(f"127.0.0.1:{port}", "POST", "/", b"", b"{}")
     assert response.status == 200
     with pytest.raises(UpstreamConnectionError):
         await response.read(idle=2)
@@ -117,7 +117,7 @@ async def test_close_delimited_body_is_complete_at_eof() -> None:
     reply = b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it"
     port, server = await answer_once_and_close(reply)
     pool = ConnectionPool(connect_timeout=1)
-    response = await pool.request(f"127.0.0.1:{port}", "POST", "/", [], b"{}")
+    response = await pool.request(f"127.0.0.1:{port}", "POST", "/", b"", b"{}")
     assert await response.read(idle=2) == b"all of it"
     response.close()
     pool.close()
@@ -178,7 +178,7 @@ async def test_a_stalled_body_times_out_after_idle_seconds() -> None:
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     pool = ConnectionPool(connect_timeout=1)
     port = server.sockets[0].getsockname()[1]
-    response = await pool.request(f"127.0.0.1:{port}", "POST", "/", [], b"{}")
+    response = await pool.request(f"127.0.0.1:{port}", "POST", "/", b"", b"{}")
     assert await response.readany(idle=0.3) == b"ab"
     assert await response.readany(idle=0.3) == b"cd"
     started = asyncio.get_running_loop().time()
@@ -202,7 +202,7 @@ async def test_a_large_body_is_read_whole_through_backpressure() -> None:
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     pool = ConnectionPool(connect_timeout=1)
     port = server.sockets[0].getsockname()[1]
-    response = await pool.request(f"127.0.0.1:{port}", "POST", "/", [], b"{}")
+    response = await pool.request(f"127.0.0.1:{port}", "POST", "/", b"", b"{}")
     await asyncio.sleep(0.2)  # let the transport fill the buffer and pause
     assert await response.read(idle=2) == payload
     response.close()
@@ -226,7 +226,7 @@ async def test_a_connection_paused_by_a_large_body_is_reused_unpaused() -> None:
     pool = ConnectionPool(connect_timeout=1)
     address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
     for _ in range(3):  # the same kept-alive connection each time
-        response = await pool.request(address, "POST", "/", [], b"{}", first_byte=2)
+        response = await pool.request(address, "POST", "/", b"", b"{}", first_byte=2)
         await asyncio.sleep(0.1)
         assert await response.read(idle=2) == payload
         response.close()

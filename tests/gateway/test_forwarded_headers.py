@@ -1,0 +1,85 @@
+"""Which headers cross the gateway, byte for byte: the client's to the upstream, the upstream's
+back to the client."""
+
+from __future__ import annotations
+
+from gateway.upstream import HeaderFilter, response_headers, upstream_headers
+from policies.schema import Pool
+
+CLIENT = [
+    (b"Authorization", b"Bearer client-key"),
+    (b"API-Key", b"client-key"),
+    (b"Connection", b"keep-alive"),
+    (b"Content-Length", b"2"),
+    (b"Content-Type", b"application/json; charset=utf-8"),
+    (b"X-Request-Id", b"client-id"),
+    (b"Host", b"gateway"),
+    (b"Accept-Encoding", b"gzip"),
+    (b"X-Custom", b"Mixed Case Value"),
+    (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+]
+UPSTREAM = [
+    (b"Content-Type", b"application/json"),
+    (b"Content-Length", b"266"),
+    (b"Date", b"Mon, 30 Nov 2026 22:00:00 GMT"),
+    (b"server", b"uvicorn"),
+    (b"x-request-id", b"upstream-id"),
+    (b"Transfer-Encoding", b"chunked"),
+    (b"X-Ratelimit-Remaining-Requests", b"7"),
+    (b"x-backend", b"a"),
+]
+
+
+def test_client_credentials_framing_and_hop_by_hop_headers_stay_behind() -> None:
+    pool = Pool("p", (), api_key="pool-key")
+    for _ in range(2):  # the second time from the filter's memory of each name
+        sent = upstream_headers(CLIENT, "gw-id", pool)
+        assert sent.split(b"\r\n") == [
+            b"X-Custom: Mixed Case Value",
+            b"traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            b"x-request-id: gw-id",
+            b"content-type: application/json",
+            b"authorization: Bearer pool-key",
+            b"",
+        ]
+
+
+def test_no_pool_key_no_authorization() -> None:
+    sent = upstream_headers([(b"AUTHORIZATION", b"Bearer x")], "id", Pool("p", ()))
+    assert b"uthorization" not in sent.lower()
+    assert sent == b"x-request-id: id\r\ncontent-type: application/json\r\n"
+
+
+def test_upstream_headers_come_back_less_framing_and_its_own_request_id() -> None:
+    returned = response_headers(UPSTREAM, "gw-id")
+    assert returned.split(b"\r\n") == [
+        b"Content-Type: application/json",
+        b"X-Ratelimit-Remaining-Requests: 7",
+        b"x-backend: a",
+        b"x-request-id: gw-id",
+        b"",
+    ]
+
+
+def test_the_gateways_own_headers_replace_the_upstreams() -> None:
+    extra = {"x-ratelimit-remaining-requests": "3", "x-kvgate-ab-arm": "t=b"}
+    returned = response_headers(UPSTREAM, None, extra)
+    assert returned.split(b"\r\n") == [
+        b"Content-Type: application/json",
+        b"x-backend: a",
+        b"x-ratelimit-remaining-requests: 3",
+        b"x-kvgate-ab-arm: t=b",
+        b"",
+    ]
+
+
+def test_the_filter_remembers_a_bounded_number_of_names() -> None:
+    drop = HeaderFilter(frozenset({"connection"}))
+    many = [(f"x-h{i}".encode(), b"v") for i in range(HeaderFilter.REMEMBERED + 10)]
+    out: list[bytes] = []
+    drop.lines([*many, (b"CONNECTION", b"close")], out)
+    assert len(out) == len(many)  # every other name passes, remembered or not
+    assert len(drop._passes) == HeaderFilter.REMEMBERED
+    out.clear()
+    drop.lines([(b"Connection", b"close"), (b"x-h5", b"w")], out)  # a new spelling is still checked
+    assert out == [b"x-h5: w\r\n"]
