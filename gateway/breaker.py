@@ -29,6 +29,17 @@ class BreakerState(Enum):
 CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 
 
+class _Slice:
+    """Outcomes counted from ``start`` for a slice of the breaker's window."""
+
+    __slots__ = ("failures", "start", "total")
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.total = 0
+        self.failures = 0
+
+
 class CircuitBreaker:
     def __init__(
         self,
@@ -43,8 +54,7 @@ class CircuitBreaker:
         self.closed = True  # the state is CLOSED (read per request without a call)
         self._opened_at = 0.0
         self._consecutive = 0
-        # outcomes in the window, in time slices of window/20: [slice start, total, failures]
-        self._slices: deque[list[float]] = deque()
+        self._slices: deque[_Slice] = deque()  # outcomes in the window, in slices of window/20
         self._width = config.window / 20
         self._total = 0
         self._failures = 0
@@ -95,19 +105,19 @@ class CircuitBreaker:
         """Add an outcome; drop slices older than the window (O(1) amortized)."""
         width = self._width
         slices = self._slices
-        if not slices or now >= slices[-1][0] + width:
-            slices.append([now, 0, 0])
+        if not slices or now >= slices[-1].start + width:
+            slices.append(_Slice(now))
         last = slices[-1]
-        last[1] += 1
+        last.total += 1
         self._total += 1
         if not ok:
-            last[2] += 1
+            last.failures += 1
             self._failures += 1
         horizon = now - self.config.window
-        while slices[0][0] + width <= horizon:
-            _, total, failures = slices.popleft()
-            self._total -= int(total)
-            self._failures -= int(failures)
+        while slices[0].start + width <= horizon:
+            gone = slices.popleft()
+            self._total -= gone.total
+            self._failures -= gone.failures
 
     def _ratio_tripped(self) -> bool:
         if self._total < self.config.min_requests:
