@@ -59,12 +59,14 @@ _JSON = b"content-type: application/json\r\n"
 RETRYABLE = (UpstreamConnectionError, asyncio.TimeoutError)
 
 
+REMEMBERED_NAMES = 1024  # header name spellings a HeaderFilter remembers (a module constant:
+# a compiled class's attributes are per instance)
+
+
 class HeaderFilter:
     """Header lines passed on as sent, less the ``drop`` names (any case). Whether a name
     passes is worked out once per distinct spelling (names repeat from request to request;
-    up to ``REMEMBERED`` of them are kept)."""
-
-    REMEMBERED = 1024
+    up to ``REMEMBERED_NAMES`` of them are kept)."""
 
     def __init__(self, drop: frozenset[str]) -> None:
         self._drop = frozenset(name.encode() for name in drop)
@@ -77,7 +79,7 @@ class HeaderFilter:
             ok = passes.get(name)
             if ok is None:
                 ok = name.lower() not in self._drop
-                if len(passes) < self.REMEMBERED:
+                if len(passes) < REMEMBERED_NAMES:
                     passes[name] = ok
             if ok:
                 out.append(b"%b: %b\r\n" % (name, value))

@@ -3,7 +3,7 @@ back to the client."""
 
 from __future__ import annotations
 
-from gateway.upstream import HeaderFilter, response_headers, upstream_headers
+from gateway.upstream import REMEMBERED_NAMES, HeaderFilter, response_headers, upstream_headers
 from policies.schema import Pool
 
 CLIENT = [
@@ -75,11 +75,11 @@ def test_the_gateways_own_headers_replace_the_upstreams() -> None:
 
 def test_the_filter_remembers_a_bounded_number_of_names() -> None:
     drop = HeaderFilter(frozenset({"connection"}))
-    many = [(f"x-h{i}".encode(), b"v") for i in range(HeaderFilter.REMEMBERED + 10)]
+    many = [(f"x-h{i}".encode(), b"v") for i in range(REMEMBERED_NAMES + 10)]
     out: list[bytes] = []
     drop.lines([*many, (b"CONNECTION", b"close")], out)
     assert len(out) == len(many)  # every other name passes, remembered or not
-    assert len(drop._passes) == HeaderFilter.REMEMBERED
+    assert len(drop._passes) == REMEMBERED_NAMES
     out.clear()
     drop.lines([(b"Connection", b"close"), (b"x-h5", b"w")], out)  # a new spelling is still checked
     assert out == [b"x-h5: w\r\n"]
