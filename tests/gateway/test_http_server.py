@@ -90,6 +90,19 @@ async def test_malformed_request_is_400(server: HttpServer) -> None:
     assert raw.startswith(b"HTTP/1.1 400 ") and b"malformed" in raw
 
 
+@pytest.mark.parametrize(
+    "header",
+    [b"x-a: a\rb\r\n", b"x-a: a\r\n folded\r\n", b"x-a: a\nx-b: injected\r\n"],
+    ids=["bare CR", "obsolete line folding", "bare LF"],
+)
+async def test_a_header_value_that_could_split_a_forwarded_header_is_400(
+    server: HttpServer, header: bytes
+) -> None:
+    # header bytes are forwarded upstream as sent: the parser must refuse these
+    raw = await exchange(server.port, b"GET /echo HTTP/1.1\r\nhost: x\r\n" + header + b"\r\n")
+    assert raw.startswith(b"HTTP/1.1 400 ")
+
+
 async def test_expect_continue(server: HttpServer) -> None:
     raw = await exchange(
         server.port, post("/echo", b"ok", "expect: 100-continue\r\nconnection: close\r\n")
@@ -100,6 +113,12 @@ async def test_expect_continue(server: HttpServer) -> None:
 
 async def test_http10_stream_is_close_delimited(server: HttpServer) -> None:
     raw = await exchange(server.port, b"GET /stream HTTP/1.0\r\n\r\n")
+    assert b"transfer-encoding" not in raw and raw.endswith(b"data: 2\n\n")
+
+
+async def test_http10_keep_alive_stream_is_still_not_chunked(server: HttpServer) -> None:
+    # a 1.0 client asking for keep-alive: its version must not be taken for 1.1
+    raw = await exchange(server.port, b"GET /stream HTTP/1.0\r\nconnection: keep-alive\r\n\r\n")
     assert b"transfer-encoding" not in raw and raw.endswith(b"data: 2\n\n")
 
 
