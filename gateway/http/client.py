@@ -5,7 +5,8 @@
 (``read``) or chunk by chunk (``readany``). ``close`` returns a fully read, keep-alive
 connection to the pool and closes any other (an unfinished response is aborted, which tells the
 upstream to stop generating). A reused connection that the upstream had closed before answering
-is retried once on a fresh connection. Reading pauses when 256 KiB are buffered unread.
+is retried once on a fresh connection. Reading pauses when 256 KiB are buffered unread. A
+response head over ``MAX_UPSTREAM_HEAD`` bytes fails the request (UpstreamConnectionError).
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from typing import cast
 import httptools
 from mypy_extensions import mypyc_attr
 
+from gateway.http.messages import header_size
+
 _HIGH_WATER = 256 * 1024
+MAX_UPSTREAM_HEAD = 64 * 1024  # bytes of status line + headers an upstream may send
 
 
 # mypyc cannot compile a subclass of a builtin exception into a native class: a plain one.
@@ -87,6 +91,8 @@ class _Connection(asyncio.Protocol):
         self._buffered = 0
         self.complete = False
         self._received = False
+        self._in_head = False  # reading a response's status line and headers
+        self._head_size = 0
         self._until_close = False  # the body ends when the connection does (no length given)
         self._keep_alive = False
         self._waiter: asyncio.Future[None] | None = None
@@ -115,12 +121,22 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._received = True
         self._last_data = self._loop.time()
+        if self._in_head:
+            self._head_size += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
-            if self._head is not None and not self._head.done():
-                self._head.set_exception(UpstreamConnectionError("malformed upstream response"))
-            self.abort()
+            self._fail("malformed upstream response")
+            return
+        # httptools buffers an unfinished head whole: bound it (a chunk that completed the head
+        # may carry body bytes too: then on_headers_complete counts the headers themselves)
+        if self._in_head and self._head_size > MAX_UPSTREAM_HEAD:
+            self._fail(f"upstream response headers exceed {MAX_UPSTREAM_HEAD} bytes")
+
+    def _fail(self, message: str) -> None:
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(UpstreamConnectionError(message))
+        self.abort()
 
     # --- parser callbacks ------------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -130,6 +146,9 @@ class _Connection(asyncio.Protocol):
             self._framing.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
+        if self._head_size > MAX_UPSTREAM_HEAD and header_size(self._headers) > MAX_UPSTREAM_HEAD:
+            return  # still "in the head": data_received fails the request
+        self._in_head = False
         status = self.parser.get_status_code()
         content_type, sized, chunked = "", False, False
         for name, value in self._framing:
@@ -172,6 +191,8 @@ class _Connection(asyncio.Protocol):
         self._buffered = 0
         self.complete = False
         self._received = False
+        self._in_head = True
+        self._head_size = 0
         self._until_close = False
         loop = self._loop
         self._last_data = now = loop.time()

@@ -45,6 +45,11 @@ def head_bytes(
     return b"".join([_status_line(status), block, lines, framing, b"\r\n"])
 
 
+def header_size(headers: list[tuple[bytes, bytes]]) -> int:
+    """Bytes of these headers as sent (each ``name: value`` and CRLF)."""
+    return sum([len(name) + len(value) + 4 for name, value in headers])
+
+
 class Request:
     """One parsed request; ``app`` is the application whose state the handlers read."""
 

@@ -29,7 +29,7 @@ import httptools
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.http.messages import AnyResponse, Request, Response
+from gateway.http.messages import AnyResponse, Request, Response, header_size
 
 log = logging.getLogger("kvgate.http")
 
@@ -128,6 +128,10 @@ class Connection(asyncio.Protocol):
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        if self._head_size > MAX_HEAD and header_size(self._headers) > MAX_HEAD:
+            # a whole head that came in one read (data_received only bounds unfinished ones)
+            self._reject(431, f"request line and headers exceed {MAX_HEAD} bytes")
+            return
         self._in_head = False
         self._mapping = headers = CIMultiDict(
             [(name.decode("latin-1"), value.decode("latin-1")) for name, value in self._headers]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gateway.http.client import ConnectionPool, UpstreamConnectionError
+from gateway.http.client import MAX_UPSTREAM_HEAD, ConnectionPool, UpstreamConnectionError
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 
@@ -109,6 +109,39 @@ async def test_a_body_cut_short_raises() -> None:
     with pytest.raises(UpstreamConnectionError):
         await response.read(idle=2)
     response.close()
+    pool.close()
+    server.close()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"x-big: " + b"v" * (MAX_UPSTREAM_HEAD + 1) + b"\r\n\r\n{}",
+        b"".join(b"x-h%d: %b\r\n" % (i, b"v" * 100) for i in range(1000)) + b"\r\n{}",
+        b"x-endless: " + b"v" * (MAX_UPSTREAM_HEAD + 1),  # never finished
+    ],
+    ids=["one huge header", "many headers", "an unfinished head"],
+)
+async def test_an_oversized_response_head_fails_the_request(head: bytes) -> None:
+    up, server = await started(lambda n: b"HTTP/1.1 200 OK\r\n" + head)
+    pool = ConnectionPool(connect_timeout=1)
+    with pytest.raises(UpstreamConnectionError, match="headers exceed"):
+        await call(pool, up, first_byte=5)
+    for _ in range(50):  # the connection is closed, not kept for reuse
+        if up.closed:
+            break
+        await asyncio.sleep(0.02)
+    assert up.closed == [1]
+    pool.close()
+    server.close()
+
+
+async def test_a_large_body_with_a_normal_head_is_fine() -> None:
+    body = b"[" + b"1," * 100_000 + b"1]"
+    reply = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
+    up, server = await started(lambda n: reply)
+    pool = ConnectionPool(connect_timeout=1)
+    assert await call(pool, up) == body
     pool.close()
     server.close()
 

@@ -176,6 +176,12 @@ async def test_oversized_headers_are_431(server: HttpServer) -> None:
     writer.close()
 
 
+async def test_oversized_headers_in_one_write_are_431_too(server: HttpServer) -> None:
+    filler = b"".join(b"x-filler-%d: %b\r\n" % (i, b"a" * 1024) for i in range(100))
+    raw = await exchange(server.port, b"GET /echo HTTP/1.1\r\nhost: x\r\n" + filler + b"\r\n")
+    assert raw.startswith(b"HTTP/1.1 431 ") and b"headers exceed" in raw
+
+
 async def test_a_large_body_in_the_same_packets_as_the_head_is_not_a_large_head() -> None:
     srv = HttpServer(web.Application(), handler, http_error, max_body=1 << 20)
     await srv.start("127.0.0.1", 0)
