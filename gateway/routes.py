@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from gateway import proxy
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound
-from gateway.http.messages import AnyResponse, Request, Response, json_response
+from gateway.http.messages import AnyResponse, Request, Response, header_line, json_response
 from gateway.keys import METRICS, RUNTIME, SHUTTING_DOWN, TRACER
 from gateway.middleware.errors import response_for
 from gateway.middleware.request_context import (
@@ -134,7 +134,7 @@ async def handle(request: Request) -> AnyResponse:
                 ctx.error = ctx.error or exc.code or type(exc).__name__
         if not response.prepared:
             # no handler sets it; as an encoded line (headers as pairs are formatted per line)
-            response.block += b"x-request-id: %b\r\n" % ctx.request_id.encode("latin-1")
+            response.block += header_line(b"x-request-id", ctx.request_id)
         ctx.status = ctx.status or response.status
         _finish(request, ctx)
     finally:

@@ -19,7 +19,7 @@ from gateway.breaker import RetryBudget
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, NoEndpoint, UpstreamError, UpstreamTimeout
 from gateway.http.client import ConnectionPool, UpstreamConnectionError, UpstreamResponse
-from gateway.http.messages import header_block
+from gateway.http.messages import header_block, header_line
 from gateway.metrics import GatewayMetrics
 from gateway.picker import EndpointState, Picker, PickRequest
 from policies.schema import Pool, Retries, Timeouts
@@ -94,10 +94,10 @@ def upstream_headers(client: list[tuple[bytes, bytes]], request_id: str, pool: P
     the request id, the content type and the pool's own credentials."""
     lines: list[bytes] = []
     _FORWARDED.lines(client, lines)
-    lines.append(b"x-request-id: %b\r\n" % request_id.encode("latin-1"))
+    lines.append(header_line(b"x-request-id", request_id))
     lines.append(_JSON)
     if pool.api_key:
-        lines.append(f"authorization: Bearer {pool.api_key}\r\n".encode("latin-1"))
+        lines.append(header_line(b"authorization", f"Bearer {pool.api_key}"))
     return b"".join(lines)
 
 
@@ -119,7 +119,7 @@ def response_headers(
     else:
         _RETURNED.lines(upstream, lines)
     if request_id is not None:
-        lines.append(b"x-request-id: %b\r\n" % request_id.encode("latin-1"))
+        lines.append(header_line(b"x-request-id", request_id))
     return b"".join(lines)
 
 

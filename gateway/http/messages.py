@@ -36,6 +36,11 @@ def header_block(headers: Iterable[tuple[str, str]]) -> bytes:
     return "".join([f"{name}: {value}\r\n" for name, value in headers]).encode("latin-1")
 
 
+def header_line(name: bytes, value: str) -> bytes:
+    """One header line as sent (``name: value`` and CRLF)."""
+    return b"%b: %b\r\n" % (name, value.encode("latin-1"))
+
+
 def head_bytes(
     status: int, headers: list[tuple[str, str]], framing: bytes, block: bytes = b""
 ) -> bytes:

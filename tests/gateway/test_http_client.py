@@ -56,6 +56,14 @@ async def started(answer: Callable[[int], bytes | None]) -> tuple[Upstream, asyn
     return up, server
 
 
+async def wait_for_a_close(up: Upstream) -> None:
+    """Until the upstream has seen a connection close (up to a second)."""
+    for _ in range(50):
+        if up.closed:
+            return
+        await asyncio.sleep(0.02)
+
+
 async def call(pool: ConnectionPool, up: Upstream, first_byte: float | None = None) -> bytes:
     response = await pool.request(
         f"127.0.0.1:{up.port}", "POST", "/v1/x", b"a: b\r\n", b"{}", first_byte=first_byte
@@ -127,10 +135,7 @@ async def test_an_oversized_response_head_fails_the_request(head: bytes) -> None
     pool = ConnectionPool(connect_timeout=1)
     with pytest.raises(UpstreamConnectionError, match="headers exceed"):
         await call(pool, up, first_byte=5)
-    for _ in range(50):  # the connection is closed, not kept for reuse
-        if up.closed:
-            break
-        await asyncio.sleep(0.02)
+    await wait_for_a_close(up)  # the connection is closed, not kept for reuse
     assert up.closed == [1]
     pool.close()
     server.close()
@@ -162,10 +167,7 @@ async def test_first_byte_timeout_aborts_the_connection() -> None:
     pool = ConnectionPool(connect_timeout=1)
     with pytest.raises(TimeoutError):
         await call(pool, up, first_byte=0.2)
-    for _ in range(50):
-        if up.closed:
-            break
-        await asyncio.sleep(0.02)
+    await wait_for_a_close(up)
     assert up.closed == [1]  # the upstream saw the connection close: it can stop generating
     pool.close()
     server.close()
@@ -179,10 +181,7 @@ async def test_cancelling_the_caller_aborts_the_connection() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    for _ in range(50):
-        if up.closed:
-            break
-        await asyncio.sleep(0.02)
+    await wait_for_a_close(up)
     assert up.closed == [1]
     pool.close()
     server.close()
