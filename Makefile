@@ -12,9 +12,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# Generated gRPC code is committed; a test fails when it is stale.
+# Every .proto under proto/ compiles into the package its path names (proto/kvgate/api/x.proto
+# -> kvgate/api/x_pb2.py); the generated code is committed and a test fails when it is stale.
+PROTOS := $(shell find proto -name '*.proto' 2>/dev/null)
 proto: $(STAMP)
-	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. proto/epp.proto
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --grpc_python_out=. --pyi_out=. $(PROTOS)
 
 demo: $(STAMP)
 	$(BIN)/kvgate demo

@@ -15,7 +15,7 @@ from backends.runners.sim_runner import CostModel, SimRunner
 from backends.server.app import create_app
 from backends.server.metrics import ServerMetrics
 from backends.server.state import ServerState
-from backends.tokenizer import ByteTokenizer
+from kvgate.wire.tokenizer import ByteTokenizer
 
 log = logging.getLogger("kvgate.backend")
 

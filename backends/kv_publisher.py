@@ -1,48 +1,17 @@
 """Publish KV-cache events exactly as vLLM does: ZMQ PUB, ``[topic, seq, msgpack batch]``.
 
 ``seq`` is an 8-byte big-endian counter starting at 0 for each process (subscribers detect gaps
-and restarts from it). The batch is ``[ts, [event, ...], data_parallel_rank]`` and each event a
-positional array tagged with its class name:
-``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
-lora_name]``, ``["BlockRemoved", block_hashes, medium]``, ``["AllBlocksCleared"]``. Hashes are
-64-bit integers, as with vLLM's default ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``.
+and restarts from it); the batch is ``kvgate.wire.kv_events``' format, stamped with wall-clock
+time as vLLM stamps it.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
-import msgpack
 import zmq
 
-from backends.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-
-MEDIUM = "GPU"
-
-
-def encode_event(event: KVEvent) -> list[Any]:
-    if isinstance(event, BlockStored):
-        return [
-            "BlockStored",
-            event.block_hashes,
-            event.parent_block_hash,
-            event.token_ids,
-            event.block_size,
-            None,  # lora_id: deprecated in vLLM in favour of lora_name
-            MEDIUM,
-            event.lora_name,
-        ]
-    if isinstance(event, BlockRemoved):
-        return ["BlockRemoved", event.block_hashes, MEDIUM]
-    if isinstance(event, AllBlocksCleared):
-        return ["AllBlocksCleared"]
-    raise TypeError(f"not a KV event: {event!r}")
-
-
-def encode_batch(events: list[KVEvent], ts: float) -> bytes:
-    payload: bytes = msgpack.packb([ts, [encode_event(e) for e in events], None])
-    return payload
+from kvgate.wire.kv_events import KVEvent, encode_batch
 
 
 class ZmqEventPublisher:
@@ -59,7 +28,7 @@ class ZmqEventPublisher:
         self.seq = 0
 
     def publish(self, events: list[KVEvent]) -> None:
-        payload = encode_batch(events, time.monotonic())
+        payload = encode_batch(events, time.time())
         frames = [self.topic, self.seq.to_bytes(8, "big"), payload]
         # A PUB socket drops (never blocks) at the high-water mark; the seq gap tells readers.
         self._socket.send_multipart(frames, flags=zmq.NOBLOCK)

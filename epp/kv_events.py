@@ -8,13 +8,13 @@ import logging
 import time
 from collections.abc import Callable
 
-import msgpack
 import zmq
 import zmq.asyncio
 
 from epp.framework import Endpoint
 from epp.indexes.precise import PreciseIndex
 from epp.tasks import cancel_all
+from kvgate.wire.kv_events import KVEventFormatError, decode_batch
 
 log = logging.getLogger("kvgate.epp")
 
@@ -60,12 +60,11 @@ class KVEventSubscriber:
             return
         seq = int.from_bytes(frames[1], "big")
         try:
-            batch = msgpack.unpackb(frames[2])
-            ts, events = batch[0], batch[1]
-        except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
+            batch = decode_batch(frames[2])
+        except KVEventFormatError as exc:
             log.warning("undecodable KV event batch from %s: %s", address, exc)
             return
-        if self.on_lag is not None and isinstance(ts, float):
-            self.on_lag(max(0.0, time.monotonic() - ts))
-        self.index.apply_batch(address, seq, events if isinstance(events, list) else [])
+        if self.on_lag is not None and batch.ts is not None:
+            self.on_lag(max(0.0, time.time() - batch.ts))  # vLLM stamps batches with time.time()
+        self.index.apply_batch(address, seq, batch.events)
         self.batches += 1

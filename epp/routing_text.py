@@ -7,21 +7,9 @@ prefix of the full rendering for requests that share their first ``limit`` chara
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
-import orjson
-
-_COMPACT = (",", ":")
-
-
-def compact_json(value: object) -> str:
-    """Compact JSON with sorted keys and UTF-8 text (orjson; json for what it refuses, such as
-    integers past 64 bits)."""
-    try:
-        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-    except TypeError:
-        return json.dumps(value, separators=_COMPACT, sort_keys=True, ensure_ascii=False)
+from kvgate.wire.json_text import compact_json
 
 
 def routing_text(body: Mapping[str, object], limit: int | None = None) -> str:

@@ -15,7 +15,7 @@ from epp.datastore import Datastore
 from epp.framework import Endpoint
 from epp.metrics_parser import NAMES, parse_metrics
 from epp.tasks import cancel_all
-from gateway.http.client import ConnectionPool, UpstreamConnectionError
+from kvgate.wire.http.client import ConnectionPool, UpstreamConnectionError
 
 log = logging.getLogger("kvgate.epp")
 UNHEALTHY_AFTER = 3  # consecutive failed scrapes

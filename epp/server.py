@@ -16,8 +16,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from epp.servers.ext_proc import ExternalProcessor
 from epp.servers.pick_api import PickApi
 from epp.service import EppService
+from kvgate.api import epp_pb2_grpc
 from policies.schema import Policy
-from proto import epp_pb2_grpc
 
 log = logging.getLogger("kvgate.epp")
 HEALTH_NAMES = ("", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")

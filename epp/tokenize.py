@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from backends.tokenizer import ByteTokenizer, ChatTemplateError, render_chat
+from kvgate.wire.tokenizer import ByteTokenizer, ChatTemplateError, render_chat
 
 Encoder = Callable[[str], list[int]]
 

@@ -15,6 +15,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from gateway.keys import ADMISSION, RUNTIME
 from gateway.reload import RELOADER
+from kvgate.wire.openai_errors import error_body
 
 GATEWAY = web.AppKey("gateway", web.Application)
 
@@ -86,17 +87,10 @@ def _guard(token: str) -> Middleware:
     async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
         given = request.headers.get("Authorization", "").encode()
         if not token or not hmac.compare_digest(given, expected):
-            return web.json_response(
-                {
-                    "error": {
-                        "message": "admin token required",
-                        "type": "authentication_error",
-                        "param": None,
-                        "code": "invalid_admin_token",
-                    }
-                },
-                status=401,
+            body = error_body(
+                "admin token required", "authentication_error", code="invalid_admin_token"
             )
+            return web.json_response(body, status=401)
         return await handler(request)
 
     return impl

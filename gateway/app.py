@@ -1,7 +1,7 @@
 """``create_app(policy)``: the gateway's state and lifecycle, in an aiohttp ``Application``.
 
 The application is not served by aiohttp: ``gateway.serving`` runs kvgate's own HTTP server
-(``gateway.http``) with ``gateway.routes.handle`` and uses the application for its typed state
+(``kvgate.wire.http``) with ``gateway.routes.handle`` and uses the application for its typed state
 and its cleanup contexts (every resource is opened and closed by one). With ``policy_path`` the
 file is watched and reloaded when it changes.
 """
@@ -18,7 +18,6 @@ from aiohttp import web
 from epp.metrics import EppMetrics
 from gateway.admin import serve_admin
 from gateway.admission import AdmissionQueue
-from gateway.http.client import ConnectionPool
 from gateway.keys import (
     ADMISSION,
     HTTP_SESSION,
@@ -36,6 +35,7 @@ from gateway.reload import RELOADER, Reloader, capacity_gate
 from gateway.routing.shadow import ShadowMirror
 from gateway.runtime import RuntimeHolder, build_runtime
 from gateway.tracing import make_tracer
+from kvgate.wire.http.client import ConnectionPool
 from policies.schema import Policy
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from importlib import metadata
 
-import gateway.http.server
+import kvgate.wire.http.server
 
 
 def request_path_compiled() -> bool:
     """Whether the request path's modules are C extensions built by mypyc."""
-    return not (gateway.http.server.__file__ or "").endswith(".py")
+    return not (kvgate.wire.http.server.__file__ or "").endswith(".py")
 
 
 def version() -> str:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.http.messages import Response, json_response
+from kvgate.wire.http.messages import Response, json_response
+from kvgate.wire.openai_errors import error_body
 
 
 class GatewayError(Exception):
@@ -107,5 +108,5 @@ def error_response(
     code: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> Response:
-    body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    body = error_body(message, error_type, param, code)
     return json_response(body, status=status, headers=headers)

@@ -12,10 +12,10 @@ from aiohttp import ClientSession, web
 from opentelemetry.trace import Tracer
 
 from gateway.admission import AdmissionQueue
-from gateway.http.client import ConnectionPool
 from gateway.metrics import GatewayMetrics
 from gateway.routing.shadow import ShadowMirror
 from gateway.runtime import RuntimeHolder
+from kvgate.wire.http.client import ConnectionPool
 
 RUNTIME = web.AppKey("runtime", RuntimeHolder)
 HTTP_SESSION = web.AppKey("http_session", ClientSession)  # off the request path: shadows

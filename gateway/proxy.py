@@ -25,7 +25,6 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from gateway.http.messages import AnyResponse, Request, Response
 from gateway.keys import ADMISSION, METRICS, RUNTIME, SHADOW, TRACER, UPSTREAMS
 from gateway.metrics import GatewayMetrics
 from gateway.picker import PickRequest
@@ -34,6 +33,7 @@ from gateway.routing.selector import select
 from gateway.routing.shadow import Outcome, text_of
 from gateway.runtime import Runtime
 from gateway.upstream import UpstreamCall, open_upstream, upstream_headers
+from kvgate.wire.http.messages import AnyResponse, Request, Response
 from policies.schema import Pool, Route
 
 

@@ -7,15 +7,15 @@ stream with an SSE error event and no ``[DONE]``.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 from gateway.context import RequestContext
 from gateway.errors import UpstreamError, UpstreamTimeout
-from gateway.http.client import UpstreamConnectionError, UpstreamResponse
-from gateway.http.messages import Request, Response, StreamResponse
-from gateway.sse_relay import SSERelay, usage_of
 from gateway.upstream import response_headers
+from kvgate.wire.http.client import UpstreamConnectionError, UpstreamResponse
+from kvgate.wire.http.messages import Request, Response, StreamResponse
+from kvgate.wire.openai_errors import sse_error_event
+from kvgate.wire.sse import SSERelay, usage_of
 
 MID_STREAM_ERRORS = (UpstreamConnectionError, asyncio.TimeoutError)
 BROKEN_RESPONSES = frozenset({"upstream_stream_broken", "upstream_body_error"})
@@ -75,15 +75,8 @@ async def relay_stream(
         _record_usage(ctx, relay.usage)
     if failure:
         ctx.error = "upstream_stream_broken"
-        error = {
-            "error": {
-                "message": failure,
-                "type": "server_error",
-                "param": None,
-                "code": "upstream_stream_broken",
-            }
-        }
-        await response.write(f"data: {json.dumps(error)}\n\n".encode())
+        event = sse_error_event(failure, code="upstream_stream_broken")
+        await response.write(event.encode())
     await response.write_eof()
     return response
 

@@ -16,7 +16,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from gateway import proxy
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound
-from gateway.http.messages import AnyResponse, Request, Response, header_line, json_response
 from gateway.keys import METRICS, RUNTIME, SHUTTING_DOWN, TRACER
 from gateway.middleware.errors import response_for
 from gateway.middleware.request_context import (
@@ -26,6 +25,7 @@ from gateway.middleware.request_context import (
     request_id_of,
     start_server_span,
 )
+from kvgate.wire.http.messages import AnyResponse, Request, Response, header_line, json_response
 
 RouteHandler = Callable[[Request, RequestContext], Awaitable[AnyResponse]]
 

@@ -12,10 +12,10 @@ from contextlib import asynccontextmanager
 
 from aiohttp import web
 
-from gateway.http.server import HttpServer
 from gateway.keys import RUNTIME, SHUTTING_DOWN
 from gateway.middleware.errors import http_error
 from gateway.routes import handle
+from kvgate.wire.http.server import HttpServer
 
 
 @asynccontextmanager

@@ -18,10 +18,10 @@ from opentelemetry.propagate import inject
 from gateway.breaker import RetryBudget
 from gateway.context import RequestContext
 from gateway.errors import GatewayError, NoEndpoint, UpstreamError, UpstreamTimeout
-from gateway.http.client import ConnectionPool, UpstreamConnectionError, UpstreamResponse
-from gateway.http.messages import header_block, header_line
 from gateway.metrics import GatewayMetrics
 from gateway.picker import EndpointState, Picker, PickRequest
+from kvgate.wire.http.client import ConnectionPool, UpstreamConnectionError, UpstreamResponse
+from kvgate.wire.http.messages import header_block, header_line
 from policies.schema import Pool, Retries, Timeouts
 
 HOP_BY_HOP = frozenset(

@@ -27,13 +27,13 @@ import uvloop
 from aiohttp import web
 
 from gateway.app import create_app
-from gateway.http import messages
-from gateway.http.client import ConnectionPool, UpstreamResponse, _Connection
-from gateway.http.messages import Request, Response
-from gateway.http.server import Connection, Handler, HttpServer
 from gateway.keys import UPSTREAMS
 from gateway.middleware.errors import http_error
 from gateway.routes import handle
+from kvgate.wire.http import messages
+from kvgate.wire.http.client import ConnectionPool, UpstreamResponse, _Connection
+from kvgate.wire.http.messages import Request, Response
+from kvgate.wire.http.server import Connection, Handler, HttpServer
 from loadtest.bench_proxy import CHAT
 from loadtest.mock_upstream import BODY
 from policies.loader import load_policy_text

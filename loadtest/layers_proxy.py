@@ -1,4 +1,4 @@
-"""kvgate's own HTTP layers (``gateway.http``: the server and the upstream pool) with a trivial
+"""kvgate's own HTTP layers (``kvgate.wire.http``: the server and the upstream pool) with a trivial
 handler, for ``bench_proxy``: between the python floor and the full gateway, it shows what the
 layers cost and what the gateway's per-request work costs.
 
@@ -18,10 +18,10 @@ import orjson
 import uvloop
 from aiohttp import web
 
-from gateway.http.client import ConnectionPool
-from gateway.http.messages import Request, Response
-from gateway.http.server import HttpServer
 from gateway.middleware.errors import http_error
+from kvgate.wire.http.client import ConnectionPool
+from kvgate.wire.http.messages import Request, Response
+from kvgate.wire.http.server import HttpServer
 
 
 async def serve(port: int, upstream_ports: list[int]) -> None:

@@ -40,7 +40,7 @@ def wait_http_ok(
 
 
 class KvgateProcess:
-    """``python -m gateway.cli ARGS`` as a child process, stopped with SIGTERM on exit.
+    """``python -m kvgate ARGS`` as a child process, stopped with SIGTERM on exit.
 
     ``tree``: the source tree to run from (its packages come first on the import path), e.g.
     the compiled copy ``make compiled`` builds; by default the current directory's."""
@@ -63,7 +63,7 @@ class KvgateProcess:
 
     def start(self, timeout: float = 20.0) -> KvgateProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        argv = [sys.executable, "-m", "gateway.cli", *self.args]
+        argv = [sys.executable, "-m", "kvgate", *self.args]
         if self.log is not None:
             with open(self.log, "ab") as log:
                 self.proc = subprocess.Popen(

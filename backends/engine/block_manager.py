@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import xxhash
 
 from backends.engine.errors import EngineError
-from backends.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from backends.engine.sequence import Sequence
+from kvgate.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 _MASK64 = (1 << 64) - 1
 

@@ -13,10 +13,10 @@ import time
 from typing import Protocol
 
 from backends.engine.block_manager import BlockManager
-from backends.engine.kv_events import KVEvent
 from backends.engine.scheduler import Scheduler, SchedulerConfig
 from backends.engine.sequence import FinishReason, SamplingParams, Sequence
 from backends.runners.base import ModelRunner
+from kvgate.wire.kv_events import KVEvent
 
 log = logging.getLogger(__name__)
 

@@ -7,6 +7,8 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from kvgate.wire.openai_errors import error_body
+
 log = logging.getLogger(__name__)
 
 ERROR_TYPES = {404: "invalid_request_error", 413: "invalid_request_error", 500: "server_error"}
@@ -18,8 +20,7 @@ def error_response(
     error_type = ERROR_TYPES.get(
         status, "invalid_request_error" if status < 500 else "server_error"
     )
-    body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
-    return web.json_response(body, status=status)
+    return web.json_response(error_body(message, error_type, param, code), status=status)
 
 
 @web.middleware  # required by aiohttp 3.x for (request, handler) middleware

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from backends.engine.sequence import SamplingParams
-from backends.tokenizer import ChatTemplateError, Tokenizer, render_chat
+from kvgate.wire.tokenizer import ChatTemplateError, Tokenizer, render_chat
 
 MAX_STOP_STRINGS = 16
 

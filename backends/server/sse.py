@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from backends.server.protocol import GenerationRequest
+from kvgate.wire.openai_errors import sse_error_event
 
 DONE = "data: [DONE]\n\n"
 
@@ -47,5 +48,4 @@ class ChunkFormatter:
 
     @staticmethod
     def error(message: str, error_type: str = "server_error") -> str:
-        body = {"error": {"message": message, "type": error_type, "param": None, "code": None}}
-        return f"data: {json.dumps(body)}\n\n"
+        return sse_error_event(message, error_type)

@@ -9,7 +9,7 @@ from aiohttp import web
 from backends.engine.engine import AsyncEngine
 from backends.server.metrics import ServerMetrics
 from backends.server.protocol import RequestError
-from backends.tokenizer import ByteTokenizer
+from kvgate.wire.tokenizer import ByteTokenizer
 
 
 @dataclass

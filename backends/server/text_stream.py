@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from backends.tokenizer import IncrementalDecoder
+from kvgate.wire.tokenizer import IncrementalDecoder
 
 
 class TextStream:

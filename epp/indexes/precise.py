@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import xxhash
 
+from kvgate.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_event
+
 ROOT = 0x6B766761_74650000  # the chain's seed ("kvgate")
 
 
@@ -68,8 +70,9 @@ class PreciseIndex:
         return len(state.key_counts) if state else 0
 
     # -- events -----------------------------------------------------------------------------
-    def apply_batch(self, address: str, seq: int, events: Iterable[Sequence[object]]) -> None:
-        """Apply one event batch from ``address`` (vLLM's positional event arrays)."""
+    def apply_batch(self, address: str, seq: int, events: Iterable[object]) -> None:
+        """Apply one event batch from ``address`` (raw events, as ``kv_events.decode_event``
+        reads them; unknown ones are skipped)."""
         state = self._endpoints.setdefault(address, _EndpointState())
         if state.last_seq >= 0 and seq != state.last_seq + 1:
             if seq <= state.last_seq:
@@ -79,35 +82,25 @@ class PreciseIndex:
             self.clear(address)
             state = self._endpoints.setdefault(address, _EndpointState())
         state.last_seq = seq
-        for event in events:
-            kind = event[0] if event else None
-            if kind == "BlockStored":
+        for raw in events:
+            event = decode_event(raw)
+            if isinstance(event, BlockStored):
                 self._stored(address, state, event)
-            elif kind == "BlockRemoved":
-                self._removed(address, state, event[1])  # type: ignore[arg-type]
-            elif kind == "AllBlocksCleared":
+            elif isinstance(event, BlockRemoved):
+                self._removed(address, state, event.block_hashes)
+            elif isinstance(event, AllBlocksCleared):
                 self.clear(address, keep_seq=True)
 
-    def _stored(self, address: str, state: _EndpointState, event: Sequence[object]) -> None:
-        hashes, parent, token_ids, block_size = event[1], event[2], event[3], event[4]
-        lora = event[7] if len(event) > 7 else None
-        if (
-            not isinstance(hashes, list)
-            or not isinstance(token_ids, list)
-            or not isinstance(block_size, int)
-        ):
-            return
-        if parent is None:
+    def _stored(self, address: str, state: _EndpointState, event: BlockStored) -> None:
+        if event.parent_block_hash is None:
             parent_key = ROOT
         else:
-            known = state.keys_by_engine_hash.get(parent)  # type: ignore[call-overload]
+            known = state.keys_by_engine_hash.get(event.parent_block_hash)
             if known is None:
                 return  # its parent was never seen: the chain cannot be keyed
             parent_key = known
-        keys = block_keys(
-            token_ids, block_size, lora if isinstance(lora, str) else None, parent_key
-        )
-        for engine_hash, key in zip(hashes, keys, strict=False):
+        keys = block_keys(event.token_ids, event.block_size, event.lora_name, parent_key)
+        for engine_hash, key in zip(event.block_hashes, keys, strict=False):
             if state.keys_by_engine_hash.get(engine_hash) == key:
                 continue
             state.keys_by_engine_hash[engine_hash] = key

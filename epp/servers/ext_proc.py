@@ -26,8 +26,9 @@ from google.protobuf import struct_pb2
 
 from epp.saturation import SaturationDetector
 from epp.service import EppService
-from gateway.request_id import new_request_id
-from gateway.sse_relay import SSERelay, usage_of
+from kvgate.wire.openai_errors import error_body, error_type_for
+from kvgate.wire.request_id import new_request_id
+from kvgate.wire.sse import SSERelay, usage_of
 
 log = logging.getLogger("kvgate.epp")
 
@@ -71,12 +72,7 @@ def _header_option(key: str, value: str) -> core.HeaderValueOption:
 
 
 def immediate(status: int, message: str, code: str) -> ep.ProcessingResponse:
-    error_type = "invalid_request_error" if status < 500 and status != 429 else "server_error"
-    if status == 429:
-        error_type = "rate_limit_error"
-    body = json.dumps(
-        {"error": {"message": message, "type": error_type, "param": None, "code": code}}
-    )
+    body = json.dumps(error_body(message, error_type_for(status), code=code))
     return ep.ProcessingResponse(
         immediate_response=ep.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=status),

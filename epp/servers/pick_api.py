@@ -7,7 +7,7 @@ import uuid
 import grpc
 
 from epp.service import EppService
-from proto import epp_pb2, epp_pb2_grpc
+from kvgate.api import epp_pb2, epp_pb2_grpc
 
 
 class PickApi(epp_pb2_grpc.EndpointPickerServicer):

@@ -15,11 +15,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from epp.routing_text import compact_json
 from gateway.errors import GatewayError
 from gateway.identity import Identity
 from gateway.limits.buckets import BucketSpec, MemoryStore, TakeResult, reset_seconds
 from gateway.limits.redis_store import RedisStore, StoreUnavailable
+from kvgate.wire.json_text import compact_json
 from policies.schema import LimitRule, Limits
 
 log = logging.getLogger("kvgate.gateway")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from gateway.errors import GatewayError, error_response
-from gateway.http.messages import Request, Response
+from kvgate.wire.http.messages import Request, Response
 
 log = logging.getLogger("kvgate.gateway")
 

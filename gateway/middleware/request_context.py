@@ -21,8 +21,8 @@ from opentelemetry.propagate import extract
 from opentelemetry.trace import Span, Tracer
 
 from gateway.context import RequestContext
-from gateway.http.messages import Request
-from gateway.request_id import new_request_id
+from kvgate.wire.http.messages import Request
+from kvgate.wire.request_id import new_request_id
 
 access_log = logging.getLogger("kvgate.access")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}").fullmatch

@@ -20,7 +20,7 @@ import aiohttp
 
 from gateway.metrics import GatewayMetrics
 from gateway.picker import Picker, PickRequest
-from gateway.sse_relay import usage_of
+from kvgate.wire.sse import usage_of
 from policies.schema import Policy, Route, Shadow
 
 log = logging.getLogger("kvgate.shadow")

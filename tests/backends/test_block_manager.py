@@ -6,7 +6,7 @@ import pytest
 
 from backends.engine.block_manager import BlockManager, hash_block
 from backends.engine.errors import EngineError
-from backends.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvgate.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from tests.fakes import make_seq
 
 

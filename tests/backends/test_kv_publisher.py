@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import msgpack
 
-from backends.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-from backends.kv_publisher import encode_batch
+from kvgate.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, encode_batch
 
 
 def test_batch_is_positional_arrays_tagged_by_class_name() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backends.server.protocol import RequestError, parse_request
-from backends.tokenizer import ByteTokenizer
+from kvgate.wire.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
 

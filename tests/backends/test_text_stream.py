@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backends.server.text_stream import TextStream
-from backends.tokenizer import ByteTokenizer
+from kvgate.wire.tokenizer import ByteTokenizer
 
 
 def run(chunks: list[str], stop: tuple[str, ...]) -> tuple[list[str], bool]:

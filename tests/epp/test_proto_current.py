@@ -1,4 +1,4 @@
-"""The committed gRPC code matches proto/epp.proto (run `make proto` after editing it)."""
+"""The committed gRPC code matches every .proto under proto/ (run `make proto` after editing)."""
 
 from __future__ import annotations
 
@@ -6,39 +6,50 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[2]
+PROTOS = sorted((ROOT / "proto").rglob("*.proto"))
 
 
 def _descriptor_line(path: Path) -> str:
     return next(line for line in path.read_text().splitlines() if "AddSerializedFile" in line)
 
 
-def test_generated_code_is_current(tmp_path: Path) -> None:
-    (tmp_path / "proto").mkdir()
-    (tmp_path / "proto" / "epp.proto").write_text((ROOT / "proto" / "epp.proto").read_text())
+def _method_lines(path: Path, package: str) -> list[str]:
+    return [line.strip() for line in path.read_text().splitlines() if f"'/{package}." in line]
+
+
+def test_protos_exist() -> None:
+    assert [p.relative_to(ROOT).as_posix() for p in PROTOS] == ["proto/kvgate/api/epp.proto"]
+
+
+@pytest.mark.parametrize("source", PROTOS, ids=lambda p: p.name)
+def test_generated_code_is_current(source: Path, tmp_path: Path) -> None:
+    relative = source.relative_to(ROOT / "proto")
     subprocess.run(
         [
             sys.executable,
             "-m",
             "grpc_tools.protoc",
-            "-I.",
-            "--python_out=.",
-            "--grpc_python_out=.",
-            "proto/epp.proto",
+            f"-I{ROOT / 'proto'}",
+            f"--python_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            str(source),
         ],
-        cwd=tmp_path,
         check=True,
     )
-    fresh, committed = tmp_path / "proto" / "epp_pb2.py", ROOT / "proto" / "epp_pb2.py"
-    assert _descriptor_line(fresh) == _descriptor_line(committed), "run `make proto`"
-    methods = [
-        line.strip()
-        for line in (tmp_path / "proto" / "epp_pb2_grpc.py").read_text().splitlines()
-        if "'/kvgate.epp.v1." in line
-    ]
-    committed_methods = [
-        line.strip()
-        for line in (ROOT / "proto" / "epp_pb2_grpc.py").read_text().splitlines()
-        if "'/kvgate.epp.v1." in line
-    ]
-    assert methods == committed_methods
+    stem = relative.with_suffix("")
+    fresh_dir, committed_dir = tmp_path / stem.parent, ROOT / stem.parent
+    name = stem.name
+    assert _descriptor_line(fresh_dir / f"{name}_pb2.py") == _descriptor_line(
+        committed_dir / f"{name}_pb2.py"
+    ), "run `make proto`"
+    package = next(
+        line.split()[1].rstrip(";")
+        for line in source.read_text().splitlines()
+        if line.startswith("package ")
+    )
+    fresh_grpc = _method_lines(fresh_dir / f"{name}_pb2_grpc.py", package)
+    assert fresh_grpc, f"no service methods of {package} found"
+    assert fresh_grpc == _method_lines(committed_dir / f"{name}_pb2_grpc.py", package)

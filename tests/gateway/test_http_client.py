@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gateway.http.client import MAX_UPSTREAM_HEAD, ConnectionPool, UpstreamConnectionError
+from kvgate.wire.http.client import MAX_UPSTREAM_HEAD, ConnectionPool, UpstreamConnectionError
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from gateway.http.messages import AnyResponse, Request, Response, StreamResponse, json_response
-from gateway.http.server import HttpServer
 from gateway.middleware.errors import http_error
+from kvgate.wire.http.messages import AnyResponse, Request, Response, StreamResponse, json_response
+from kvgate.wire.http.server import HttpServer
 
 cancelled: list[str] = []
 

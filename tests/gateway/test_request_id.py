@@ -7,7 +7,7 @@ import re
 from multidict import CIMultiDict
 
 from gateway.middleware.request_context import request_id_of
-from gateway.request_id import new_request_id
+from kvgate.wire.request_id import new_request_id
 
 
 def test_generated_ids_are_32_hex_digits_and_unique() -> None:

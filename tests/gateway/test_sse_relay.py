@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.sse_relay import SSERelay
+from kvgate.wire.sse import SSERelay
 
 DELTA = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
 USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
@@ -44,7 +44,7 @@ def test_usage_inside_a_content_chunk_is_read_not_dropped() -> None:
 
 @pytest.mark.parametrize("pad", [0, 5000], ids=["small body", "large body"])
 def test_usage_of_a_json_body(pad: int) -> None:
-    from gateway.sse_relay import usage_of
+    from kvgate.wire.sse import usage_of
 
     def encoded(body: dict[str, object]) -> bytes:
         return json.dumps({"pad": "x" * pad, **body} if pad else body).encode()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
+from kvgate.cli import main
 from policies.errors import PolicyError
 from policies.loader import load_policy, load_policy_text
 

@@ -1,4 +1,4 @@
-"""Request and response objects of kvgate's own HTTP/1.1 server (``gateway.http.server``).
+"""Request and response objects of kvgate's own HTTP/1.1 server (``kvgate.wire.http.server``).
 
 They carry only what the gateway reads: method, path, headers (case-insensitive), the whole
 body, and per-request state (``ctx``). A handler returns a ``Response`` (written by the server
@@ -16,7 +16,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 if TYPE_CHECKING:
-    from gateway.http.server import Connection
+    from kvgate.wire.http.server import Connection
 
 _REASONS = {status.value: status.phrase for status in HTTPStatus}
 _REASONS[499] = "Client Closed Request"

@@ -29,7 +29,7 @@ import httptools
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.http.messages import AnyResponse, Request, Response, header_size
+from kvgate.wire.http.messages import AnyResponse, Request, Response, header_size
 
 log = logging.getLogger("kvgate.http")
 

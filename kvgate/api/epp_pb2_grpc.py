@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from proto import epp_pb2 as proto_dot_epp__pb2
+from kvgate.api import epp_pb2 as kvgate_dot_api_dot_epp__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in proto/epp_pb2_grpc.py depends on'
+        + ' but the generated code in kvgate/api/epp_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,8 +36,8 @@ class EndpointPickerStub:
         """
         self.Pick = channel.unary_unary(
                 '/kvgate.epp.v1.EndpointPicker/Pick',
-                request_serializer=proto_dot_epp__pb2.PickRequest.SerializeToString,
-                response_deserializer=proto_dot_epp__pb2.PickResponse.FromString,
+                request_serializer=kvgate_dot_api_dot_epp__pb2.PickRequest.SerializeToString,
+                response_deserializer=kvgate_dot_api_dot_epp__pb2.PickResponse.FromString,
                 _registered_method=True)
 
 
@@ -56,8 +56,8 @@ def add_EndpointPickerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Pick': grpc.unary_unary_rpc_method_handler(
                     servicer.Pick,
-                    request_deserializer=proto_dot_epp__pb2.PickRequest.FromString,
-                    response_serializer=proto_dot_epp__pb2.PickResponse.SerializeToString,
+                    request_deserializer=kvgate_dot_api_dot_epp__pb2.PickRequest.FromString,
+                    response_serializer=kvgate_dot_api_dot_epp__pb2.PickResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -85,8 +85,8 @@ class EndpointPicker:
             request,
             target,
             '/kvgate.epp.v1.EndpointPicker/Pick',
-            proto_dot_epp__pb2.PickRequest.SerializeToString,
-            proto_dot_epp__pb2.PickResponse.FromString,
+            kvgate_dot_api_dot_epp__pb2.PickRequest.SerializeToString,
+            kvgate_dot_api_dot_epp__pb2.PickResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -20,7 +20,7 @@ from typing import cast
 import httptools
 from mypy_extensions import mypyc_attr
 
-from gateway.http.messages import header_size
+from kvgate.wire.http.messages import header_size
 
 _HIGH_WATER = 256 * 1024
 MAX_UPSTREAM_HEAD = 64 * 1024  # bytes of status line + headers an upstream may send

@@ -1,0 +1,1 @@
+"""Generated gRPC code for the ``.proto`` sources under ``proto/`` (``make proto``)."""

@@ -1,0 +1,25 @@
+"""OpenAI's error body, ``{"error": {"message", "type", "param", "code"}}``: the one builder
+for every error kvgate answers (gateway, EPP, backend), whole or as an SSE event."""
+
+from __future__ import annotations
+
+import json
+
+
+def error_type_for(status: int) -> str:
+    """OpenAI's ``type`` for an HTTP status kvgate has no more specific type for."""
+    if status == 429:
+        return "rate_limit_error"
+    return "invalid_request_error" if status < 500 else "server_error"
+
+
+def error_body(
+    message: str, error_type: str, param: str | None = None, code: str | None = None
+) -> dict[str, dict[str, str | None]]:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def sse_error_event(message: str, error_type: str = "server_error", code: str | None = None) -> str:
+    """The error as one SSE event (``data: {...}`` and a blank line), as OpenAI ends a stream
+    that failed midway."""
+    return f"data: {json.dumps(error_body(message, error_type, code=code))}\n\n"

@@ -1,1 +1,0 @@
-"""kvgate: proto."""
