@@ -7,6 +7,7 @@ import asyncio
 import logging
 import sys
 
+from epp.registry import CATALOG
 from epp.server import serve
 from policies.errors import PolicyError
 from policies.loader import load_policy
@@ -15,7 +16,7 @@ from policies.loader import load_policy
 def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        policy = load_policy(args.policy)
+        policy = load_policy(args.policy, plugins=CATALOG)
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return 1

@@ -1,8 +1,14 @@
-"""Plugin registry: type name → factory ``(name, params) -> plugin``; duplicates are refused."""
+"""Plugin registry: type name → its kind, parameter check and factory; duplicates are refused.
+
+``CATALOG`` is what the policy loader checks the ``epp:`` section against
+(``policies.plugin_catalog.PluginCatalog``): a parameter check builds nothing, so each plugin
+is constructed once, when the EPP builds its profile.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from epp.filters.health import HealthFilter, ModelFilter
 from epp.filters.role import RoleFilter
@@ -16,42 +22,85 @@ from epp.scorers.prefix_cache import PrefixCacheScorer
 from epp.scorers.queue import QueueScorer
 from epp.scorers.running_requests import RunningRequestsScorer
 from epp.scorers.session_affinity import SessionAffinityScorer
+from policies.plugin_catalog import PluginKind
 
 Plugin = Filter | Scorer | Picker
 Factory = Callable[[str, Mapping[str, object]], Plugin]
+ParamCheck = Callable[[str, Mapping[str, object]], object]
 
-REGISTRY: dict[str, Factory] = {}
+
+@dataclass(frozen=True, slots=True)
+class PluginType:
+    """A registered plugin type: what it is, how its parameters are checked, how it is built."""
+
+    kind: PluginKind
+    check: ParamCheck  # raises ParamError (a ValueError) for invalid params; builds nothing
+    factory: Factory
 
 
-def register(type_name: str, factory: Factory) -> None:
+REGISTRY: dict[str, PluginType] = {}
+
+
+def register(type_name: str, plugin_type: PluginType) -> None:
     if type_name in REGISTRY:
         raise ValueError(f"plugin type {type_name!r} is already registered")
-    REGISTRY[type_name] = factory
+    REGISTRY[type_name] = plugin_type
 
 
-def build(type_name: str, name: str, params: Mapping[str, object]) -> Plugin:
-    factory = REGISTRY.get(type_name)
-    if factory is None:
+def _lookup(type_name: str) -> PluginType:
+    plugin_type = REGISTRY.get(type_name)
+    if plugin_type is None:
         raise ValueError(
             f"unknown plugin type {type_name!r} (known: {', '.join(sorted(REGISTRY))})"
         )
-    return factory(name, params)
+    return plugin_type
 
 
-BUILTINS: dict[str, Factory] = {
-    "queue-scorer": QueueScorer.from_config,
-    "running-requests-size-scorer": RunningRequestsScorer.from_config,
-    "kv-cache-utilization-scorer": KVCacheUtilizationScorer.from_config,
-    "prefix-cache-scorer": PrefixCacheScorer.from_config,
-    "lora-affinity-scorer": LoraAffinityScorer.from_config,
-    "session-affinity-scorer": SessionAffinityScorer.from_config,
-    "max-score-picker": MaxScorePicker.from_config,
-    "random-picker": RandomPicker.from_config,
-    "saturation-filter": SaturationFilter.from_config,
-    "health-filter": HealthFilter.from_config,
-    "model-filter": ModelFilter.from_config,
-    "decode-filter": RoleFilter.decode,
-    "prefill-filter": RoleFilter.prefill,
+def build(type_name: str, name: str, params: Mapping[str, object]) -> Plugin:
+    return _lookup(type_name).factory(name, params)
+
+
+class Catalog:
+    """The registry as the policy loader sees it (``PluginCatalog``)."""
+
+    def kind_of(self, type_name: str) -> PluginKind | None:
+        plugin_type = REGISTRY.get(type_name)
+        return None if plugin_type is None else plugin_type.kind
+
+    def check(self, type_name: str, name: str, params: Mapping[str, object]) -> None:
+        _lookup(type_name).check(name, params)
+
+
+CATALOG = Catalog()
+
+BUILTINS: dict[str, PluginType] = {
+    "queue-scorer": PluginType("scorer", QueueScorer.parse_config, QueueScorer.from_config),
+    "running-requests-size-scorer": PluginType(
+        "scorer", RunningRequestsScorer.parse_config, RunningRequestsScorer.from_config
+    ),
+    "kv-cache-utilization-scorer": PluginType(
+        "scorer", KVCacheUtilizationScorer.parse_config, KVCacheUtilizationScorer.from_config
+    ),
+    "prefix-cache-scorer": PluginType(
+        "scorer", PrefixCacheScorer.parse_config, PrefixCacheScorer.from_config
+    ),
+    "lora-affinity-scorer": PluginType(
+        "scorer", LoraAffinityScorer.parse_config, LoraAffinityScorer.from_config
+    ),
+    "session-affinity-scorer": PluginType(
+        "scorer", SessionAffinityScorer.parse_config, SessionAffinityScorer.from_config
+    ),
+    "max-score-picker": PluginType(
+        "picker", MaxScorePicker.parse_config, MaxScorePicker.from_config
+    ),
+    "random-picker": PluginType("picker", RandomPicker.parse_config, RandomPicker.from_config),
+    "saturation-filter": PluginType(
+        "filter", SaturationFilter.parse_config, SaturationFilter.from_config
+    ),
+    "health-filter": PluginType("filter", HealthFilter.parse_config, HealthFilter.from_config),
+    "model-filter": PluginType("filter", ModelFilter.parse_config, ModelFilter.from_config),
+    "decode-filter": PluginType("filter", RoleFilter.parse_config, RoleFilter.decode),
+    "prefill-filter": PluginType("filter", RoleFilter.parse_config, RoleFilter.prefill),
 }
-for _type_name, _factory in BUILTINS.items():
-    register(_type_name, _factory)
+for _type_name, _plugin_type in BUILTINS.items():
+    register(_type_name, _plugin_type)

@@ -12,6 +12,7 @@ import os
 from aiohttp import web
 
 from epp.metrics import EppMetrics
+from epp.registry import CATALOG
 from epp.saturation import SaturationDetector
 from gateway.capacity import AllGates, CapacityGate, ConcurrencyGate, SaturationGate
 from gateway.keys import ADMISSION, METRICS, RUNTIME
@@ -66,7 +67,7 @@ class Reloader:
         if self.path is None:
             return False, ["the gateway was started without a policy file"]
         try:
-            policy = load_policy(self.path)
+            policy = load_policy(self.path, plugins=CATALOG)
         except PolicyError as exc:
             metrics.child(metrics.reloads, "rejected").inc()
             log.error("policy reload rejected, keeping the current policy:\n%s", exc)

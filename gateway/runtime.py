@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from epp.gateway_picker import EmbeddedEpp
 from epp.metrics import EppMetrics
 from epp.service import EppService
 from gateway.auth import Authenticator
 from gateway.breaker import RetryBudget
+from gateway.embedded_epp import EmbeddedEpp
 from gateway.limits.limiter import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.picker import EndpointState, LeastInFlightPicker, Picker, endpoint_states

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from epp.registry import CATALOG
 from gateway.server import ServeOptions, serve
 from policies.errors import PolicyError
 from policies.loader import load_policy
@@ -13,7 +14,7 @@ from policies.loader import load_policy
 def _run(args: argparse.Namespace) -> int:
     options = ServeOptions(args.policy, args.host, args.port, args.workers)
     try:
-        policy = options.apply(load_policy(args.policy))
+        policy = options.apply(load_policy(args.policy, plugins=CATALOG))
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return 1

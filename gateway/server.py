@@ -19,6 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 
+from epp.registry import CATALOG
 from gateway.app import create_app
 from gateway.build_info import request_path_compiled
 from gateway.serving import running
@@ -69,7 +70,7 @@ def run_worker(options: ServeOptions) -> None:
         uvloop.install()
     except ImportError:
         log.info("uvloop not available; using the default event loop")
-    policy = options.apply(load_policy(options.policy_path))
+    policy = options.apply(load_policy(options.policy_path, plugins=CATALOG))
     listen = policy.listen
     app = create_app(policy, policy_path=options.policy_path)
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from backends import cli as backend_cli
 from epp import cli as epp_cli
+from epp.registry import CATALOG
 from gateway import serve_cli
 from loadtest import cli as loadtest_cli
 from policies import cli as policy_cli
@@ -22,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     epp_cli.add_parser(subparsers)
     backend_cli.add_parser(subparsers)
     loadtest_cli.add_parsers(subparsers)
-    policy_cli.add_parser(subparsers)
+    policy_cli.add_parser(subparsers, plugins=CATALOG)
     return parser
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 
 from policies.errors import PolicyError
 from policies.loader import load_policy
+from policies.plugin_catalog import PluginCatalog
 from policies.schema import Policy
 
 
@@ -27,9 +29,9 @@ def summary(policy: Policy) -> str:
     return "\n".join(lines)
 
 
-def _check(args: argparse.Namespace) -> int:
+def _check(args: argparse.Namespace, plugins: PluginCatalog | None) -> int:
     try:
-        policy = load_policy(args.file)
+        policy = load_policy(args.file, plugins=plugins)
     except PolicyError as exc:
         print(f"{exc.source}: {len(exc.errors)} error(s)", file=sys.stderr)
         for error in exc.errors:
@@ -39,9 +41,13 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    plugins: PluginCatalog | None = None,
+) -> None:
+    """``policy check``; ``plugins`` (the EPP's catalog) also checks the EPP's plugins."""
     policy = subparsers.add_parser("policy", help="work with policy files")
     actions = policy.add_subparsers(dest="action", metavar="ACTION", required=True)
     check = actions.add_parser("check", help="validate a policy file")
     check.add_argument("file")
-    check.set_defaults(func=_check)
+    check.set_defaults(func=partial(_check, plugins=plugins))

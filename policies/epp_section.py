@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from policies.fields import Fields, child
+from policies.plugin_catalog import PluginCatalog
 from policies.schema import (
     DEFAULT_EPP_PLUGINS,
     DEFAULT_EPP_PROFILES,
@@ -13,10 +14,7 @@ from policies.schema import (
 )
 
 
-def load_epp(top: Fields) -> Epp:
-    from epp.framework import Picker, Scorer
-    from epp.registry import build
-
+def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
     f = top.sub("epp", {"picker", "plugins", "profiles", "scrape_interval"})
     picker = f.text("picker", "epp", choices=("epp", "least-in-flight"))
     plugins: list[PluginSpec] = []
@@ -30,22 +28,16 @@ def load_epp(top: Fields) -> Epp:
             params = {}
         if name in kinds:
             p.error(child(path, "name"), f"plugin name {name!r} is used twice")
-        if name and type_name:
+        if name and type_name and plugin_types is None:
+            kinds[name] = ""
+        elif name and type_name and plugin_types is not None:
+            kind = plugin_types.kind_of(type_name)
             try:
-                plugin = build(type_name, name, params)
+                plugin_types.check(type_name, name, params)
             except ValueError as exc:
-                p.error(
-                    child(path, "params" if "unknown plugin type" not in str(exc) else "type"),
-                    str(exc),
-                )
+                p.error(child(path, "params" if kind else "type"), str(exc))
             else:
-                kinds[name] = (
-                    "scorer"
-                    if isinstance(plugin, Scorer)
-                    else "picker"
-                    if isinstance(plugin, Picker)
-                    else "filter"
-                )
+                kinds[name] = kind or ""
         plugins.append(PluginSpec(name, type_name, params))
     if not plugins:
         plugins, kinds = list(DEFAULT_EPP_PLUGINS), {p.name: "" for p in DEFAULT_EPP_PLUGINS}

@@ -14,6 +14,7 @@ from policies.epp_section import load_epp
 from policies.errors import PolicyError
 from policies.fields import Fields
 from policies.limits_section import load_limits
+from policies.plugin_catalog import PluginCatalog
 from policies.routes_section import load_routes
 from policies.schema import (
     ENGINES,
@@ -50,28 +51,34 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$|^\[[0-9a-fA-F:]+\]:[0-9]{1,5}$")
 
 
-def load_policy(path: str | Path) -> Policy:
+def load_policy(path: str | Path, *, plugins: PluginCatalog | None = None) -> Policy:
+    """The policy in ``path``, validated; ``plugins`` (the EPP's catalog) also checks the
+    ``epp:`` plugins' types and parameters."""
     file = Path(path)
     try:
         text = file.read_text()
     except OSError as exc:
         raise PolicyError([f"cannot read policy file: {exc.strerror}"], str(file)) from exc
-    return load_policy_text(text, source=str(file), base_dir=file.parent)
+    return load_policy_text(text, source=str(file), base_dir=file.parent, plugins=plugins)
 
 
 def load_policy_text(
-    text: str, *, source: str = "<policy>", base_dir: Path | None = None
+    text: str,
+    *,
+    source: str = "<policy>",
+    base_dir: Path | None = None,
+    plugins: PluginCatalog | None = None,
 ) -> Policy:
     parsed = parse_yaml(text)
     if parsed.errors and parsed.data is None:
         raise PolicyError(parsed.errors, source)
-    policy = _build(parsed, source, base_dir or Path.cwd())
+    policy = _build(parsed, source, base_dir or Path.cwd(), plugins)
     if parsed.errors:
         raise PolicyError(parsed.errors, source)
     return policy
 
 
-def _build(src: Source, source: str, base_dir: Path) -> Policy:
+def _build(src: Source, source: str, base_dir: Path, plugins: PluginCatalog | None) -> Policy:
     top = Fields(src, src.data, "", TOP_LEVEL)
     version = top.integer("version", 1, low=1, high=1)
     pools = _pools(top)
@@ -92,7 +99,7 @@ def _build(src: Source, source: str, base_dir: Path) -> Policy:
         breakers=_breakers(top),
         classes=classes,
         observability=_observability(top),
-        epp=load_epp(top),
+        epp=load_epp(top, plugins),
         limits=load_limits(top),
         source=source,
     )

@@ -17,8 +17,12 @@ class HealthFilter:
         self.name = name
 
     @classmethod
+    def parse_config(cls, name: str, raw: Mapping[str, object]) -> Params:
+        return parse_params(Params, name, raw)
+
+    @classmethod
     def from_config(cls, name: str, raw: Mapping[str, object]) -> HealthFilter:
-        parse_params(Params, name, raw)
+        cls.parse_config(name, raw)
         return cls(name)
 
     def filter(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
@@ -30,8 +34,12 @@ class ModelFilter:
         self.name = name
 
     @classmethod
+    def parse_config(cls, name: str, raw: Mapping[str, object]) -> Params:
+        return parse_params(Params, name, raw)
+
+    @classmethod
     def from_config(cls, name: str, raw: Mapping[str, object]) -> ModelFilter:
-        parse_params(Params, name, raw)
+        cls.parse_config(name, raw)
         return cls(name)
 
     def filter(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> list[Endpoint]:

@@ -16,13 +16,17 @@ class RoleFilter:
         self.role = role
 
     @classmethod
+    def parse_config(cls, name: str, raw: Mapping[str, object]) -> Params:
+        return parse_params(Params, name, raw)
+
+    @classmethod
     def decode(cls, name: str, raw: Mapping[str, object]) -> RoleFilter:
-        parse_params(Params, name, raw)
+        cls.parse_config(name, raw)
         return cls(name, "decode")
 
     @classmethod
     def prefill(cls, name: str, raw: Mapping[str, object]) -> RoleFilter:
-        parse_params(Params, name, raw)
+        cls.parse_config(name, raw)
         return cls(name, "prefill")
 
     def filter(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> list[Endpoint]:

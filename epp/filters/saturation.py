@@ -27,13 +27,17 @@ class SaturationFilter:
         )
 
     @classmethod
-    def from_config(cls, name: str, raw: Mapping[str, object]) -> SaturationFilter:
+    def parse_config(cls, name: str, raw: Mapping[str, object]) -> Params:
         checks = {
             "queue_depth": lambda v: v > 0,
             "kv_usage": lambda v: 0 < v <= 1,
             "max_metrics_age": lambda v: v > 0,
         }
-        return cls(name, parse_params(Params, name, raw, checks))
+        return parse_params(Params, name, raw, checks)
+
+    @classmethod
+    def from_config(cls, name: str, raw: Mapping[str, object]) -> SaturationFilter:
+        return cls(name, cls.parse_config(name, raw))
 
     def filter(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
         now = time.monotonic()

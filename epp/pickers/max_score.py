@@ -23,8 +23,12 @@ class MaxScorePicker:
         self._random = random.Random(None if params.seed < 0 else params.seed)
 
     @classmethod
+    def parse_config(cls, name: str, raw: Mapping[str, object]) -> Params:
+        return parse_params(Params, name, raw)
+
+    @classmethod
     def from_config(cls, name: str, raw: Mapping[str, object]) -> MaxScorePicker:
-        return cls(name, parse_params(Params, name, raw))
+        return cls(name, cls.parse_config(name, raw))
 
     def pick(
         self, request: SchedulingRequest, scored: list[tuple[Endpoint, float]]

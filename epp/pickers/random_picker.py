@@ -16,8 +16,12 @@ class RandomPicker:
         self._random = random.Random(None if params.seed < 0 else params.seed)
 
     @classmethod
+    def parse_config(cls, name: str, raw: Mapping[str, object]) -> Params:
+        return parse_params(Params, name, raw)
+
+    @classmethod
     def from_config(cls, name: str, raw: Mapping[str, object]) -> RandomPicker:
-        return cls(name, parse_params(Params, name, raw))
+        return cls(name, cls.parse_config(name, raw))
 
     def pick(
         self, request: SchedulingRequest, scored: list[tuple[Endpoint, float]]

@@ -24,9 +24,13 @@ class LoraAffinityScorer:
         self.params = params
 
     @classmethod
-    def from_config(cls, name: str, raw: Mapping[str, object]) -> LoraAffinityScorer:
+    def parse_config(cls, name: str, raw: Mapping[str, object]) -> Params:
         in_unit = {k: (lambda v: 0.0 <= v <= 1.0) for k in ("active", "free_slot", "loading")}
-        return cls(name, parse_params(Params, name, raw, in_unit))
+        return parse_params(Params, name, raw, in_unit)
+
+    @classmethod
+    def from_config(cls, name: str, raw: Mapping[str, object]) -> LoraAffinityScorer:
+        return cls(name, cls.parse_config(name, raw))
 
     def score(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> dict[str, float]:
         if request.lora is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from epp.framework import Endpoint, SchedulingRequest
 from epp.indexes.approximate import DEFAULT_CAPACITY, ApproximatePrefixIndex, prefix_hashes
@@ -46,7 +47,7 @@ class PrefixCacheScorer:
         self._last: tuple[str, list[int]] = ("", [])
 
     @classmethod
-    def from_config(cls, name: str, raw: Mapping[str, object]) -> PrefixCacheScorer:
+    def parse_config(cls, name: str, raw: Mapping[str, object]) -> Params:
         checks = {
             k: (lambda v: v > 0)
             for k in (
@@ -59,6 +60,13 @@ class PrefixCacheScorer:
         }
         checks["mode"] = lambda v: v in ("approximate", "precise")
         params = parse_params(Params, name, raw, checks)
+        if params.tokenizer != "byte" and not Path(params.tokenizer).is_file():
+            raise ParamError(f"{name}.tokenizer: no such file: {params.tokenizer!r}")
+        return params
+
+    @classmethod
+    def from_config(cls, name: str, raw: Mapping[str, object]) -> PrefixCacheScorer:
+        params = cls.parse_config(name, raw)
         try:
             return cls(name, params)
         except ValueError as exc:

@@ -22,8 +22,12 @@ class QueueScorer:
         self.name = name
 
     @classmethod
+    def parse_config(cls, name: str, raw: Mapping[str, object]) -> Params:
+        return parse_params(Params, name, raw)
+
+    @classmethod
     def from_config(cls, name: str, raw: Mapping[str, object]) -> QueueScorer:
-        parse_params(Params, name, raw)
+        cls.parse_config(name, raw)
         return cls(name)
 
     def score(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> dict[str, float]:

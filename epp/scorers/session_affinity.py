@@ -23,8 +23,12 @@ class SessionAffinityScorer:
         self._sessions: OrderedDict[str, str] = OrderedDict()
 
     @classmethod
+    def parse_config(cls, name: str, raw: Mapping[str, object]) -> Params:
+        return parse_params(Params, name, raw, {"max_sessions": lambda v: v > 0})
+
+    @classmethod
     def from_config(cls, name: str, raw: Mapping[str, object]) -> SessionAffinityScorer:
-        return cls(name, parse_params(Params, name, raw, {"max_sessions": lambda v: v > 0}))
+        return cls(name, cls.parse_config(name, raw))
 
     def score(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> dict[str, float]:
         last = self._sessions.get(request.session_id) if request.session_id else None

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from epp.registry import CATALOG
 from kvgate.cli import main
 from policies.errors import PolicyError
 from policies.loader import load_policy, load_policy_text
@@ -21,7 +22,7 @@ routes:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_examples_load(path: Path) -> None:
-    policy = load_policy(path)
+    policy = load_policy(path, plugins=CATALOG)
     assert policy.routes and policy.pools
 
 
@@ -157,7 +158,7 @@ def test_policy_check_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 )
 def test_epp_section_errors(section: str, expected: str) -> None:
     with pytest.raises(PolicyError) as err:
-        load_policy_text(BASE + section)
+        load_policy_text(BASE + section, plugins=CATALOG)
     assert any(expected in e for e in err.value.errors), err.value.errors
 
 

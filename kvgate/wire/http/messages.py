@@ -9,14 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-if TYPE_CHECKING:
-    from kvgate.wire.http.server import Connection
+
+class Connection(Protocol):
+    """What a response writes to: the server's connection (``server.Connection``)."""
+
+    def write(self, data: bytes) -> None:
+        """Queue ``data`` on the transport (never blocks)."""
+        ...
+
+    async def drain(self) -> None:
+        """Wait while the transport's write buffer is over its high-water mark."""
+        ...
+
 
 _REASONS = {status.value: status.phrase for status in HTTPStatus}
 _REASONS[499] = "Client Closed Request"
