@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(BIN)/kvgate demo
 
 test: $(STAMP) redis
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --cov --cov-report=term
 
 # The same code compiled with mypyc (setup.py; modules listed in pyproject.toml), in a copy of
 # the tree under build/compiled so that compiled modules never shadow the sources edited here;

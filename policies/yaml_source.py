@@ -84,12 +84,13 @@ def _build(node: yaml.Node, path: str, source: Source, loader: yaml.SafeLoader) 
         result: dict[str, object] = {}
         for key_node, value_node in node.value:
             key = loader.construct_object(key_node)
+            line = key_node.start_mark.line + 1
             if not isinstance(key, str | int):
-                source.errors.append(f"{path or '<root>'}: keys must be strings")
+                source.errors.append(f"{path or '<root>'} (line {line}): keys must be strings")
                 continue
             key = str(key)
             if key in result:
-                source.errors.append(f"{_child(path, key)}: duplicate key")
+                source.errors.append(f"{_child(path, key)} (line {line}): duplicate key")
             result[key] = _build(value_node, _child(path, key), source, loader)
         return result
     if isinstance(node, yaml.SequenceNode):

@@ -1,0 +1,53 @@
+"""The built wheel installs next to proto-plus without replacing its top-level ``proto``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+
+CHECK = """
+import importlib.util, proto
+assert hasattr(proto, "Message"), proto.__file__
+spec = importlib.util.find_spec("kvgate.api.epp_pb2")
+assert spec is not None and spec.origin, "kvgate.api.epp_pb2 is not installed"
+from kvgate.api import epp_pb2
+assert epp_pb2.DESCRIPTOR.package == "kvgate.epp.v1"
+print("ok", proto.__file__)
+"""
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(ROOT)],
+        check=True,
+    )
+    (built,) = out.glob("kvgate-*.whl")
+    return built
+
+
+def test_wheel_has_no_top_level_proto(wheel: Path) -> None:
+    tops = {name.split("/", 1)[0] for name in zipfile.ZipFile(wheel).namelist()}
+    packages = {t for t in tops if not t.endswith((".dist-info", ".data"))}
+    assert packages == {"kvgate", "gateway", "epp", "policies", "backends", "loadtest"}
+
+
+@pytest.mark.slow
+def test_wheel_installs_beside_proto_plus(wheel: Path, tmp_path: Path) -> None:
+    env = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env)
+    python = str(env / "bin" / "python")
+    pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, "proto-plus>=1.24"], check=True)
+    subprocess.run([*pip, "--no-deps", str(wheel)], check=True)
+    done = subprocess.run([python, "-c", CHECK], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "proto/__init__.py" in done.stdout  # proto-plus's own package, still in place
