@@ -10,27 +10,21 @@ sequence's blocks are freed tail first, so the tail of a prefix is evicted befor
 
 from __future__ import annotations
 
-from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import xxhash
-
 from backends.engine.errors import EngineError
 from backends.engine.sequence import Sequence
+from kvgate.wire.block_hash import ROOT, extra_key, token_bytes
+from kvgate.wire.block_hash import hash_block as chained_hash
 from kvgate.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
-_MASK64 = (1 << 64) - 1
 
-
-def hash_block(parent: int | None, token_ids: list[int], extra_key: str | None, seed: int) -> int:
-    """Chained 64-bit hash of one full block; ``parent`` is None for the first block."""
-    h = xxhash.xxh3_64(seed=seed)
-    h.update((parent if parent is not None else 0).to_bytes(8, "little"))
-    h.update(array("I", token_ids).tobytes())
-    if extra_key is not None:
-        h.update(b"\x00lora:" + extra_key.encode())
-    return h.intdigest() & _MASK64
+def hash_block(parent: int | None, token_ids: list[int], extra: str | None, seed: int) -> int:
+    """Chained hash of one full block (``kvgate.wire.block_hash``); ``parent`` is None for the
+    first block, whose chain starts at the ``seed``."""
+    root = ROOT ^ seed if parent is None else parent
+    return chained_hash(root, token_bytes(token_ids) + extra_key(extra))
 
 
 @dataclass(slots=True)

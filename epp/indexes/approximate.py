@@ -2,8 +2,9 @@
 picker's own decisions (no feedback from the model servers).
 
 A request's routing text is cut into blocks of ``block_chars`` characters (a trailing partial
-block included, at most ``max_blocks``); block *i* is xxh64 of chunk *i* seeded with the hash of
-block *i-1*, the chain rooted at ``xxh64(model)`` (GIE chains the same way, by concatenation).
+block included, at most ``max_blocks``) and chained with kvgate's block hash: block *i* is
+xxh64 of chunk *i* seeded with the hash of block *i-1*, the chain rooted at ``xxh64(model)``
+(GIE chains the same way, by concatenation).
 Each endpoint keeps an LRU of the hashes routed to it, sized from its KV capacity; eviction
 also removes it from the reverse map.
 
@@ -18,27 +19,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-import xxhash
+from kvgate.wire.block_hash import text_block_hashes
 
 DEFAULT_CAPACITY = 31_250  # blocks per endpoint when its KV size is unknown (GIE's default)
 
 
 def prefix_hashes(model: str, text: str, block_chars: int, max_blocks: int) -> list[int]:
-    """Chained block hashes of ``text``; empty if it is shorter than one block.
-
-    Block *i* is xxh64 of its characters seeded with block *i-1*'s hash (the chain's root is
-    ``xxh64(model)``), so a block's hash depends on everything before it.
-    """
-    if len(text) < block_chars:
-        return []
-    data = text[: block_chars * max_blocks].encode()
-    previous = xxhash.xxh64_intdigest(model.encode())
-    digest = xxhash.xxh64_intdigest
-    hashes: list[int] = []
-    for start in range(0, len(data), block_chars):
-        previous = digest(data[start : start + block_chars], previous)
-        hashes.append(previous)
-    return hashes
+    """Chained block hashes of ``text`` (``kvgate.wire.block_hash``), rooted at the model name;
+    empty if it is shorter than one block."""
+    return text_block_hashes(text, block_chars, model, max_blocks)
 
 
 class ApproximatePrefixIndex:

@@ -1,7 +1,8 @@
 """Precise prefix index: which endpoint holds which KV blocks, from the engines' own KV events.
 
 Blocks are keyed by kvgate's chained hash of their token ids (and LoRA name), so the engine's
-hash function and seed need not match: ``key_i = xxh64(LE64(key_{i-1}) ‖ tokens_i ‖ lora)``.
+hash function and seed need not match: ``key_i = xxh64(tokens_i ‖ lora, seed=key_{i-1})``
+(``kvgate.wire.block_hash``).
 Each endpoint's engine hashes are mapped to these keys as ``BlockStored`` events arrive.
 ``BlockRemoved`` and ``AllBlocksCleared`` remove entries; a gap in an endpoint's event sequence
 numbers, or a sequence that starts again (a restarted engine), clears that endpoint, since its
@@ -12,15 +13,11 @@ short TTL, to cover the time before the engine's events arrive.
 from __future__ import annotations
 
 import time
-from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-import xxhash
-
+from kvgate.wire.block_hash import ROOT, extra_key, token_block_hashes
 from kvgate.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_event
-
-ROOT = 0x6B766761_74650000  # the chain's seed ("kvgate")
 
 
 def block_keys(
@@ -30,20 +27,10 @@ def block_keys(
     parent: int = ROOT,
     max_blocks: int | None = None,
 ) -> list[int]:
-    """Chained keys of the full blocks of ``token_ids``."""
-    keys: list[int] = []
-    extra = lora.encode() if lora else b""
-    count = len(token_ids) // block_size
-    if max_blocks is not None:
-        count = min(count, max_blocks)
-    for i in range(count):
-        data = (
-            parent.to_bytes(8, "little")
-            + array("I", token_ids[i * block_size : (i + 1) * block_size]).tobytes()
-        )
-        parent = xxhash.xxh64_intdigest(data + extra)
-        keys.append(parent)
-    return keys
+    """Chained keys of the full blocks of ``token_ids`` (``kvgate.wire.block_hash``)."""
+    return token_block_hashes(
+        token_ids, block_size, extra=extra_key(lora), parent=parent, max_blocks=max_blocks
+    )
 
 
 @dataclass
