@@ -81,7 +81,8 @@ bench-inprocess: $(STAMP) compiled
 		--label "layers, compiled"
 
 bench-instructions: $(STAMP) valgrind compiled
-	$(BIN)/python -m loadtest.bench_instructions $(if $(AGAINST),--against $(AGAINST))
+	$(BIN)/python -m loadtest.bench_instructions $(if $(AGAINST),--against $(AGAINST)) \
+		$(if $(REF_HARNESS),--ref-harness)
 
 valgrind:
 	@command -v valgrind >/dev/null || (apt-get update -qq && apt-get install -y -qq valgrind >/dev/null)

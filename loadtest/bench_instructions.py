@@ -8,8 +8,10 @@ this shared machine moves by ±25%. Use it to tell whether a change to the hot p
 ``make bench-proxy`` remains the measure of the goals (it includes the kernel's share).
 
 ``--against REF`` measures a git revision as well, in a temporary worktree, and prints the
-ratio (the harness of this checkout is used for both). The compiled build (``make compiled``,
-``build/compiled``) gets its own row when it is there.
+ratio (the harness of this checkout is used for both; ``--ref-harness`` keeps the revision's
+own, for a revision from before a move of the modules the harness imports). The compiled build
+(``make compiled``, ``build/compiled``) gets its own row when it is there, and then the
+revision is compiled too and compared compiled against compiled.
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ def instructions(checkout: Path, peer: str, requests: int) -> int:
     return (counts[1] - counts[0]) // (2 * requests)
 
 
-def worktree(ref: str, directory: Path) -> Path:
-    """``ref`` checked out under ``directory``, with this checkout's harness."""
+def worktree(ref: str, directory: Path, own_harness: bool) -> Path:
+    """``ref`` checked out under ``directory``, with this checkout's harness unless
+    ``own_harness``."""
     path = directory / "ref"
     subprocess.run(
         ["git", "worktree", "add", "--detach", str(path), ref],
@@ -72,14 +75,29 @@ def worktree(ref: str, directory: Path) -> Path:
         check=True,
         capture_output=True,
     )
-    shutil.copy(ROOT / "loadtest" / "inprocess.py", path / "loadtest" / "inprocess.py")
+    if not own_harness:
+        shutil.copy(ROOT / "loadtest" / "inprocess.py", path / "loadtest" / "inprocess.py")
     return path
+
+
+def compile_in_place(path: Path) -> None:
+    """The mypyc build of the checkout at ``path``, next to its sources."""
+    subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+        cwd=path,
+        env=dict(os.environ, KVGATE_COMPILE="1"),
+        check=True,
+        capture_output=True,
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--against", metavar="REF", help="also measure this git revision")
+    parser.add_argument(
+        "--ref-harness", action="store_true", help="run REF with its own loadtest.inprocess"
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         print("valgrind is required (make bench-instructions installs it)", file=sys.stderr)
@@ -91,7 +109,12 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="kvgate-instructions-"))
     try:
         if args.against:
-            checkouts.insert(0, (args.against, worktree(args.against, scratch)))
+            ref = worktree(args.against, scratch, args.ref_harness)
+            checkouts.insert(0, (args.against, ref))
+            if len(checkouts) == 3:  # this checkout's compiled build is there: compile REF too
+                shutil.copytree(ref, scratch / "ref-compiled", symlinks=True)
+                compile_in_place(scratch / "ref-compiled")
+                checkouts.insert(1, (f"{args.against}, compiled", scratch / "ref-compiled"))
         results: dict[str, dict[str, int]] = {}
         print("| checkout | kvgate instructions/request | http layers only | gateway's own |")
         print("|---|---:|---:|---:|")
@@ -105,6 +128,10 @@ def main() -> int:
         if args.against:
             before, after = results[args.against]["kvgate"], results["this checkout"]["kvgate"]
             print(f"\nthis checkout ÷ {args.against}: {after / before:.3f}")
+            if f"{args.against}, compiled" in results:
+                before = results[f"{args.against}, compiled"]["kvgate"]
+                after = results["this checkout, compiled"]["kvgate"]
+                print(f"compiled ÷ {args.against} compiled: {after / before:.3f}")
     finally:
         if args.against:
             subprocess.run(
