@@ -7,8 +7,7 @@ import logging
 
 from aiohttp import web
 
-from backends.engine.block_manager import BlockManager
-from backends.engine.engine import AsyncEngine
+from backends.engine.build import EngineConfig, build_engine
 from backends.engine.scheduler import SchedulerConfig
 from backends.kv_publisher import ZmqEventPublisher
 from backends.runners.sim_runner import CostModel, SimRunner
@@ -61,19 +60,19 @@ def build_state(args: argparse.Namespace) -> ServerState:
     """Everything the server needs, from parsed arguments (raises ValueError on bad values)."""
     tokenizer = ByteTokenizer()
     kv_events = args.kv_events_port is not None
-    blocks = BlockManager(
-        args.num_blocks,
-        args.block_size,
+    config = EngineConfig(
+        SchedulerConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len,
+            enable_chunked_prefill=not args.no_chunked_prefill,
+            max_loras=args.max_loras,
+            eos_token_id=tokenizer.eos_token_id,
+        ),
+        num_blocks=args.num_blocks,
+        block_size=args.block_size,
         enable_prefix_caching=not args.no_prefix_caching,
         record_events=kv_events,
-    )
-    config = SchedulerConfig(
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        enable_chunked_prefill=not args.no_chunked_prefill,
-        max_loras=args.max_loras,
-        eos_token_id=tokenizer.eos_token_id,
     )
     runner = SimRunner(
         tokenizer.printable_ids(),
@@ -85,7 +84,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
     if kv_events:
         topic = args.kv_events_topic or f"kv@{args.host}:{args.port}@{args.model}"
         sink = ZmqEventPublisher(f"tcp://{args.host}:{args.kv_events_port}", topic)
-    engine = AsyncEngine(config, blocks, runner, event_sink=sink)
+    engine = build_engine(config, runner, event_sink=sink)
     metrics = ServerMetrics(engine, args.model, args.max_loras)
     engine.observer = metrics
     state = ServerState(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from backends.engine.block_manager import BlockManager
-from backends.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
+from backends.engine.scheduler import Scheduler, SchedulerConfig
 from backends.engine.sequence import SamplingParams, Sequence
+from backends.engine.step import ScheduledSeq, StepInput, build_step
 
 EOS = 256
 
@@ -53,6 +54,18 @@ def make_scheduler(
 def sample_all(batch: list[ScheduledSeq], token: int = 7) -> list[int | None]:
     """What a runner returns: ``token`` for every item that samples."""
     return [token if item.samples else None for item in batch]
+
+
+def step_input(batch: list[ScheduledSeq], block_size: int = 4) -> StepInput:
+    """The runner's input for ``batch``; sequences without blocks get a table of distinct
+    blocks covering their tokens (as if the block manager had allocated them)."""
+    next_block = 0
+    for item in batch:
+        if not item.seq.block_table:
+            needed = -(-(item.seq.num_computed_tokens + item.num_new_tokens) // block_size)
+            item.seq.block_table = list(range(next_block, next_block + needed))
+            next_block += needed
+    return build_step(batch, block_size)
 
 
 def step(scheduler: Scheduler, token: int = 7) -> list[ScheduledSeq]:

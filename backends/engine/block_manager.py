@@ -114,6 +114,19 @@ class BlockManager:
         self._num_hashed_blocks[seq.seq_id] = len(cached_blocks)
         self.append(seq, num_new_tokens)
 
+    def reserve(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Blocks for ``num_new_tokens`` more tokens whose KV is written from elsewhere (a KV
+        connector's load); they join the prefix cache only when ``append`` is called for the
+        same tokens, once their KV is there."""
+        num_tokens = seq.num_computed_tokens + num_new_tokens
+        if num_tokens > len(seq.token_ids):
+            raise EngineError(f"{seq.request_id}: cannot reserve tokens that are not known yet")
+        needed = -(-num_tokens // self.block_size) - len(seq.block_table)
+        if needed > self.num_free_blocks:
+            raise EngineError(f"{seq.request_id}: out of KV blocks (check can_allocate first)")
+        for _ in range(needed):
+            seq.block_table.append(self._take_free_block())
+
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
         needed = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
         needed -= len(seq.block_table)

@@ -13,9 +13,11 @@ import time
 from typing import Protocol
 
 from backends.engine.block_manager import BlockManager
+from backends.engine.kv_connector import KVConnector
+from backends.engine.model_runner import ModelRunner
 from backends.engine.scheduler import Scheduler, SchedulerConfig
 from backends.engine.sequence import FinishReason, SamplingParams, Sequence
-from backends.runners.base import ModelRunner
+from backends.engine.step import build_step
 from kvgate.wire.kv_events import KVEvent
 
 log = logging.getLogger(__name__)
@@ -99,11 +101,12 @@ class AsyncEngine:
         block_manager: BlockManager,
         runner: ModelRunner,
         *,
+        kv_connector: KVConnector | None = None,
         event_sink: KVEventSink | None = None,
         observer: LatencyObserver | None = None,
     ) -> None:
         self.block_manager = block_manager
-        self.scheduler = Scheduler(scheduler_config, block_manager)
+        self.scheduler = Scheduler(scheduler_config, block_manager, kv_connector)
         self.runner = runner
         self.event_sink = event_sink
         self.observer: LatencyObserver = observer or NullObserver()
@@ -182,7 +185,8 @@ class AsyncEngine:
                         await asyncio.wait_for(self._wake.wait(), timeout=0.05)
                 continue
             try:
-                sampled = await self.runner.execute(out.scheduled)
+                step = build_step(out.scheduled, self.block_manager.block_size)
+                sampled = await self.runner.execute(step)
             except Exception:
                 log.exception("model runner failed; aborting the batch")
                 for item in out.scheduled:
@@ -191,6 +195,7 @@ class AsyncEngine:
                         self.abort(stream)
                 continue
             self.num_steps += 1
+            self.scheduler.kv_connector.after_step(step)
             updated = self.scheduler.postprocess(out, sampled)
             self._deliver(updated)
             if self.event_sink is not None:
@@ -218,6 +223,6 @@ class AsyncEngine:
     def _retire(self, stream: RequestStream, now: float) -> None:
         seq = stream.seq
         self._streams.pop(seq.seq_id, None)
-        self.runner.release(seq)
+        self.runner.release(seq.seq_id)
         self.observer.on_finished(seq, now - seq.arrival_time)
         stream.close()

@@ -14,7 +14,9 @@ import heapq
 from dataclasses import dataclass, field
 
 from backends.engine.block_manager import BlockManager
+from backends.engine.kv_connector import KVConnector, NoKVConnector
 from backends.engine.sequence import FinishReason, Sequence, SequenceStatus
+from backends.engine.step import ScheduledSeq
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,19 +39,6 @@ class SchedulerConfig:
 
 
 @dataclass(slots=True)
-class ScheduledSeq:
-    """``num_new_tokens`` of ``seq`` get their KV computed this step."""
-
-    seq: Sequence
-    num_new_tokens: int
-
-    @property
-    def samples(self) -> bool:
-        """True when this step reaches the last known token, so a new token is sampled."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
-
-
-@dataclass(slots=True)
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
@@ -69,7 +58,19 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    """Decides each step which sequences compute how many tokens (continuous batching).
+
+    ``schedule`` returns the step; ``postprocess`` applies the runner's samples. Sequences
+    wait, run, or — with a ``KVConnector`` that can load part of a prompt's KV — wait for that
+    load with their blocks allocated; ``abort`` stops one wherever it is.
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        kv_connector: KVConnector | None = None,
+    ) -> None:
         capacity = block_manager.num_blocks * block_manager.block_size
         if config.max_model_len > capacity:
             raise ValueError(
@@ -80,11 +81,13 @@ class Scheduler:
         self.block_manager = block_manager
         self.waiting: list[tuple[tuple[int, float, int], Sequence]] = []
         self.running: list[Sequence] = []
+        self.loading: dict[int, tuple[Sequence, int]] = {}  # seq id -> (seq, tokens loading)
+        self.kv_connector: KVConnector = kv_connector or NoKVConnector()
         self.stats = SchedulerStats()
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.loading)
 
     @property
     def num_running(self) -> int:
@@ -92,7 +95,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.loading)
 
     def add(self, seq: Sequence) -> None:
         if seq.num_tokens >= self.config.max_model_len:
@@ -110,12 +113,18 @@ class Scheduler:
         elif seq.status is SequenceStatus.WAITING:
             self.waiting = [entry for entry in self.waiting if entry[1] is not seq]
             heapq.heapify(self.waiting)
+        elif seq.status is SequenceStatus.WAITING_FOR_REMOTE_KV:
+            self.loading.pop(seq.seq_id, None)
+            self.block_manager.free(seq)
         else:
             return
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = FinishReason.ABORT
+        self.kv_connector.request_finished(seq)
 
     def schedule(self) -> SchedulerOutput:
+        if self.loading:
+            self._finish_loads()
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         budget = self._schedule_running(out, budget)
@@ -149,6 +158,7 @@ class Scheduler:
                 seq.status = SequenceStatus.FINISHED
                 seq.finish_reason = reason
                 self.block_manager.free(seq)
+                self.kv_connector.request_finished(seq)
                 any_finished = True
             updated.append(seq)
         if any_finished:
@@ -209,6 +219,8 @@ class Scheduler:
                 skipped.append(heapq.heappop(self.waiting))
                 continue
             cached, num_cached = self.block_manager.get_computed_blocks(seq)
+            if self._start_load(seq, cached, num_cached):
+                continue
             num_new = seq.num_tokens - num_cached
             if num_new > budget:
                 if not self.config.enable_chunked_prefill:
@@ -230,3 +242,38 @@ class Scheduler:
             budget -= num_new
         for entry in skipped:
             heapq.heappush(self.waiting, entry)
+
+    def _start_load(self, seq: Sequence, cached: list[int], num_cached: int) -> bool:
+        """Hand the tokens the connector can load to it; True if ``seq`` now waits for them."""
+        num_external = min(
+            self.kv_connector.num_external_tokens(seq, num_cached),
+            seq.num_tokens - num_cached - 1,  # the last token is computed here, to sample
+        )
+        if num_external <= 0 or not self.block_manager.can_allocate(seq, cached, num_external):
+            return False
+        heapq.heappop(self.waiting)
+        self.block_manager.allocate(seq, cached, 0)
+        self.block_manager.reserve(seq, num_external)
+        self.stats.prefix_cache_queries += seq.num_tokens
+        self.stats.prefix_cache_hits += num_cached
+        seq.status = SequenceStatus.WAITING_FOR_REMOTE_KV
+        self.loading[seq.seq_id] = (seq, num_external)
+        self.kv_connector.start_load(seq, list(seq.block_table), num_external)
+        return True
+
+    def _finish_loads(self) -> None:
+        """Sequences whose KV arrived run from the first token not loaded (all of theirs, if
+        the load failed: they are computed here)."""
+        connector = self.kv_connector
+        for seq_id in connector.finished_loads():
+            entry = self.loading.pop(seq_id, None)
+            if entry is None:
+                continue  # aborted meanwhile
+            seq, num_external = entry
+            if not connector.failed(seq_id):
+                self.block_manager.append(seq, num_external)
+                seq.num_computed_tokens += num_external
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = seq.num_computed_tokens
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)

@@ -15,6 +15,7 @@ from enum import Enum
 
 class SequenceStatus(Enum):
     WAITING = "waiting"
+    WAITING_FOR_REMOTE_KV = "waiting_for_remote_kv"  # blocks allocated, KV loading (KVConnector)
     RUNNING = "running"
     FINISHED = "finished"
 

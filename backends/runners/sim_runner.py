@@ -18,8 +18,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from backends.engine.scheduler import ScheduledSeq
-from backends.engine.sequence import Sequence
+from backends.engine.step import SeqStep, StepInput
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,15 +50,14 @@ class CostModel:
             raise ValueError(f"cost model {text!r}: expected 4 or 5 non-negative numbers")
         return cls(*values)
 
-    def step_time(self, batch: list[ScheduledSeq], num_lora_swaps: int = 0) -> float:
+    def step_time(self, step: StepInput, num_lora_swaps: int = 0) -> float:
         prefill_tokens = decode_seqs = kv_tokens = 0
-        for item in batch:
-            seq = item.seq
-            kv_tokens += seq.num_computed_tokens + item.num_new_tokens
-            if item.num_new_tokens == 1 and not seq.is_prefill:
+        for seq in step.seqs:
+            kv_tokens += seq.num_context_tokens
+            if seq.is_decode:
                 decode_seqs += 1
             else:
-                prefill_tokens += item.num_new_tokens
+                prefill_tokens += seq.num_new_tokens
         return (
             self.step_s
             + self.prefill_token_s * prefill_tokens
@@ -90,20 +88,18 @@ class SimRunner:
         self.num_lora_swaps = 0
         self._seeds: dict[int, int] = {}
 
-    async def execute(self, batch: list[ScheduledSeq]) -> list[int | None]:
-        swaps = self._make_resident({item.seq.lora_name for item in batch} - {None})
-        delay = self.cost.step_time(batch, swaps)
+    def num_kv_blocks(self, block_size: int) -> int | None:
+        return None  # no KV is kept: the configured number of blocks is simulated
+
+    async def execute(self, step: StepInput) -> list[int | None]:
+        swaps = self._make_resident(step.lora_names)
+        delay = self.cost.step_time(step, swaps)
         await asyncio.sleep(delay)
         sample = self._sample
-        return [
-            sample(item.seq)
-            if item.seq.num_computed_tokens + item.num_new_tokens == len(item.seq.token_ids)
-            else None
-            for item in batch
-        ]
+        return [sample(seq) if seq.do_sample else None for seq in step.seqs]
 
-    def release(self, seq: Sequence) -> None:
-        self._seeds.pop(seq.seq_id, None)
+    def release(self, seq_id: int) -> None:
+        self._seeds.pop(seq_id, None)
 
     async def load_lora(self, name: str, path: str) -> None:
         return None
@@ -111,11 +107,9 @@ class SimRunner:
     def unload_lora(self, name: str) -> None:
         self.resident_loras.pop(name, None)
 
-    def _make_resident(self, names: set[str | None]) -> int:
+    def _make_resident(self, names: set[str]) -> int:
         swaps = 0
         for name in names:
-            if name is None:
-                continue
             if name in self.resident_loras:
                 self.resident_loras.move_to_end(name)
                 continue
@@ -126,7 +120,7 @@ class SimRunner:
         self.num_lora_swaps += swaps
         return swaps
 
-    def _sample(self, seq: Sequence) -> int:
+    def _sample(self, seq: SeqStep) -> int:
         seq_seed = self._seeds.get(seq.seq_id)
         if seq_seed is None:
             if seq.sampling.seed is not None:
@@ -134,6 +128,6 @@ class SimRunner:
             else:
                 seq_seed = xxhash.xxh3_64_intdigest(array("I", seq.prompt_token_ids).tobytes())
             self._seeds[seq.seq_id] = seq_seed
-        position = len(seq.token_ids).to_bytes(8, "little")
+        position = seq.num_context_tokens.to_bytes(8, "little")
         draw = xxhash.xxh3_64_intdigest(position, seed=seq_seed ^ self.seed)
         return self.vocabulary[draw % len(self.vocabulary)]

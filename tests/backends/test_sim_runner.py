@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from backends.engine.scheduler import ScheduledSeq
+from backends.engine.step import ScheduledSeq
 from backends.runners.sim_runner import CostModel, SimRunner
-from tests.fakes import make_seq
+from tests.fakes import make_seq, step_input
 
 COST = CostModel(
     step_s=1.0, prefill_token_s=0.1, decode_seq_s=0.01, kv_read_token_s=0.001, lora_swap_s=5.0
@@ -20,14 +20,14 @@ def test_cost_of_a_mixed_step() -> None:
     decode.num_computed_tokens = 4
     batch = [ScheduledSeq(prefill, 10), ScheduledSeq(decode, 1)]
     # 1 + 0.1*10 prefill + 0.01*1 decode + 0.001*(10+5) kv + 5*1 swap
-    assert COST.step_time(batch, 1) == pytest.approx(1 + 1.0 + 0.01 + 0.015 + 5.0)
+    assert COST.step_time(step_input(batch), 1) == pytest.approx(1 + 1.0 + 0.01 + 0.015 + 5.0)
 
 
 def test_cached_prefix_tokens_cost_nothing() -> None:
     seq = make_seq(20)
     seq.num_computed_tokens = 16  # 16 tokens came from the prefix cache
-    cold = COST.step_time([ScheduledSeq(make_seq(20), 20)])
-    warm = COST.step_time([ScheduledSeq(seq, 4)])
+    cold = COST.step_time(step_input([ScheduledSeq(make_seq(20), 20)]))
+    warm = COST.step_time(step_input([ScheduledSeq(seq, 4)]))
     assert warm < cold
     assert cold - warm == pytest.approx(0.1 * 16)
 
@@ -59,13 +59,14 @@ async def test_tokens_are_deterministic_per_prompt_and_seed() -> None:
         tokens: list[int] = []
         for _ in range(12):
             (token,) = await runner.execute(
-                [ScheduledSeq(seq, seq.num_tokens - seq.num_computed_tokens)]
+                step_input([ScheduledSeq(seq, seq.num_tokens - seq.num_computed_tokens)])
             )
             assert token is not None
             seq.num_computed_tokens = seq.num_tokens
             seq.token_ids.append(token)
             tokens.append(token)
-        runner.release(seq)
+            seq.block_table = []  # the next step's table covers the new token too
+        runner.release(seq.seq_id)
         return tokens
 
     a = await generate([1, 2, 3])
@@ -77,6 +78,6 @@ async def test_tokens_are_deterministic_per_prompt_and_seed() -> None:
 async def test_lora_residency_is_lru_bounded() -> None:
     runner = SimRunner([1], CostModel.zero(), max_loras=2)
     for name in ("a", "b", "a", "c"):
-        await runner.execute([ScheduledSeq(make_seq(2, lora=name), 2)])
+        await runner.execute(step_input([ScheduledSeq(make_seq(2, lora=name), 2)]))
     assert list(runner.resident_loras) == ["a", "c"]
     assert runner.num_lora_swaps == 3

@@ -1,0 +1,54 @@
+"""``build_engine``: the engine, sized from its model runner.
+
+The runner comes first because it owns the KV cache's memory: a torch runner's budget decides
+how many blocks there are, and the block manager and scheduler are sized from that number (a
+runner that keeps no KV, such as the simulated one, leaves the configured count in force).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from backends.engine.block_manager import BlockManager
+from backends.engine.engine import AsyncEngine, KVEventSink, LatencyObserver
+from backends.engine.kv_connector import KVConnector
+from backends.engine.model_runner import ModelRunner
+from backends.engine.scheduler import SchedulerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    num_blocks: int = 4096  # KV blocks when the runner does not size the cache itself
+    block_size: int = 16  # tokens per KV block
+    enable_prefix_caching: bool = True
+    hash_seed: int = 0  # seed of the prefix cache's block hashes
+    record_events: bool = False  # keep KV events for an event sink
+
+
+def build_engine(
+    config: EngineConfig,
+    runner: ModelRunner,
+    *,
+    kv_connector: KVConnector | None = None,
+    event_sink: KVEventSink | None = None,
+    observer: LatencyObserver | None = None,
+) -> AsyncEngine:
+    """An engine over ``runner`` whose block count is the runner's (or the configured one);
+    raises ``ValueError`` when the cache cannot hold one sequence of ``max_model_len``."""
+    num_blocks = runner.num_kv_blocks(config.block_size) or config.num_blocks
+    blocks = BlockManager(
+        num_blocks,
+        config.block_size,
+        enable_prefix_caching=config.enable_prefix_caching,
+        hash_seed=config.hash_seed,
+        record_events=config.record_events,
+    )
+    return AsyncEngine(
+        config.scheduler,
+        blocks,
+        runner,
+        kv_connector=kv_connector,
+        event_sink=event_sink,
+        observer=observer,
+    )
