@@ -42,16 +42,8 @@ class Unauthorized(GatewayError):
     status, type, code = 401, "authentication_error", "invalid_api_key"
 
 
-class Forbidden(GatewayError):
-    status, type, code = 403, "permission_error", "permission_denied"
-
-
 class ModelNotFound(GatewayError):
     status, type, code = 404, "invalid_request_error", "model_not_found"
-
-
-class PayloadTooLarge(GatewayError):
-    status, type, code = 413, "invalid_request_error", "request_too_large"
 
 
 class UpstreamError(GatewayError):
