@@ -1,6 +1,6 @@
 """``create_app(policy)``: the gateway's state and lifecycle, in an aiohttp ``Application``.
 
-The application is not served by aiohttp: ``gateway.serving`` runs kvgate's own HTTP server
+The application is not served by aiohttp: ``gateway.lifecycle`` runs kvgate's own HTTP server
 (``kvgate.wire.http``) with ``gateway.routes.handle`` and uses the application for its typed state
 and its cleanup contexts (every resource is opened and closed by one). With ``policy_path`` the
 file is watched and reloaded when it changes.

@@ -15,10 +15,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import proxy
 from gateway.context import RequestContext
+from gateway.error_responses import response_for
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound
 from gateway.keys import METRICS, RUNTIME, SHUTTING_DOWN, TRACER
-from gateway.middleware.errors import response_for
-from gateway.middleware.request_context import (
+from gateway.request_context import (
     QUIET_PATHS,
     end_server_span,
     log_access,

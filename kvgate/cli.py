@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from backends import cli as backend_cli
 from epp import cli as epp_cli
 from epp.registry import CATALOG
-from gateway import serve_cli
+from gateway import cli as gateway_cli
 from loadtest import cli as loadtest_cli
 from policies import cli as policy_cli
 
@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kvgate", description="KV-cache-aware inference gateway and endpoint picker."
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    serve_cli.add_parser(subparsers)
+    gateway_cli.add_parser(subparsers)
     epp_cli.add_parser(subparsers)
     backend_cli.add_parser(subparsers)
     loadtest_cli.add_parsers(subparsers)

@@ -27,8 +27,8 @@ import uvloop
 from aiohttp import web
 
 from gateway.app import create_app
+from gateway.error_responses import http_error
 from gateway.keys import UPSTREAMS
-from gateway.middleware.errors import http_error
 from gateway.routes import handle
 from kvgate.wire.http import messages
 from kvgate.wire.http.client import ConnectionPool, UpstreamResponse, _Connection

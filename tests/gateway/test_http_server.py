@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from gateway.middleware.errors import http_error
+from gateway.error_responses import http_error
 from kvgate.wire.http.messages import AnyResponse, Request, Response, StreamResponse, json_response
 from kvgate.wire.http.server import HttpServer
 

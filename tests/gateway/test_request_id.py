@@ -6,7 +6,7 @@ import re
 
 from multidict import CIMultiDict
 
-from gateway.middleware.request_context import request_id_of
+from gateway.request_context import request_id_of
 from kvgate.wire.request_id import new_request_id
 
 

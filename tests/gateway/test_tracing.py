@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gateway.app import create_app
 from gateway.keys import TRACER
-from gateway.serving import running
+from gateway.lifecycle import running
 from policies.loader import load_policy_text
 from tests.http_servers import serving
 

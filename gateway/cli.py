@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from epp.registry import CATALOG
-from gateway.server import ServeOptions, serve
+from gateway.workers import ServeOptions, serve
 from policies.errors import PolicyError
 from policies.loader import load_policy
 

@@ -12,8 +12,8 @@ from contextlib import asynccontextmanager
 
 from aiohttp import web
 
+from gateway.error_responses import http_error
 from gateway.keys import RUNTIME, SHUTTING_DOWN
-from gateway.middleware.errors import http_error
 from gateway.routes import handle
 from kvgate.wire.http.server import HttpServer
 

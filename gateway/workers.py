@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from epp.registry import CATALOG
 from gateway.app import create_app
 from gateway.build_info import request_path_compiled
-from gateway.serving import running
+from gateway.lifecycle import running
 from policies.loader import load_policy
 from policies.schema import Policy
 
