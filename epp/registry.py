@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from epp.filters.health import HealthFilter, ModelFilter
 from epp.filters.role import RoleFilter
@@ -73,32 +74,30 @@ class Catalog:
 
 CATALOG = Catalog()
 
+
+class _Configurable(Protocol):
+    """A plugin class: its parameter check and its factory, both from the raw params."""
+
+    def parse_config(self, name: str, raw: Mapping[str, object]) -> object: ...
+    def from_config(self, name: str, raw: Mapping[str, object]) -> Plugin: ...
+
+
+def _plugin(kind: PluginKind, cls: _Configurable) -> PluginType:
+    return PluginType(kind, cls.parse_config, cls.from_config)
+
+
 BUILTINS: dict[str, PluginType] = {
-    "queue-scorer": PluginType("scorer", QueueScorer.parse_config, QueueScorer.from_config),
-    "running-requests-size-scorer": PluginType(
-        "scorer", RunningRequestsScorer.parse_config, RunningRequestsScorer.from_config
-    ),
-    "kv-cache-utilization-scorer": PluginType(
-        "scorer", KVCacheUtilizationScorer.parse_config, KVCacheUtilizationScorer.from_config
-    ),
-    "prefix-cache-scorer": PluginType(
-        "scorer", PrefixCacheScorer.parse_config, PrefixCacheScorer.from_config
-    ),
-    "lora-affinity-scorer": PluginType(
-        "scorer", LoraAffinityScorer.parse_config, LoraAffinityScorer.from_config
-    ),
-    "session-affinity-scorer": PluginType(
-        "scorer", SessionAffinityScorer.parse_config, SessionAffinityScorer.from_config
-    ),
-    "max-score-picker": PluginType(
-        "picker", MaxScorePicker.parse_config, MaxScorePicker.from_config
-    ),
-    "random-picker": PluginType("picker", RandomPicker.parse_config, RandomPicker.from_config),
-    "saturation-filter": PluginType(
-        "filter", SaturationFilter.parse_config, SaturationFilter.from_config
-    ),
-    "health-filter": PluginType("filter", HealthFilter.parse_config, HealthFilter.from_config),
-    "model-filter": PluginType("filter", ModelFilter.parse_config, ModelFilter.from_config),
+    "queue-scorer": _plugin("scorer", QueueScorer),
+    "running-requests-size-scorer": _plugin("scorer", RunningRequestsScorer),
+    "kv-cache-utilization-scorer": _plugin("scorer", KVCacheUtilizationScorer),
+    "prefix-cache-scorer": _plugin("scorer", PrefixCacheScorer),
+    "lora-affinity-scorer": _plugin("scorer", LoraAffinityScorer),
+    "session-affinity-scorer": _plugin("scorer", SessionAffinityScorer),
+    "max-score-picker": _plugin("picker", MaxScorePicker),
+    "random-picker": _plugin("picker", RandomPicker),
+    "saturation-filter": _plugin("filter", SaturationFilter),
+    "health-filter": _plugin("filter", HealthFilter),
+    "model-filter": _plugin("filter", ModelFilter),
     "decode-filter": PluginType("filter", RoleFilter.parse_config, RoleFilter.decode),
     "prefill-filter": PluginType("filter", RoleFilter.parse_config, RoleFilter.prefill),
 }
