@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 from epp.framework import Filter, Picker, Profile, Scorer, WeightedScorer
-from epp.registry import build
+from epp.handle import PluginHandle
+from epp.registry import Plugin, build
 from policies.schema import Epp
 
 
-def build_profile(config: Epp, name: str = "default") -> Profile:
-    """The named profile (or the first one), its plugins instantiated from their specs."""
-    plugins = {spec.name: build(spec.type, spec.name, spec.params) for spec in config.plugins}
+def build_plugins(config: Epp, handle: PluginHandle) -> dict[str, Plugin]:
+    """Every plugin of the ``epp:`` section by name, each built once."""
+    return {spec.name: build(spec.type, spec.name, spec.params, handle) for spec in config.plugins}
+
+
+def build_profile(
+    config: Epp,
+    name: str = "default",
+    handle: PluginHandle | None = None,
+    plugins: dict[str, Plugin] | None = None,
+) -> Profile:
+    """The named profile (or the first one), from ``plugins`` (built from their specs with
+    ``handle`` when not given)."""
+    if plugins is None:
+        plugins = build_plugins(config, handle or PluginHandle())
     spec = next((p for p in config.profiles if p.name == name), config.profiles[0])
     filters: list[Filter] = []
     scorers: list[WeightedScorer] = []

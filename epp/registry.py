@@ -15,6 +15,7 @@ from epp.filters.health import HealthFilter, ModelFilter
 from epp.filters.role import RoleFilter
 from epp.filters.saturation import SaturationFilter
 from epp.framework import Filter, Picker, Scorer
+from epp.handle import PluginHandle
 from epp.pickers.max_score import MaxScorePicker
 from epp.pickers.random_picker import RandomPicker
 from epp.scorers.kv_cache_utilization import KVCacheUtilizationScorer
@@ -26,7 +27,7 @@ from epp.scorers.session_affinity import SessionAffinityScorer
 from policies.plugin_catalog import PluginKind
 
 Plugin = Filter | Scorer | Picker
-Factory = Callable[[str, Mapping[str, object]], Plugin]
+Factory = Callable[[str, Mapping[str, object], PluginHandle], Plugin]
 ParamCheck = Callable[[str, Mapping[str, object]], object]
 
 
@@ -57,8 +58,9 @@ def _lookup(type_name: str) -> PluginType:
     return plugin_type
 
 
-def build(type_name: str, name: str, params: Mapping[str, object]) -> Plugin:
-    return _lookup(type_name).factory(name, params)
+def build(type_name: str, name: str, params: Mapping[str, object], handle: PluginHandle) -> Plugin:
+    """A plugin of a registered type, built with what it shares with the EPP (``handle``)."""
+    return _lookup(type_name).factory(name, params, handle)
 
 
 class Catalog:
@@ -76,13 +78,24 @@ CATALOG = Catalog()
 
 
 class _Configurable(Protocol):
-    """A plugin class: its parameter check and its factory, both from the raw params."""
+    """A plugin class that needs nothing shared: its parameter check and its factory."""
 
     def parse_config(self, name: str, raw: Mapping[str, object]) -> object: ...
     def from_config(self, name: str, raw: Mapping[str, object]) -> Plugin: ...
 
 
+class _Sharing(Protocol):
+    """A plugin class built with the EPP's shared components (``PluginHandle``)."""
+
+    def parse_config(self, name: str, raw: Mapping[str, object]) -> object: ...
+    def from_config(self, name: str, raw: Mapping[str, object], handle: PluginHandle) -> Plugin: ...
+
+
 def _plugin(kind: PluginKind, cls: _Configurable) -> PluginType:
+    return PluginType(kind, cls.parse_config, lambda name, raw, _: cls.from_config(name, raw))
+
+
+def _shared(kind: PluginKind, cls: _Sharing) -> PluginType:
     return PluginType(kind, cls.parse_config, cls.from_config)
 
 
@@ -90,16 +103,20 @@ BUILTINS: dict[str, PluginType] = {
     "queue-scorer": _plugin("scorer", QueueScorer),
     "running-requests-size-scorer": _plugin("scorer", RunningRequestsScorer),
     "kv-cache-utilization-scorer": _plugin("scorer", KVCacheUtilizationScorer),
-    "prefix-cache-scorer": _plugin("scorer", PrefixCacheScorer),
+    "prefix-cache-scorer": _shared("scorer", PrefixCacheScorer),
     "lora-affinity-scorer": _plugin("scorer", LoraAffinityScorer),
     "session-affinity-scorer": _plugin("scorer", SessionAffinityScorer),
     "max-score-picker": _plugin("picker", MaxScorePicker),
     "random-picker": _plugin("picker", RandomPicker),
-    "saturation-filter": _plugin("filter", SaturationFilter),
+    "saturation-filter": _shared("filter", SaturationFilter),
     "health-filter": _plugin("filter", HealthFilter),
     "model-filter": _plugin("filter", ModelFilter),
-    "decode-filter": PluginType("filter", RoleFilter.parse_config, RoleFilter.decode),
-    "prefill-filter": PluginType("filter", RoleFilter.parse_config, RoleFilter.prefill),
+    "decode-filter": PluginType(
+        "filter", RoleFilter.parse_config, lambda name, raw, _: RoleFilter.decode(name, raw)
+    ),
+    "prefill-filter": PluginType(
+        "filter", RoleFilter.parse_config, lambda name, raw, _: RoleFilter.prefill(name, raw)
+    ),
 }
 for _type_name, _plugin_type in BUILTINS.items():
     register(_type_name, _plugin_type)

@@ -1,5 +1,6 @@
 """Saturation: an endpoint is saturated when its waiting queue or KV usage is at a threshold,
-or its metrics are stale (GIE's utilization detector: 5 waiting, 80% KV, 200 ms).
+or its metrics are stale (GIE's utilization detector: 5 waiting, 80% KV, 200 ms by default;
+the policy's ``epp.saturation``).
 
 The queue counts the requests this picker sent since the last scrape too, so a burst that
 arrives between two scrapes cannot pile onto one endpoint (the hot-spotting that users of
@@ -10,21 +11,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from epp.framework import Endpoint
-
-
-@dataclass(frozen=True)
-class SaturationThresholds:
-    queue_depth: int = 5
-    kv_usage: float = 0.8
-    max_metrics_age: float = 0.2  # seconds
+from policies.schema import Saturation
 
 
 class SaturationDetector:
-    def __init__(self, thresholds: SaturationThresholds | None = None) -> None:
-        self.thresholds = thresholds or SaturationThresholds()
+    """Applies the policy's ``epp.saturation`` thresholds; one instance per EPP service, shared
+    by the saturation filter, the gateway's admission gate and ext_proc's shedding."""
+
+    def __init__(self, thresholds: Saturation | None = None) -> None:
+        self.thresholds = thresholds or Saturation()
 
     def unsaturated(self, endpoints: list[Endpoint], now: float) -> list[Endpoint]:
         """The endpoints that are not saturated: fresh metrics (scraped at most

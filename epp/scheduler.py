@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import repeat
 
-from epp.framework import Endpoint, PickObserver, Profile, SchedulingRequest, SchedulingResult
+from epp.framework import Endpoint, Profile, SchedulingRequest, SchedulingResult
 
 
 def clamp(value: float) -> float:
@@ -12,10 +12,10 @@ def clamp(value: float) -> float:
 
 
 class Scheduler:
+    """Runs one scheduling profile; it learns nothing (``EppService.accepted`` does)."""
+
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
-        plugins = [ws.scorer for ws in profile.scorers] + [*profile.filters, profile.picker]
-        self._observers = [p for p in plugins if isinstance(p, PickObserver)]
 
     def schedule(self, request: SchedulingRequest, candidates: list[Endpoint]) -> SchedulingResult:
         endpoints = candidates
@@ -42,9 +42,3 @@ class Scheduler:
             best = ranked[0].address
             winner_by = max(parts, key=lambda p: p[1] * clamp(p[2].get(best, 0.0)))[0]
         return SchedulingResult(ranked, dict(zip(addresses, totals, strict=True)), winner_by)
-
-    def observe(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
-        """Count the dispatch and tell learning plugins which endpoint took the request."""
-        endpoint.dispatched += 1
-        for observer in self._observers:
-            observer.on_pick(request, endpoint)

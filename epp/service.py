@@ -1,6 +1,9 @@
-"""The endpoint picker as one object: datastore, metrics scraper, scheduling profile, metrics.
+"""The endpoint picker as one object: datastore, metrics scraper, plugins and the components
+they share (prefix indexes, saturation), a profile handler per pool, metrics.
 
-The embedded gateway picker, the Pick API and the ext_proc server all call ``pick``.
+The embedded gateway picker, the Pick API and the ext_proc server all call ``pick`` to rank a
+pool's endpoints, and ``accepted`` once an endpoint has taken the request (only then do the
+learning plugins, such as the prefix index and session affinity, record it).
 """
 
 from __future__ import annotations
@@ -8,49 +11,64 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from epp.config import build_profile
+from epp.config import build_plugins, build_profile
 from epp.datastore import Datastore
-from epp.framework import Endpoint, SchedulingRequest, SchedulingResult
-from epp.kv_events import KVEventSubscriber
+from epp.framework import Endpoint, PickObserver, SchedulingRequest
+from epp.handle import PluginHandle
+from epp.indexes.prefix_index import PrefixIndex
 from epp.metrics import EppMetrics
+from epp.profile_handler import Decision, PdProfileHandler, ProfileHandler, SingleProfileHandler
+from epp.registry import Plugin
 from epp.routing_text import routing_text
+from epp.saturation import SaturationDetector
 from epp.scheduler import Scheduler
-from epp.scorers.prefix_cache import PrefixCacheScorer
 from epp.scraper import MetricsScraper
 from policies.schema import Policy
 
 
 class EppService:
+    """One policy's endpoint picker. Plugins are built once, here."""
+
     def __init__(self, policy: Policy, metrics: EppMetrics | None = None) -> None:
         self.policy = policy
         self.datastore = Datastore(policy)
-        self.scheduler = Scheduler(build_profile(policy.epp))
-        self.scraper = MetricsScraper(self.datastore, policy.epp.scrape_interval)
         self.metrics = metrics or EppMetrics()
-        self.scraper.on_error = lambda e: self.metrics.scrape_errors.labels(e.address).inc()
-        self.prefix = next(
-            (
-                ws.scorer
-                for ws in self.scheduler.profile.scorers
-                if isinstance(ws.scorer, PrefixCacheScorer)
-            ),
-            None,
+        self.saturation = SaturationDetector(policy.epp.saturation)
+        self.handle = PluginHandle(
+            self.saturation, self.datastore.all(), self.metrics.event_lag.observe
         )
-        self.events: KVEventSubscriber | None = None
-        if self.prefix is not None and self.prefix.precise:
-            self.events = KVEventSubscriber(
-                self.prefix.precise_index, self.datastore.all(), self.metrics.event_lag.observe
-            )
+        plugins = build_plugins(policy.epp, self.handle)
+        self.scheduler = Scheduler(build_profile(policy.epp, plugins=plugins))
+        self._observers = [p for p in plugins.values() if isinstance(p, PickObserver)]
+        self.prefix: PrefixIndex | None = self.handle.primary_index
+        self.handlers = {name: self._handler(name, plugins) for name in policy.pools}
+        self.scraper = MetricsScraper(self.datastore, policy.epp.scrape_interval)
+        self.scraper.on_error = lambda e: self.metrics.scrape_errors.labels(e.address).inc()
+
+    def _handler(self, pool: str, plugins: dict[str, Plugin]) -> ProfileHandler:
+        """The pool's profile handler: prefill/decode pools run a ``decode`` and a ``prefill``
+        profile when the policy names them (else the default profile for both)."""
+        threshold = self.policy.pools[pool].pd_min_uncached_tokens
+        if threshold is None:
+            return SingleProfileHandler(self.scheduler)
+        named = {p.name for p in self.policy.epp.profiles}
+
+        def scheduler(name: str) -> Scheduler:
+            if name not in named:
+                return self.scheduler
+            return Scheduler(build_profile(self.policy.epp, name, plugins=plugins))
+
+        return PdProfileHandler(scheduler("decode"), scheduler("prefill"), threshold, self.prefix)
 
     async def start(self) -> None:
         await self.scraper.start()
-        if self.events is not None:
-            await self.events.start()
+        for index in self.handle.indexes.values():
+            await index.start()
 
     async def stop(self) -> None:
         await self.scraper.stop()
-        if self.events is not None:
-            await self.events.stop()
+        for index in self.handle.indexes.values():
+            await index.stop()
 
     def pool_for_model(self, model: str) -> str | None:
         route = self.policy.route_for(model)
@@ -61,13 +79,10 @@ class EppService:
 
     @property
     def routing_limit(self) -> int:
-        """How much routing text the approximate prefix index can use; 0 when nothing reads
-        it (no prefix scorer, or precise mode, which tokenizes the body), so no pick renders
-        a large request it will not hash."""
-        if self.prefix is None or self.prefix.precise:
-            return 0
-        params = self.prefix.params
-        return params.block_size_tokens * params.chars_per_token * params.max_prefix_blocks
+        """How much routing text the prefix indexes read; 0 when none does (no prefix scorer,
+        or precise mode, which tokenizes the body), so no pick renders a large request it will
+        not hash."""
+        return max((i.routing_limit for i in self.handle.indexes.values()), default=0)
 
     def scheduling_request(
         self,
@@ -95,51 +110,28 @@ class EppService:
         *,
         exclude: set[str] | None = None,
         subset: set[str] | None = None,
-        roles: tuple[str, ...] = (),
-        learn: bool = True,
-    ) -> SchedulingResult:
-        """Rank ``pool``'s endpoints for ``request``; the winner learns the request's prefix.
+    ) -> Decision:
+        """Rank ``pool``'s endpoints for ``request`` through the pool's profile handler.
 
+        Nothing is learned: call ``accepted`` for each endpoint that took the request.
         ``subset`` keeps only endpoints whose host (IP) is listed, as GIE's subset hint does.
         """
         started = time.perf_counter()
-        candidates = self.candidates(pool, exclude, subset)
-        if roles:
-            candidates = [e for e in candidates if e.role in roles]
-        result = self.scheduler.schedule(request, candidates)
+        decision = self.handlers[pool].decide(request, self.candidates(pool, exclude, subset))
+        result = decision.result
         if result.target is not None:
-            if learn:
-                self.scheduler.observe(request, result.target)
             self.metrics.decisions.labels(pool, result.winner_by or "none").inc()
         self.metrics.pick_latency.labels(pool).observe(time.perf_counter() - started)
-        return result
+        return decision
 
-    def pick_pd(
-        self,
-        pool: str,
-        request: SchedulingRequest,
-        *,
-        exclude: set[str] | None = None,
-        subset: set[str] | None = None,
-    ) -> tuple[SchedulingResult, Endpoint | None]:
-        """A decode pick and, when the prompt's uncached part there is at least the pool's
-        ``pd.min_uncached_tokens``, a prefill endpoint to compute it (else None)."""
-        roles = ("decode", "both")
-        decode = self.pick(pool, request, exclude=exclude, subset=subset, roles=roles, learn=False)
-        threshold = self.policy.pools[pool].pd_min_uncached_tokens
-        target = decode.target
-        if target is None:
-            return decode, None
-        needs_prefill = (
-            threshold is not None
-            and self.prefix is not None
-            and self.prefix.uncached_tokens(request, target) >= threshold
-        )
-        self.scheduler.observe(request, target)
-        if not needs_prefill:
-            return decode, None
-        prefill = self.pick(pool, request, exclude=exclude, subset=subset, roles=("prefill",))
-        return decode, prefill.target
+    def accepted(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
+        """``endpoint`` took ``request``: count it until the next scrape shows it, and let the
+        prefix indexes and learning plugins record it."""
+        endpoint.dispatched += 1
+        for observer in self._observers:
+            observer.on_pick(request, endpoint)
+        for index in self.handle.indexes.values():
+            index.learn(request, endpoint)
 
     def candidates(
         self, pool: str, exclude: set[str] | None, subset: set[str] | None
@@ -154,8 +146,7 @@ class EppService:
     def update_gauges(self) -> None:
         if self.prefix is None:
             return
-        index = self.prefix.precise_index if self.prefix.precise else self.prefix.index
         for endpoint in self.datastore.all():
             self.metrics.index_blocks.labels(endpoint.address).set(
-                index.blocks_of(endpoint.address)
+                self.prefix.blocks_of(endpoint.address)
             )

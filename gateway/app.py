@@ -18,6 +18,7 @@ from aiohttp import web
 from epp.metrics import EppMetrics
 from gateway.admin import serve_admin
 from gateway.admission import AdmissionQueue
+from gateway.endpoint_picker import EndpointPicker
 from gateway.keys import (
     ADMISSION,
     HTTP_SESSION,
@@ -30,10 +31,9 @@ from gateway.keys import (
 )
 from gateway.metric_batch import FLUSH_INTERVAL
 from gateway.metrics import GatewayMetrics, QueueCollector
-from gateway.picker import Picker
 from gateway.reload import RELOADER, Reloader, capacity_gate
 from gateway.routing.shadow import ShadowMirror
-from gateway.runtime import RuntimeHolder, build_runtime
+from gateway.runtime import RuntimeHolder, RuntimeParts, build_runtime
 from gateway.tracing import make_tracer
 from kvgate.wire.http.client import ConnectionPool
 from policies.schema import Policy
@@ -42,14 +42,18 @@ from policies.schema import Policy
 def create_app(
     policy: Policy,
     *,
-    picker: Picker | None = None,
+    picker: EndpointPicker | None = None,
     policy_path: str | None = None,
     watch_interval: float = 1.0,
 ) -> web.Application:
     app = web.Application()
     metrics = app[METRICS] = GatewayMetrics()
     epp_metrics = EppMetrics(metrics.registry)
-    runtime = build_runtime(policy, metrics, epp_metrics, picker=picker)
+    tracer, provider = make_tracer(policy.observability.tracing)
+    app[TRACER] = tracer
+    upstreams = app[UPSTREAMS] = ConnectionPool(connect_timeout=policy.timeouts.connect)
+    parts = RuntimeParts(metrics, epp_metrics, upstreams, tracer)
+    runtime = build_runtime(policy, parts, picker=picker)
     holder = app[RUNTIME] = RuntimeHolder(runtime)
     metrics.in_flight_source = lambda: {
         pool: sum(endpoint.in_flight for endpoint in endpoints)
@@ -58,9 +62,7 @@ def create_app(
     app[ADMISSION] = AdmissionQueue(dict(policy.classes), capacity_gate(runtime))
     metrics.registry.register(QueueCollector(app[ADMISSION]))
     app[SHUTTING_DOWN] = [False]
-    tracer, provider = make_tracer(policy.observability.tracing)
-    app[TRACER] = tracer
-    app[RELOADER] = Reloader(app, policy_path, epp_metrics)
+    app[RELOADER] = Reloader(app, policy_path, parts)
 
     async def http_session(app: web.Application) -> AsyncIterator[None]:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0, ttl_dns_cache=60)
@@ -70,7 +72,6 @@ def create_app(
         )
         app[HTTP_SESSION] = session
         app[SHADOW] = ShadowMirror(session, app[METRICS])
-        app[UPSTREAMS] = ConnectionPool(connect_timeout=policy.timeouts.connect)
         yield
         app[UPSTREAMS].close()
         await app[SHADOW].close()

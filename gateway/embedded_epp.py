@@ -1,14 +1,18 @@
-"""The endpoint picker embedded in the gateway: the gateway's ``Picker`` contract, backed by
-an in-process ``EppService``."""
+"""The endpoint picker embedded in the gateway: the gateway's ``EndpointPicker`` contract,
+backed by an in-process ``EppService``."""
 
 from __future__ import annotations
 
+from epp.framework import Endpoint, SchedulingRequest
 from epp.service import EppService
-from gateway.picker import EndpointState, PickRequest
+from gateway.endpoint_picker import EndpointState, PickRequest, Ranking
 from policies.schema import Policy
 
 
 class EmbeddedEpp:
+    """Ranks a pool once per request with the EPP's profiles; the ranking teaches the EPP the
+    endpoint each attempt was sent to."""
+
     def __init__(
         self,
         policy: Policy,
@@ -24,10 +28,46 @@ class EmbeddedEpp:
     async def stop(self) -> None:
         await self.service.stop()
 
-    def pick(self, pool: str, request: PickRequest, exclude: set[str]) -> EndpointState | None:
+    def rank(self, pool: str, request: PickRequest) -> Ranking:
         model = self.service.target_model(pool, request.model)
         scheduling = self.service.scheduling_request(
             pool, request.request_id, model, request.body, request.headers
         )
-        target = self.service.pick(pool, scheduling, exclude=exclude).target
-        return None if target is None else self._states[(pool, target.address)]
+        ranked = self.service.pick(pool, scheduling).result.ranked
+        states = self._states
+        return EppRanking(
+            self.service, scheduling, [(states[(pool, e.address)], e) for e in ranked]
+        )
+
+
+class EppRanking:
+    """The EPP's ranking of one request, walked in order by the upstream call's attempts."""
+
+    __slots__ = ("_cursor", "_ranked", "_request", "_service", "learns")
+
+    def __init__(
+        self,
+        service: EppService,
+        request: SchedulingRequest,
+        ranked: list[tuple[EndpointState, Endpoint]],
+    ) -> None:
+        self._service = service
+        self._request = request
+        self._ranked = ranked
+        self._cursor = 0
+        self.learns = True
+
+    def next(self, exclude: set[str]) -> EndpointState | None:
+        ranked = self._ranked
+        while self._cursor < len(ranked):
+            state = ranked[self._cursor][0]
+            self._cursor += 1
+            if not exclude or state.address not in exclude:
+                return state
+        return None
+
+    def sent(self, endpoint: EndpointState) -> None:
+        for state, target in self._ranked:
+            if state is endpoint:
+                self._service.accepted(self._request, target)
+                return

@@ -24,7 +24,7 @@ from gateway.metric_batch import BatchedCounter, BatchedHistogram
 if TYPE_CHECKING:
     from gateway.admission import AdmissionQueue
     from gateway.context import RequestContext
-    from gateway.picker import EndpointState
+    from gateway.endpoint_picker import EndpointState
 
 log = logging.getLogger("kvgate.gateway")
 

@@ -13,9 +13,9 @@ import time
 from collections.abc import Mapping
 
 import orjson
-from aiohttp import web
 
 from gateway.context import RequestContext
+from gateway.endpoint_picker import PickRequest
 from gateway.errors import (
     BadRequest,
     Evicted,
@@ -25,14 +25,13 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from gateway.keys import ADMISSION, METRICS, RUNTIME, SHADOW, TRACER, UPSTREAMS
+from gateway.keys import ADMISSION, METRICS, RUNTIME, SHADOW
 from gateway.metrics import GatewayMetrics
-from gateway.picker import PickRequest
-from gateway.relay import BROKEN_RESPONSES, body_response, read_body, relay_stream
+from gateway.relay import body_response, read_body, relay_stream
 from gateway.routing.selector import select
 from gateway.routing.shadow import Outcome, text_of
 from gateway.runtime import Runtime
-from gateway.upstream import UpstreamCall, open_upstream, upstream_headers
+from gateway.upstream import open_upstream, upstream_headers
 from kvgate.wire.http.messages import AnyResponse, Request, Response
 from policies.schema import Pool, Route
 
@@ -182,45 +181,32 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
         add_usage = ctx.stream and not forward.client_wants_usage
         if pool.model or add_usage:
             payload = _payload(payload, forward.pick.body, pool, ctx.model, add_usage)
-        call = runtime.calls.get(pool.name)
-        if call is None:
-            call = runtime.calls[pool.name] = _upstream_call(app, runtime, pool)
         headers = upstream_headers(request.raw_headers, ctx.request_id, pool)
-        endpoint, upstream = await open_upstream(
-            call, ctx, pool, forward.path, payload, headers, forward.pick
+        attempt = await open_upstream(
+            runtime.calls[pool.name], ctx, pool, forward.path, payload, headers, forward.pick
         )
-        ctx.endpoint = endpoint.address
+        ctx.endpoint = attempt.endpoint.address
+        upstream = attempt.response
+        assert upstream is not None  # an open attempt has its response head
         idle = runtime.policy.timeouts.idle
         try:
             if upstream.content_type == "text/event-stream":
                 return await relay_stream(
-                    request, ctx, upstream, idle, strip_usage=not forward.client_wants_usage
+                    request,
+                    ctx,
+                    attempt,
+                    upstream,
+                    idle,
+                    strip_usage=not forward.client_wants_usage,
                 )
             data = upstream.read_now()  # a whole JSON body usually comes with the headers
             if data is None:
-                data = await read_body(ctx, upstream, idle)
+                data = await read_body(ctx, attempt, upstream, idle)
             return body_response(ctx, upstream, data)
         finally:
-            endpoint.in_flight -= 1
-            upstream.close()
-            if ctx.error in BROKEN_RESPONSES:
-                endpoint.breaker.record(ok=False)
+            attempt.close()
     finally:
         admission.done(pool.name)
-
-
-def _upstream_call(app: web.Application, runtime: Runtime, pool: Pool) -> UpstreamCall:
-    policy = runtime.policy
-    return UpstreamCall(
-        app[UPSTREAMS],
-        runtime.picker,
-        app[METRICS],
-        policy.timeouts,
-        policy.retries,
-        app[TRACER],
-        runtime.endpoints[pool.name],
-        runtime.budgets[pool.name],
-    )
 
 
 def _payload(

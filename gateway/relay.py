@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from gateway.attempt import Attempt
 from gateway.context import RequestContext
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.upstream import response_headers
@@ -18,15 +19,17 @@ from kvgate.wire.openai_errors import sse_error_event
 from kvgate.wire.sse import SSERelay, usage_of
 
 MID_STREAM_ERRORS = (UpstreamConnectionError, asyncio.TimeoutError)
-BROKEN_RESPONSES = frozenset({"upstream_stream_broken", "upstream_body_error"})
 
 
-async def read_body(ctx: RequestContext, upstream: UpstreamResponse, idle: float) -> bytes:
+async def read_body(
+    ctx: RequestContext, attempt: Attempt, upstream: UpstreamResponse, idle: float
+) -> bytes:
     """The rest of a whole (non-stream) body, when it did not come with the headers."""
     try:
         return await upstream.read(idle)
     except MID_STREAM_ERRORS as exc:
         ctx.error = "upstream_body_error"
+        attempt.break_off()
         raise _upstream_failed(ctx, exc) from exc
 
 
@@ -43,6 +46,7 @@ def body_response(ctx: RequestContext, upstream: UpstreamResponse, data: bytes) 
 async def relay_stream(
     request: Request,
     ctx: RequestContext,
+    attempt: Attempt,
     upstream: UpstreamResponse,
     idle: float,
     *,
@@ -57,7 +61,7 @@ async def relay_stream(
     relay = SSERelay(strip_usage=strip_usage)
     failure = ""
     try:
-        while chunk := await _next_chunk(upstream, idle):
+        while chunk := await upstream.readany(idle):
             out = relay.feed(chunk)
             if out:
                 if ctx.ttft is None:
@@ -75,14 +79,11 @@ async def relay_stream(
         _record_usage(ctx, relay.usage)
     if failure:
         ctx.error = "upstream_stream_broken"
+        attempt.break_off()
         event = sse_error_event(failure, code="upstream_stream_broken")
         await response.write(event.encode())
     await response.write_eof()
     return response
-
-
-async def _next_chunk(upstream: UpstreamResponse, idle: float) -> bytes:
-    return await upstream.readany(idle)
 
 
 def _upstream_failed(ctx: RequestContext, exc: BaseException) -> Exception:

@@ -11,12 +11,10 @@ import os
 
 from aiohttp import web
 
-from epp.metrics import EppMetrics
 from epp.registry import CATALOG
-from epp.saturation import SaturationDetector
 from gateway.capacity import AllGates, CapacityGate, ConcurrencyGate, SaturationGate
 from gateway.keys import ADMISSION, METRICS, RUNTIME
-from gateway.runtime import Runtime, build_runtime
+from gateway.runtime import Runtime, RuntimeParts, build_runtime
 from policies.errors import PolicyError
 from policies.loader import load_policy
 from policies.schema import Policy
@@ -26,21 +24,22 @@ RETIRE_AFTER = 60.0  # seconds before a replaced limiter is closed (its reservat
 
 
 def capacity_gate(runtime: Runtime) -> CapacityGate:
+    """The admission queue's gate for ``runtime``: each pool's concurrency cap and, with the
+    embedded EPP, its saturation (the EPP's own detector: the policy's ``epp.saturation``)."""
     pools = runtime.policy.pools
     gate: CapacityGate = ConcurrencyGate({n: p.max_concurrency for n, p in pools.items()})
     if runtime.embedded is not None:
-        saturation = SaturationGate(
-            runtime.embedded.service.datastore.endpoints, SaturationDetector()
-        )
+        service = runtime.embedded.service
+        saturation = SaturationGate(service.datastore.endpoints, service.saturation)
         gate = AllGates(gate, saturation)
     return gate
 
 
 class Reloader:
-    def __init__(self, app: web.Application, path: str | None, epp_metrics: EppMetrics) -> None:
+    def __init__(self, app: web.Application, path: str | None, parts: RuntimeParts) -> None:
         self.app = app
         self.path = path
-        self.epp_metrics = epp_metrics
+        self.parts = parts
         self._stamp = self._file_stamp()
         self._retiring: set[asyncio.Task[None]] = set()
 
@@ -86,7 +85,7 @@ class Reloader:
         old = holder.current
         if policy.listen != old.policy.listen:
             log.warning("listen settings changed: they apply after a restart")
-        new = build_runtime(policy, self.app[METRICS], self.epp_metrics, previous=old)
+        new = build_runtime(policy, self.parts, previous=old)
         if new.embedded is not None and new.embedded is not old.embedded:
             await new.embedded.start()
         self.app[ADMISSION].update(dict(policy.classes), capacity_gate(new))

@@ -11,29 +11,49 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from opentelemetry import trace
+
 from epp.metrics import EppMetrics
 from epp.service import EppService
 from gateway.auth import Authenticator
 from gateway.breaker import RetryBudget
 from gateway.embedded_epp import EmbeddedEpp
+from gateway.endpoint_picker import (
+    EndpointPicker,
+    EndpointState,
+    LeastInFlightPicker,
+    endpoint_states,
+)
 from gateway.limits.limiter import Limiter
 from gateway.metrics import GatewayMetrics
-from gateway.picker import EndpointState, LeastInFlightPicker, Picker, endpoint_states
 from gateway.upstream import UpstreamCall
+from kvgate.wire.http.client import ConnectionPool
 from policies.schema import Policy
 
 
 @dataclass(eq=False)
 class Runtime:
+    """What the request path reads for one policy, all of it built by ``build_runtime``."""
+
     policy: Policy
     authenticator: Authenticator
     endpoints: dict[str, list[EndpointState]]
-    picker: Picker
+    picker: EndpointPicker
     limiter: Limiter
     budgets: dict[str, RetryBudget]
     embedded: EmbeddedEpp | None
+    calls: dict[str, UpstreamCall]  # per pool: what sending to it needs
     loaded_at: float = field(default_factory=time.time)
-    calls: dict[str, UpstreamCall] = field(default_factory=dict)  # per pool, made on first use
+
+
+@dataclass(frozen=True, eq=False)
+class RuntimeParts:
+    """What outlives a policy: the app's metrics, upstream connections and tracer."""
+
+    metrics: GatewayMetrics
+    epp_metrics: EppMetrics
+    upstreams: ConnectionPool
+    tracer: trace.Tracer | None = None
 
 
 @dataclass(eq=False)
@@ -44,12 +64,13 @@ class RuntimeHolder:
 
 def build_runtime(
     policy: Policy,
-    metrics: GatewayMetrics,
-    epp_metrics: EppMetrics,
+    parts: RuntimeParts,
     previous: Runtime | None = None,
-    picker: Picker | None = None,
+    picker: EndpointPicker | None = None,
 ) -> Runtime:
-    endpoints = endpoint_states(policy, metrics.breaker_changed)
+    """Everything ``policy`` needs on the request path; what carries state is taken from
+    ``previous`` where its part of the policy did not change."""
+    endpoints = endpoint_states(policy, parts.metrics.breaker_changed)
     if previous is not None:
         old = {_identity(s): s for pool in previous.endpoints.values() for s in pool}
         endpoints = {
@@ -72,20 +93,28 @@ def build_runtime(
         if same_picker and previous is not None:
             embedded = previous.embedded
         else:
-            service = EppService(policy, epp_metrics)
+            service = EppService(policy, parts.epp_metrics)
             embedded = EmbeddedEpp(policy, endpoints, service)
         picker = embedded
     limiter = Limiter(policy.limits, workers=policy.listen.workers)
     if previous is not None and previous.policy.limits == policy.limits:
         limiter = previous.limiter
+    chosen = picker or LeastInFlightPicker(endpoints)
+    calls = {
+        name: UpstreamCall(
+            parts.upstreams,
+            chosen,
+            parts.metrics,
+            policy.timeouts,
+            policy.retries,
+            parts.tracer,
+            endpoints[name],
+            budgets[name],
+        )
+        for name in policy.pools
+    }
     return Runtime(
-        policy,
-        Authenticator(policy),
-        endpoints,
-        picker or LeastInFlightPicker(endpoints),
-        limiter,
-        budgets,
-        embedded,
+        policy, Authenticator(policy), endpoints, chosen, limiter, budgets, embedded, calls
     )
 
 

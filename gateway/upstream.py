@@ -1,25 +1,28 @@
-"""Open an upstream response: pick an endpoint, send, retry elsewhere before the first byte.
+"""Open an upstream response: rank the pool's endpoints, send, retry down the ranking before
+the first byte.
 
 A connect error, a timeout waiting for the response headers or a 5xx status is retried on
-another endpoint of the pool (bounded attempts, exponential backoff with full jitter). Once
-response headers are accepted the caller owns the response and nothing is retried.
+the next endpoint of the ranking (bounded attempts, exponential backoff with full jitter).
+Once response headers are accepted the caller owns the ``Attempt`` and nothing is retried.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from opentelemetry import trace
 from opentelemetry.propagate import inject
 
+from gateway.attempt import CANCELLED, CONNECT_FAILED, SERVER_ERROR, TIMED_OUT, Attempt
 from gateway.breaker import RetryBudget
 from gateway.context import RequestContext
+from gateway.endpoint_picker import EndpointPicker, EndpointState, PickRequest
 from gateway.errors import GatewayError, NoEndpoint, UpstreamError, UpstreamTimeout
 from gateway.metrics import GatewayMetrics
-from gateway.picker import EndpointState, Picker, PickRequest
 from kvgate.wire.http.client import ConnectionPool, UpstreamConnectionError, UpstreamResponse
 from kvgate.wire.http.messages import header_block, header_line
 from policies.schema import Pool, Retries, Timeouts
@@ -125,8 +128,10 @@ def response_headers(
 
 @dataclass(frozen=True, slots=True)
 class UpstreamCall:
+    """What sending to one pool needs; built for every pool by ``build_runtime``."""
+
     pool: ConnectionPool
-    picker: Picker
+    picker: EndpointPicker
     metrics: GatewayMetrics
     timeouts: Timeouts
     retries: Retries
@@ -143,62 +148,69 @@ async def open_upstream(
     payload: bytes,
     headers: bytes,
     pick: PickRequest,
-) -> tuple[EndpointState, UpstreamResponse]:
-    """The first acceptable upstream response; the endpoint's in-flight count is raised.
+) -> Attempt:
+    """The first acceptable upstream response, as an open ``Attempt`` the caller must close.
 
-    The caller must call ``endpoint.in_flight -= 1`` and close the response when done.
-    """
+    The picker ranks the pool once; each retry takes the next endpoint of that ranking that
+    was not tried and whose breaker lets requests through."""
     tried: set[str] = set()
     last: GatewayError | None = None
-    held: tuple[EndpointState, UpstreamResponse] | None = None  # a 5xx kept as last resort
+    held: Attempt | None = None  # a 5xx kept as last resort
     first_byte = call.timeouts.first_byte
     call.budget.deposit()
-    for attempt in range(call.retries.attempts + 1):
-        if attempt and not call.budget.try_spend():
+    ranking = call.picker.rank(pool.name, pick)
+    for number in range(call.retries.attempts + 1):
+        if number and not call.budget.try_spend():
             call.metrics.retry_budget_exhausted.labels(pool.name).inc()
             break
         blocked = [
             e.address for e in call.endpoints if not e.breaker.closed and not e.breaker.available()
         ]
-        exclude = tried.union(blocked) if blocked else tried
-        endpoint = call.picker.pick(pool.name, pick, exclude)
+        endpoint = ranking.next(tried.union(blocked) if blocked else tried)
         if endpoint is None:
             break
-        if attempt:
+        if number:
             call.metrics.retries.labels(pool.name).inc()
-            await asyncio.sleep(_backoff(call.retries, attempt))
+            await asyncio.sleep(_backoff(call.retries, number))
         tried.add(endpoint.address)
-        ctx.attempts = attempt + 1
-        endpoint.in_flight += 1
-        if not endpoint.breaker.closed:
-            endpoint.breaker.on_dispatch()  # half-open: uses up a probe
+        ctx.attempts = number + 1
+        attempt = Attempt(endpoint)
+        on_sent = partial(ranking.sent, endpoint) if ranking.learns else None
         try:
             if call.tracer is None:
                 response = await call.pool.request(
-                    endpoint.address, "POST", path, headers, payload, first_byte=first_byte
+                    endpoint.address,
+                    "POST",
+                    path,
+                    headers,
+                    payload,
+                    first_byte=first_byte,
+                    on_sent=on_sent,
                 )
             else:
-                response = await _send_traced(call, endpoint, path, payload, headers)
+                response = await _send_traced(call, endpoint, path, payload, headers, on_sent)
         except RETRYABLE as exc:
-            endpoint.in_flight -= 1
-            endpoint.breaker.record(ok=False)
-            kind = "timeout" if isinstance(exc, asyncio.TimeoutError) else "connect"
+            timed_out = isinstance(exc, asyncio.TimeoutError)
+            attempt.fail(TIMED_OUT if timed_out else CONNECT_FAILED)
+            kind = "timeout" if timed_out else "connect"
             call.metrics.upstream_errors.labels(endpoint.address, kind).inc()
             last = _as_gateway_error(exc, endpoint)
             continue
         except BaseException:
-            endpoint.in_flight -= 1
-            _release(held)
+            attempt.fail(CANCELLED)
+            if held is not None:
+                held.close()
             raise
-        endpoint.breaker.record(ok=response.status < 500)
-        if response.status >= 500:
+        if attempt.answered(response) is SERVER_ERROR:
             call.metrics.upstream_errors.labels(endpoint.address, f"http_{response.status}").inc()
-            if attempt < call.retries.attempts:
-                _release(held)
-                held = (endpoint, response)
+            if number < call.retries.attempts:
+                if held is not None:
+                    held.close()
+                held = attempt
                 continue
-        _release(held)
-        return endpoint, response
+        if held is not None:
+            held.close()
+        return attempt
     if held is not None:
         return held  # nobody else could answer: the client gets the upstream's own 5xx
     if last is None:
@@ -207,18 +219,13 @@ async def open_upstream(
     raise last
 
 
-def _release(held: tuple[EndpointState, UpstreamResponse] | None) -> None:
-    if held is not None:
-        held[0].in_flight -= 1
-        held[1].close()
-
-
 async def _send_traced(
     call: UpstreamCall,
     endpoint: EndpointState,
     path: str,
     payload: bytes,
     headers: bytes,
+    on_sent: Callable[[], None] | None,
 ) -> UpstreamResponse:
     assert call.tracer is not None
     with call.tracer.start_as_current_span(
@@ -235,7 +242,13 @@ async def _send_traced(
         ]
         headers = b"".join(lines) + header_block(carrier.items())
         return await call.pool.request(
-            endpoint.address, "POST", path, headers, payload, first_byte=call.timeouts.first_byte
+            endpoint.address,
+            "POST",
+            path,
+            headers,
+            payload,
+            first_byte=call.timeouts.first_byte,
+            on_sent=on_sent,
         )
 
 

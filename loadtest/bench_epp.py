@@ -28,6 +28,7 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
+from epp.framework import SchedulingRequest
 from epp.service import EppService
 from loadtest.envoy_messages import body_messages, headers_message
 from loadtest.http_load import percentile
@@ -86,6 +87,13 @@ def chat(tokens: int, seed: int) -> dict[str, object]:
     }
 
 
+def pick_and_accept(service: EppService, request: SchedulingRequest) -> None:
+    """One decision, taken by its endpoint (as the embedded picker's first attempt is)."""
+    target = service.pick("p", request).result.target
+    if target is not None:
+        service.accepted(request, target)
+
+
 def in_process(endpoints: int, tokens: int, picks: int) -> tuple[float, float, float]:
     service = EppService(load_policy_text(policy_text(endpoints)))
     now = time.monotonic()
@@ -93,12 +101,12 @@ def in_process(endpoints: int, tokens: int, picks: int) -> tuple[float, float, f
         endpoint.metrics.scraped_at = now + 3600  # fresh for the whole run
     bodies = [chat(tokens, seed) for seed in range(200)]
     for i, body in enumerate(bodies[:100]):  # warm the index: 50 shared system prompts
-        service.pick("p", service.scheduling_request("p", f"w{i}", "m", body, {}))
+        pick_and_accept(service, service.scheduling_request("p", f"w{i}", "m", body, {}))
     times = []
     for i in range(picks):
         body = bodies[i % len(bodies)]
         started = time.perf_counter()
-        service.pick("p", service.scheduling_request("p", f"r{i}", "m", body, {}))
+        pick_and_accept(service, service.scheduling_request("p", f"r{i}", "m", body, {}))
         times.append((time.perf_counter() - started) * 1000)
     return percentile(times, 50), percentile(times, 99), 1000 / statistics.fmean(times)
 

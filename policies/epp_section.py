@@ -11,11 +11,12 @@ from policies.schema import (
     PluginSpec,
     ProfileRef,
     ProfileSpec,
+    Saturation,
 )
 
 
 def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
-    f = top.sub("epp", {"picker", "plugins", "profiles", "scrape_interval"})
+    f = top.sub("epp", {"picker", "plugins", "profiles", "scrape_interval", "saturation"})
     picker = f.text("picker", "epp", choices=("epp", "least-in-flight"))
     plugins: list[PluginSpec] = []
     kinds: dict[str, str] = {}
@@ -42,7 +43,23 @@ def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
     if not plugins:
         plugins, kinds = list(DEFAULT_EPP_PLUGINS), {p.name: "" for p in DEFAULT_EPP_PLUGINS}
     profiles = _profiles(f, kinds) if f.has("profiles") else list(DEFAULT_EPP_PROFILES)
-    return Epp(picker, tuple(plugins), tuple(profiles), f.duration("scrape_interval", 0.05))
+    return Epp(
+        picker,
+        tuple(plugins),
+        tuple(profiles),
+        f.duration("scrape_interval", 0.05),
+        _saturation(f),
+    )
+
+
+def _saturation(f: Fields) -> Saturation:
+    s = f.sub("saturation", {"queue_depth", "kv_usage", "max_metrics_age"})
+    default = Saturation()
+    return Saturation(
+        s.integer("queue_depth", default.queue_depth, low=1),
+        s.number("kv_usage", default.kv_usage, low=0.01, high=1.0),
+        s.duration("max_metrics_age", default.max_metrics_age),
+    )
 
 
 def _profiles(f: Fields, kinds: dict[str, str]) -> list[ProfileSpec]:

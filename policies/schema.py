@@ -154,6 +154,18 @@ DEFAULT_EPP_PROFILES = (
 
 
 @dataclass(frozen=True)
+class Saturation:
+    """When an endpoint counts as saturated (GIE's utilization detector defaults): its waiting
+    queue (plus requests sent since the last scrape) at ``queue_depth``, KV usage at
+    ``kv_usage``, or metrics older than ``max_metrics_age`` seconds. One setting, read by the
+    ``saturation-filter``, the gateway's admission gate and ext_proc's shedding."""
+
+    queue_depth: int = 5
+    kv_usage: float = 0.8  # 0..1
+    max_metrics_age: float = 0.2  # seconds
+
+
+@dataclass(frozen=True)
 class Epp:
     """The endpoint picker: GIE-like plugins and profiles.
 
@@ -164,6 +176,7 @@ class Epp:
     plugins: tuple[PluginSpec, ...] = DEFAULT_EPP_PLUGINS
     profiles: tuple[ProfileSpec, ...] = DEFAULT_EPP_PROFILES
     scrape_interval: float = 0.05
+    saturation: Saturation = field(default_factory=Saturation)
 
 
 @dataclass(frozen=True)

@@ -1,43 +1,45 @@
 """``saturation-filter``: drop saturated endpoints, unless every candidate is saturated (then
-all stay, and the admission queue, not this filter, decides whether to wait)."""
+all stay, and the admission queue, not this filter, decides whether to wait).
+
+Its thresholds are the policy's ``epp.saturation`` (through the plugin handle), so the filter,
+the gateway's admission gate and ext_proc's shedding agree on what "saturated" means.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from epp.framework import Endpoint, SchedulingRequest
-from epp.params import parse_params
-from epp.saturation import SaturationDetector, SaturationThresholds
+from epp.handle import PluginHandle
+from epp.params import ParamError
+from epp.saturation import SaturationDetector
 
-
-@dataclass(frozen=True)
-class Params:
-    queue_depth: int = 5
-    kv_usage: float = 0.8
-    max_metrics_age: float = 0.2
+MOVED = ("queue_depth", "kv_usage", "max_metrics_age")
 
 
 class SaturationFilter:
-    def __init__(self, name: str, params: Params) -> None:
+    """Keeps the endpoints that are not saturated (all of them when every one is)."""
+
+    def __init__(self, name: str, detector: SaturationDetector) -> None:
         self.name = name
-        self.detector = SaturationDetector(
-            SaturationThresholds(params.queue_depth, params.kv_usage, params.max_metrics_age)
-        )
+        self.detector = detector
 
     @classmethod
-    def parse_config(cls, name: str, raw: Mapping[str, object]) -> Params:
-        checks = {
-            "queue_depth": lambda v: v > 0,
-            "kv_usage": lambda v: 0 < v <= 1,
-            "max_metrics_age": lambda v: v > 0,
-        }
-        return parse_params(Params, name, raw, checks)
+    def parse_config(cls, name: str, raw: Mapping[str, object]) -> None:
+        for key in raw:
+            if key in MOVED:
+                raise ParamError(
+                    f"{name}.{key}: saturation thresholds are set once, in epp.saturation.{key}"
+                )
+            raise ParamError(f"{name}: unknown parameter {key!r} (this filter takes none)")
 
     @classmethod
-    def from_config(cls, name: str, raw: Mapping[str, object]) -> SaturationFilter:
-        return cls(name, cls.parse_config(name, raw))
+    def from_config(
+        cls, name: str, raw: Mapping[str, object], handle: PluginHandle
+    ) -> SaturationFilter:
+        cls.parse_config(name, raw)
+        return cls(name, handle.saturation)
 
     def filter(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
         now = time.monotonic()

@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
+from epp.framework import Endpoint, SchedulingRequest
+from epp.indexes.prefix_index import DEFAULT_CAPACITY, KeyMemo, PrefixIndexParams
+from epp.routing_text import routing_text
 from kvgate.wire.block_hash import text_block_hashes
-
-DEFAULT_CAPACITY = 31_250  # blocks per endpoint when its KV size is unknown (GIE's default)
 
 
 def prefix_hashes(model: str, text: str, block_chars: int, max_blocks: int) -> list[int]:
@@ -88,3 +89,61 @@ class ApproximatePrefixIndex:
                 owners.discard(address)
                 if not owners:
                     del self._owners[block]
+
+
+class ApproximatePrefixCache:
+    """``PrefixIndex`` learned from the picker's decisions: blocks are ``block_size_tokens x
+    chars_per_token`` characters of the routing text; each endpoint's LRU is sized from its
+    KV capacity (``num_gpu_blocks``) when scraped."""
+
+    def __init__(self, params: PrefixIndexParams) -> None:
+        self.params = params
+        self.index = ApproximatePrefixIndex()
+        self._block_chars = params.block_size_tokens * params.chars_per_token
+        self._memo = KeyMemo()
+
+    @property
+    def routing_limit(self) -> int:
+        return self._block_chars * self.params.max_prefix_blocks
+
+    def keys(self, request: SchedulingRequest) -> list[int]:
+        keys = self._memo.get(request.request_id)
+        if keys is None:
+            text = request.routing_text
+            keys = prefix_hashes(
+                request.model, text, self._block_chars, self.params.max_prefix_blocks
+            )
+            keys = self._memo.put(request.request_id, keys)
+        return keys
+
+    def match(self, keys: list[int], addresses: Iterable[str]) -> dict[str, int]:
+        return self.index.match(keys, addresses)
+
+    def prompt_tokens(self, request: SchedulingRequest) -> int:
+        # the routing text is cut to what the index uses: measure the whole request
+        text = routing_text(request.body) if request.body else request.routing_text
+        return len(text) // self.params.chars_per_token
+
+    def learn(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
+        keys = self.keys(request)
+        if keys:
+            self.index.record(endpoint.address, keys, self._capacity(endpoint))
+
+    def _capacity(self, endpoint: Endpoint) -> int:
+        m = endpoint.metrics
+        if m.num_gpu_blocks and m.block_size:
+            # KV capacity in this index's blocks (characters, not tokens)
+            return max(1, m.num_gpu_blocks * m.block_size // self.params.block_size_tokens)
+        return self.params.lru_capacity_per_endpoint
+
+    def blocks_of(self, address: str) -> int:
+        return self.index.blocks_of(address)
+
+    def forget(self, address: str) -> None:
+        self.index.remove(address)
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None

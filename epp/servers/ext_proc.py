@@ -24,7 +24,6 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
-from epp.saturation import SaturationDetector
 from epp.service import EppService
 from kvgate.wire.openai_errors import error_body, error_type_for
 from kvgate.wire.request_id import new_request_id
@@ -103,7 +102,6 @@ def body_chunks(
 class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, service: EppService) -> None:
         self.service = service
-        self.saturation = SaturationDetector()
 
     async def Process(
         self, requests: AsyncIterator[ep.ProcessingRequest], context: object
@@ -206,15 +204,19 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 503, "failed to find endpoint candidates for serving the request", "no_candidates"
             )
         objective = state.headers.get(OBJECTIVE, "")
-        if objective.lower().endswith("sheddable") and self.saturation.all_saturated(candidates):
+        sheddable = objective.lower().endswith("sheddable")
+        if sheddable and self.service.saturation.all_saturated(candidates):
             raise PickError(429, "system saturated, sheddable request dropped", "shed")
         scheduling = self.service.scheduling_request(
             pool, request_id, state.target_model, body, state.headers
         )
-        result = self.service.pick(pool, scheduling, subset=subset)
-        if result.target is None:
+        target = self.service.pick(pool, scheduling, subset=subset).result.target
+        if target is None:
             raise PickError(429, "failed to find target endpoint", "no_endpoint")
-        return result.target.address
+        # Envoy sends the request as soon as this reply arrives and may not show us the
+        # response: the pick is taken as accepted now.
+        self.service.accepted(scheduling, target)
+        return target.address
 
     def _response_headers(
         self, state: StreamState, request: ep.ProcessingRequest

@@ -33,9 +33,10 @@ class PickApi(epp_pb2_grpc.EndpointPickerServicer):
             dict(request.headers),
         )
         subset = {s.rsplit(":", 1)[0] for s in request.subset} if request.subset else None
-        result, prefill = self.service.pick_pd(
-            pool, scheduling, exclude=set(request.exclude), subset=subset
-        )
+        decision = self.service.pick(pool, scheduling, exclude=set(request.exclude), subset=subset)
+        result, prefill = decision.result, decision.prefill
+        for chosen in decision.chosen:  # the caller sends it on: taken as accepted
+            self.service.accepted(scheduling, chosen)
         if result.target is None:
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, "no endpoint can serve the request"

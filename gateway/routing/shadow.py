@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from gateway.endpoint_picker import EndpointPicker, PickRequest
 from gateway.metrics import GatewayMetrics
-from gateway.picker import Picker, PickRequest
 from kvgate.wire.sse import usage_of
 from policies.schema import Policy, Route, Shadow
 
@@ -61,7 +61,7 @@ class ShadowMirror:
     def start(
         self,
         policy: Policy,
-        picker: Picker,
+        picker: EndpointPicker,
         route: Route,
         path: str,
         body: dict[str, object],
@@ -84,7 +84,7 @@ class ShadowMirror:
     async def _send(
         self,
         policy: Policy,
-        picker: Picker,
+        picker: EndpointPicker,
         route: Route,
         spec: Shadow,
         path: str,
@@ -93,7 +93,8 @@ class ShadowMirror:
     ) -> Outcome | None:
         try:
             pool = policy.pools[spec.pool]
-            endpoint = picker.pick(pool.name, pick, set())
+            ranking = picker.rank(pool.name, pick)
+            endpoint = ranking.next(set())
             if endpoint is None:
                 return None
             body.update(stream=False, model=pool.model or body.get("model"))
@@ -107,6 +108,8 @@ class ShadowMirror:
                     endpoint.url + path, json=body, headers=headers
                 ) as response:
                     data = await response.read()
+            if ranking.learns and response.status < 500:
+                ranking.sent(endpoint)
             usage = _usage_tokens(data)
             return Outcome(response.status, time.perf_counter() - started, usage, text_of(data))
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:

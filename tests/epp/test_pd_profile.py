@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from epp.framework import SchedulingRequest
+from epp.framework import Endpoint, SchedulingRequest, SchedulingResult
+from epp.indexes.prefix_index import uncached_tokens
 from epp.service import EppService
 from policies.loader import load_policy_text
 
@@ -22,25 +23,35 @@ def request(text: str, rid: str) -> SchedulingRequest:
     return SchedulingRequest(rid, "m", text, body={"prompt": text})
 
 
+def pick_pd(
+    service: EppService, scheduling: SchedulingRequest
+) -> tuple[SchedulingResult, Endpoint | None]:
+    """The pool's decision; every endpoint chosen accepts the request."""
+    decision = service.pick("pd", scheduling)
+    for endpoint in decision.chosen:
+        service.accepted(scheduling, endpoint)
+    return decision.result, decision.prefill
+
+
 def test_long_uncached_prompt_gets_a_prefill_endpoint() -> None:
     service = EppService(load_policy_text(POLICY))
     long_prompt = "a distinct long prompt " * 40  # ~230 tokens at 4 chars per token
-    decode, prefill = service.pick_pd("pd", request(long_prompt, "r1"))
+    decode, prefill = pick_pd(service, request(long_prompt, "r1"))
     assert decode.target is not None and decode.target.role == "decode"
     assert prefill is not None and prefill.role == "prefill"
     # the same prompt again: the decode endpoint now holds it, nothing long is left to compute
-    again, prefill_again = service.pick_pd("pd", request(long_prompt + " more", "r2"))
+    again, prefill_again = pick_pd(service, request(long_prompt + " more", "r2"))
     assert again.target is decode.target and prefill_again is None
 
 
 def test_short_prompt_or_no_pd_config_means_decode_only() -> None:
     service = EppService(load_policy_text(POLICY))
-    decode, prefill = service.pick_pd("pd", request("short", "r1"))
+    decode, prefill = pick_pd(service, request("short", "r1"))
     assert decode.target is not None and decode.target.role == "decode" and prefill is None
     plain = EppService(
         load_policy_text(POLICY.replace("pd: {min_uncached_tokens: 64}", "model: x"))
     )
-    assert plain.pick_pd("pd", request("a distinct long prompt " * 40, "r1"))[1] is None
+    assert pick_pd(plain, request("a distinct long prompt " * 40, "r1"))[1] is None
 
 
 def test_uncached_estimate_covers_prompts_longer_than_the_hashed_prefix() -> None:
@@ -50,7 +61,7 @@ def test_uncached_estimate_covers_prompts_longer_than_the_hashed_prefix() -> Non
     assert len(scheduling.routing_text) == 16_384
     target = service.datastore.endpoints("pd")[1]
     assert service.prefix is not None
-    assert service.prefix.uncached_tokens(scheduling, target) == 20_000
+    assert uncached_tokens(service.prefix, scheduling, target) == 20_000
 
 
 def test_nothing_is_rendered_when_no_approximate_index_reads_it() -> None:

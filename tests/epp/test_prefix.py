@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from epp.handle import PluginHandle
 from epp.indexes.approximate import ApproximatePrefixIndex, prefix_hashes
 from epp.scorers.prefix_cache import PrefixCacheScorer
 from tests.epp.builders import make_endpoint, make_request
@@ -43,12 +44,13 @@ def test_lru_evicts_tails_before_heads_and_removal() -> None:
     assert index.blocks_of(A) == 0 and len(index) == 0
 
 
-def test_scorer_learns_from_its_picks() -> None:
-    scorer = PrefixCacheScorer.from_config("prefix", {"block_size_tokens": 4, "chars_per_token": 1})
+def test_scorer_reads_what_its_index_learned() -> None:
+    params = {"block_size_tokens": 4, "chars_per_token": 1}
+    scorer = PrefixCacheScorer.from_config("prefix", params, PluginHandle())
     a, b = make_endpoint(A), make_endpoint(B)
     first = make_request("abcdefghijkl", request_id="r1")  # 3 blocks of 4 chars
     assert scorer.score(first, [a, b]) == {A: 0.0, B: 0.0}
-    scorer.on_pick(first, a)
+    scorer.index.learn(first, a)
     second = make_request("abcdefgh----", request_id="r2")
     assert scorer.score(second, [a, b]) == {A: 2 / 3, B: 0.0}
 

@@ -8,11 +8,13 @@ from epp.config import build_profile
 from epp.filters.role import RoleFilter
 from epp.filters.saturation import SaturationFilter
 from epp.framework import Endpoint, Profile, SchedulingRequest, WeightedScorer
+from epp.handle import PluginHandle
 from epp.params import ParamError
 from epp.pickers.max_score import MaxScorePicker, Params
 from epp.registry import BUILTINS, build, register
+from epp.saturation import SaturationDetector
 from epp.scheduler import Scheduler
-from policies.schema import Epp
+from policies.schema import Epp, Saturation
 from tests.epp.builders import make_endpoint, make_request
 
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
@@ -67,7 +69,8 @@ def test_winner_by_names_the_deciding_scorer() -> None:
 
 
 def test_saturation_filter_keeps_all_when_all_saturated() -> None:
-    f = SaturationFilter.from_config("sat", {"queue_depth": 3})
+    handle = PluginHandle(SaturationDetector(Saturation(queue_depth=3)))
+    f = SaturationFilter.from_config("sat", {}, handle)
     busy, idle, stale = make_endpoint(A, queue=3), make_endpoint(B), make_endpoint(C, fresh=False)
     assert f.filter(make_request(), [busy, idle, stale]) == [idle]
     assert f.filter(make_request(), [busy, stale]) == [busy, stale]
@@ -90,7 +93,7 @@ def test_registry_refuses_duplicates_and_unknown_types() -> None:
     with pytest.raises(ValueError, match="already registered"):
         register("queue-scorer", BUILTINS["queue-scorer"])
     with pytest.raises(ValueError, match="unknown plugin type"):
-        build("nope-scorer", "x", {})
+        build("nope-scorer", "x", {}, PluginHandle())
 
 
 @pytest.mark.parametrize(
@@ -100,7 +103,7 @@ def test_registry_refuses_duplicates_and_unknown_types() -> None:
         ("prefix-cache-scorer", {"block_size_tokens": "16"}, "expected int"),
         ("prefix-cache-scorer", {"bogus": 1}, "unknown param"),
         ("lora-affinity-scorer", {"active": 2.0}, "out of range"),
-        ("saturation-filter", {"kv_usage": True}, "expected float"),
+        ("saturation-filter", {"kv_usage": 0.5}, "set once, in epp.saturation.kv_usage"),
         ("queue-scorer", {"x": 1}, "unknown param"),
     ],
 )
@@ -108,7 +111,7 @@ def test_plugin_params_are_validated(
     type_name: str, params: dict[str, object], message: str
 ) -> None:
     with pytest.raises(ParamError, match=message):
-        build(type_name, "plugin", params)
+        build(type_name, "plugin", params, PluginHandle())
 
 
 def test_default_profile_is_gie_like() -> None:

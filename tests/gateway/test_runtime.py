@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from epp.metrics import EppMetrics
 from gateway.metrics import GatewayMetrics
-from gateway.runtime import build_runtime
+from gateway.runtime import RuntimeParts, build_runtime
+from kvgate.wire.http.client import ConnectionPool
 from policies.loader import load_policy_text
 
 BEFORE = """
@@ -16,11 +17,11 @@ AFTER = BEFORE.replace("127.0.0.2:1", "127.0.0.2:3")
 
 
 def test_unchanged_endpoints_keep_their_state() -> None:
-    metrics = GatewayMetrics()
-    first = build_runtime(load_policy_text(BEFORE), metrics, EppMetrics())
+    parts = RuntimeParts(GatewayMetrics(), EppMetrics(), ConnectionPool(connect_timeout=1.0))
+    first = build_runtime(load_policy_text(BEFORE), parts)
     kept = first.endpoints["p"][1]
     kept.in_flight = 3
-    second = build_runtime(load_policy_text(AFTER), metrics, EppMetrics(), previous=first)
+    second = build_runtime(load_policy_text(AFTER), parts, previous=first)
     assert second.endpoints["p"][1] is kept and second.endpoints["p"][1].in_flight == 3
     assert second.endpoints["p"][0] is not first.endpoints["p"][0]  # a new address: fresh state
     assert second.budgets["p"] is first.budgets["p"]

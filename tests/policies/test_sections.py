@@ -185,8 +185,25 @@ CASES = [
     ),
     (
         "epp.plugins params",
+        with_base("epp: {plugins: [{name: p, type: prefix-cache-scorer, params: {mode: x}}]}"),
+        ["epp.plugins[0].params (line 5): p.mode: value 'x' is out of range"],
+    ),
+    (
+        "epp.plugins saturation thresholds moved",
         with_base("epp: {plugins: [{name: s, type: saturation-filter, params: {kv_usage: 2}}]}"),
-        ["epp.plugins[0].params (line 5): s.kv_usage: value 2.0 is out of range"],
+        [
+            "epp.plugins[0].params (line 5): s.kv_usage: saturation thresholds are set once, "
+            "in epp.saturation.kv_usage"
+        ],
+    ),
+    (
+        "epp.saturation",
+        with_base("epp: {saturation: {queue_depth: 0, kv_usage: 2, max_metrics_age: x}}"),
+        [
+            "epp.saturation.queue_depth (line 5): must be at least 1; got 0",
+            "epp.saturation.kv_usage (line 5): must be at most 1.0; got 2.0",
+            "epp.saturation.max_metrics_age (line 5): must be a duration like 500ms or 5s; got 'x'",
+        ],
     ),
 ]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.picker import LeastInFlightPicker, PickRequest, endpoint_states
+from gateway.endpoint_picker import LeastInFlightPicker, PickRequest, endpoint_states
 from policies.loader import load_policy_text
 
 POLICY = load_policy_text("""
@@ -17,13 +17,13 @@ def test_prefers_fewest_in_flight_and_honours_exclude() -> None:
     first, second, third = pools["a"]
     first.in_flight, second.in_flight, third.in_flight = 3, 1, 2
     picker = LeastInFlightPicker(pools, seed=1)
-    assert picker.pick("a", REQ, set()) is second
-    assert picker.pick("a", REQ, {second.address}) is third
-    assert picker.pick("a", REQ, {e.address for e in pools["a"]}) is None
-    assert picker.pick("missing", REQ, set()) is None
+    assert picker.rank("a", REQ).next(set()) is second
+    assert picker.rank("a", REQ).next({second.address}) is third
+    assert picker.rank("a", REQ).next({e.address for e in pools["a"]}) is None
+    assert picker.rank("missing", REQ).next(set()) is None
 
 
 def test_ties_spread_over_endpoints() -> None:
     picker = LeastInFlightPicker(endpoint_states(POLICY), seed=7)
-    picked = {(picker.pick("a", REQ, set())).address for _ in range(50)}  # type: ignore[union-attr]
+    picked = {(picker.rank("a", REQ).next(set())).address for _ in range(50)}  # type: ignore[union-attr]
     assert len(picked) == 3

@@ -1,7 +1,10 @@
-"""Choosing an endpoint of a pool: the ``Picker`` contract and the least-in-flight default.
+"""Choosing an endpoint of a pool: the ``EndpointPicker`` contract, the ``Ranking`` it returns,
+and the least-in-flight default.
 
-The endpoint picker (``epp/``) implements the same contract with KV-cache-aware scoring; the
-gateway only ever calls ``pick`` and keeps the in-flight counts up to date.
+A picker ranks a pool's endpoints once per request; the upstream call walks the ranking,
+one endpoint per attempt, and tells it which endpoint the request was sent to (so a learning
+picker records a pick only once an upstream took the request). The embedded endpoint picker
+(``gateway.embedded_epp``) implements the same contract with the EPP's KV-cache-aware scoring.
 """
 
 from __future__ import annotations
@@ -58,9 +61,26 @@ class PickRequest:
         return f"PickRequest(model={self.model!r}, request_id={self.request_id!r})"
 
 
-class Picker(Protocol):
-    def pick(self, pool: str, request: PickRequest, exclude: set[str]) -> EndpointState | None:
-        """An endpoint of ``pool`` not in ``exclude`` (addresses), or None if none can serve.
+class Ranking(Protocol):
+    """One request's endpoints of a pool, best first, walked by the upstream call's attempts."""
+
+    learns: bool  # whether ``sent`` must be called (a picker that learns from its picks)
+
+    def next(self, exclude: set[str]) -> EndpointState | None:
+        """The best endpoint not yet returned and not in ``exclude`` (addresses); None when
+        the ranking is exhausted."""
+        ...
+
+    def sent(self, endpoint: EndpointState) -> None:
+        """The request was handed to ``endpoint`` on a connection it accepted."""
+        ...
+
+
+class EndpointPicker(Protocol):
+    """The gateway's contract for choosing endpoints (least-in-flight, or the embedded EPP)."""
+
+    def rank(self, pool: str, request: PickRequest) -> Ranking:
+        """``pool``'s endpoints for ``request``, best first.
 
         Synchronous, made in-process on every request: a picker reads state that is kept
         fresh in the background (scrapes, KV events), it does not wait for anything."""
@@ -89,10 +109,30 @@ class LeastInFlightPicker:
         self.pools = pools
         self._random = random.Random(seed)
 
-    def pick(self, pool: str, request: PickRequest, exclude: set[str]) -> EndpointState | None:
+    def rank(self, pool: str, request: PickRequest) -> Ranking:
+        return LeastInFlightRanking(self.pools.get(pool, []), self._random)
+
+
+class LeastInFlightRanking:
+    """Ranks lazily: each ``next`` takes the endpoint with the fewest requests in flight at that
+    moment (counting is cheaper than sorting, and a retry sees the counts as they are then)."""
+
+    __slots__ = ("_endpoints", "_random", "learns")
+
+    def __init__(self, endpoints: list[EndpointState], rng: random.Random) -> None:
+        self._endpoints = endpoints
+        self._random = rng
+        self.learns = False
+
+    def sent(self, endpoint: EndpointState) -> None:
+        return None
+
+    def next(self, exclude: set[str]) -> EndpointState | None:
+        """The untried endpoint with the fewest requests in flight (``exclude`` holds the
+        addresses already tried or blocked)."""
         best: EndpointState | None = None
         least = ties = 0
-        for endpoint in self.pools.get(pool, ()):
+        for endpoint in self._endpoints:
             if exclude and endpoint.address in exclude:
                 continue
             count = endpoint.in_flight

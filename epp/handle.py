@@ -1,0 +1,46 @@
+"""What a plugin may share with the EPP that builds it (GIE's plugin handle).
+
+Plugins get a ``PluginHandle`` when they are built and keep only what they need from it: the
+prefix index (one per distinct parameters, owned by the service, which starts it, feeds it and
+teaches it each accepted pick) and the pool's saturation detector (the same thresholds the
+gateway's admission gate and ext_proc's shedding use).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from epp.framework import Endpoint
+from epp.indexes.approximate import ApproximatePrefixCache
+from epp.indexes.precise_cache import PrecisePrefixCache
+from epp.indexes.prefix_index import PrefixIndex, PrefixIndexParams
+from epp.saturation import SaturationDetector
+
+
+@dataclass(eq=False)
+class PluginHandle:
+    """Shared components for plugins; ``prefix_index`` builds an index on first request."""
+
+    saturation: SaturationDetector = field(default_factory=SaturationDetector)
+    endpoints: list[Endpoint] = field(default_factory=list)  # whose KV events a precise index reads
+    on_event_lag: Callable[[float], None] | None = None
+    indexes: dict[PrefixIndexParams, PrefixIndex] = field(default_factory=dict)
+
+    def prefix_index(self, params: PrefixIndexParams) -> PrefixIndex:
+        """The shared index for ``params`` (built the first time it is asked for).
+
+        Raises ``ValueError`` when a precise index's tokenizer cannot be loaded."""
+        index = self.indexes.get(params)
+        if index is None:
+            if params.mode == "precise":
+                index = PrecisePrefixCache(params, self.endpoints, self.on_event_lag)
+            else:
+                index = ApproximatePrefixCache(params)
+            self.indexes[params] = index
+        return index
+
+    @property
+    def primary_index(self) -> PrefixIndex | None:
+        """The first index built (what prefill/decode decisions and gauges read)."""
+        return next(iter(self.indexes.values()), None)

@@ -1,0 +1,85 @@
+"""``PrefixIndex`` from the engines' own KV events: the precise index, its KV-event subscriber
+and the tokenizer that cuts a request into the same blocks the engine caches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from epp.framework import Endpoint, SchedulingRequest
+from epp.indexes.precise import PreciseIndex, block_keys
+from epp.indexes.prefix_index import KeyMemo, PrefixIndexParams
+from epp.kv_events import KVEventSubscriber
+from epp.tokenize import make_encoder, request_token_ids
+
+
+class PrecisePrefixCache:
+    """The request is tokenized as the backend does (``tokenizer``: ``byte`` or an HF
+    ``tokenizer.json``) and cut into ``block_size_tokens`` blocks, matched against the blocks
+    the engines reported; a pick is held speculatively for ``speculative_ttl`` seconds, until
+    the engine's own events arrive. Raises ``ValueError`` for a tokenizer it cannot load."""
+
+    def __init__(
+        self,
+        params: PrefixIndexParams,
+        endpoints: list[Endpoint],
+        on_lag: Callable[[float], None] | None = None,
+    ) -> None:
+        self.params = params
+        self.index = PreciseIndex(params.speculative_ttl)
+        self.events = KVEventSubscriber(self.index, endpoints, on_lag)
+        self._encode = make_encoder(params.tokenizer)
+        self._memo = KeyMemo()
+        self._tokens = KeyMemo()
+        self._started = False
+
+    @property
+    def routing_limit(self) -> int:
+        return 0  # the body is tokenized; no routing text is read
+
+    def _token_ids(self, request: SchedulingRequest) -> list[int]:
+        tokens = self._tokens.get(request.request_id)
+        if tokens is None:
+            tokens = self._tokens.put(
+                request.request_id, request_token_ids(request.body, self._encode)
+            )
+        return tokens
+
+    def keys(self, request: SchedulingRequest) -> list[int]:
+        keys = self._memo.get(request.request_id)
+        if keys is None:
+            p = self.params
+            keys = block_keys(
+                self._token_ids(request),
+                p.block_size_tokens,
+                request.lora,
+                max_blocks=p.max_prefix_blocks,
+            )
+            keys = self._memo.put(request.request_id, keys)
+        return keys
+
+    def match(self, keys: list[int], addresses: Iterable[str]) -> dict[str, int]:
+        return self.index.match(keys, addresses)
+
+    def prompt_tokens(self, request: SchedulingRequest) -> int:
+        return len(self._token_ids(request))
+
+    def learn(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
+        keys = self.keys(request)
+        if keys:
+            self.index.record_speculative(endpoint.address, keys)
+
+    def blocks_of(self, address: str) -> int:
+        return self.index.blocks_of(address)
+
+    def forget(self, address: str) -> None:
+        self.index.clear(address)
+
+    async def start(self) -> None:
+        if not self._started:
+            self._started = True
+            await self.events.start()
+
+    async def stop(self) -> None:
+        if self._started:
+            self._started = False
+            await self.events.stop()

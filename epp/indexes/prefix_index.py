@@ -1,0 +1,97 @@
+"""The ``PrefixIndex`` contract: which endpoint holds which leading blocks of a request.
+
+The EPP service owns one index per distinct ``PrefixIndexParams`` and hands it to plugins
+through their ``PluginHandle``; the prefix-cache scorer reads it, and the service teaches it
+which endpoint took a request once the upstream has accepted it. Two kinds implement it:
+``approximate`` (learned from the picker's own decisions, ``ApproximatePrefixCache``) and
+``precise`` (from the engines' KV events, ``PrecisePrefixCache``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from epp.framework import Endpoint, SchedulingRequest
+
+DEFAULT_CAPACITY = 31_250  # blocks per endpoint when its KV size is unknown (GIE's default)
+
+
+@dataclass(frozen=True)
+class PrefixIndexParams:
+    """How requests are cut into blocks and how the index learns (``prefix-cache-scorer``'s
+    parameters)."""
+
+    mode: str = "approximate"  # approximate | precise
+    block_size_tokens: int = 16
+    chars_per_token: int = 4  # approximate: characters of routing text per token
+    max_prefix_blocks: int = 256
+    lru_capacity_per_endpoint: int = DEFAULT_CAPACITY  # approximate, when KV size is unknown
+    tokenizer: str = "byte"  # precise: byte | path to an HF tokenizer.json
+    speculative_ttl: float = 2.0  # precise: how long a pick counts before its events arrive
+
+
+class PrefixIndex(Protocol):
+    """Which endpoint holds which prefix of a request."""
+
+    params: PrefixIndexParams
+
+    @property
+    def routing_limit(self) -> int:
+        """Characters of routing text this index reads (0: it reads the body, not the text)."""
+        ...
+
+    def keys(self, request: SchedulingRequest) -> list[int]:
+        """The request's chained block keys (computed once per request id)."""
+        ...
+
+    def match(self, keys: list[int], addresses: Iterable[str]) -> dict[str, int]:
+        """Per address, how many leading blocks of ``keys`` it holds."""
+        ...
+
+    def prompt_tokens(self, request: SchedulingRequest) -> int:
+        """About how many tokens the whole prompt has."""
+        ...
+
+    def learn(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
+        """``endpoint`` accepted ``request``: it will hold the request's blocks."""
+        ...
+
+    def blocks_of(self, address: str) -> int:
+        """How many blocks the index believes ``address`` holds."""
+        ...
+
+    def forget(self, address: str) -> None:
+        """Drop everything known about ``address`` (gone, or restarted empty)."""
+        ...
+
+    async def start(self) -> None:
+        """Start whatever feeds the index (the KV-event subscriber); idempotent."""
+        ...
+
+    async def stop(self) -> None: ...
+
+
+def uncached_tokens(index: PrefixIndex, request: SchedulingRequest, endpoint: Endpoint) -> int:
+    """About how many prompt tokens ``endpoint`` would have to compute (not cached there)."""
+    keys = index.keys(request)
+    matched = index.match(keys, [endpoint.address])[endpoint.address] if keys else 0
+    return max(0, index.prompt_tokens(request) - matched * index.params.block_size_tokens)
+
+
+class KeyMemo:
+    """The last request's block keys, so scoring and learning hash a request once."""
+
+    __slots__ = ("_keys", "_request_id")
+
+    def __init__(self) -> None:
+        self._request_id = ""
+        self._keys: list[int] = []
+
+    def get(self, request_id: str) -> list[int] | None:
+        return self._keys if request_id and request_id == self._request_id else None
+
+    def put(self, request_id: str, keys: list[int]) -> list[int]:
+        self._request_id, self._keys = request_id, keys
+        return keys

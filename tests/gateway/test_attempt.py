@@ -1,0 +1,182 @@
+"""One owner per try: the ``Attempt`` keeps the in-flight count, the breaker's verdict and the
+response; retries walk one ranking; the prefix index learns only what an upstream took.
+
+Real loopback servers (scripted with asyncio streams) and the real connection pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from epp.metrics import EppMetrics
+from gateway.attempt import BROKEN, Attempt
+from gateway.context import RequestContext
+from gateway.embedded_epp import EmbeddedEpp
+from gateway.endpoint_picker import EndpointState, PickRequest, Ranking
+from gateway.metrics import GatewayMetrics
+from gateway.runtime import Runtime, RuntimeParts, build_runtime
+from gateway.upstream import open_upstream
+from kvgate.wire.http.client import ConnectionPool
+from loadtest.processes import free_port
+from policies.loader import load_policy_text
+
+OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+ERROR = b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 2\r\n\r\n{}"
+
+
+@asynccontextmanager
+async def upstream(answer: bytes | None) -> AsyncIterator[str]:
+    """A loopback server answering every request with ``answer`` (None: never answers)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+                await reader.readexactly(length)
+                if answer is None:
+                    await asyncio.sleep(3600)
+                writer.write(answer)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+
+
+class InOrder:
+    """A picker that ranks a pool's endpoints in policy order and counts its rankings."""
+
+    def __init__(self) -> None:
+        self.pools: dict[str, list[EndpointState]] = {}
+        self.rankings = 0
+        self.sent: list[str] = []
+
+    def rank(self, pool: str, request: PickRequest) -> Ranking:
+        self.rankings += 1
+        return _Listed(self, list(self.pools[pool]))
+
+
+class _Listed:
+    def __init__(self, owner: InOrder, endpoints: list[EndpointState]) -> None:
+        self.owner, self.endpoints, self.learns = owner, endpoints, True
+
+    def next(self, exclude: set[str]) -> EndpointState | None:
+        while self.endpoints:
+            endpoint = self.endpoints.pop(0)
+            if endpoint.address not in exclude:
+                return endpoint
+        return None
+
+    def sent(self, endpoint: EndpointState) -> None:
+        self.owner.sent.append(endpoint.address)
+
+
+def runtime_for(addresses: list[str]) -> Runtime:
+    policy = load_policy_text(f"""
+pools: {{p: {{endpoints: [{", ".join(addresses)}]}}}}
+routes: [{{model: m, pool: p}}]
+retries: {{attempts: 3, backoff: 1ms, max_backoff: 1ms}}
+breakers: {{consecutive_failures: 1}}
+""")
+    parts = RuntimeParts(GatewayMetrics(), EppMetrics(), ConnectionPool(connect_timeout=1.0))
+    ordered = InOrder()
+    runtime = build_runtime(policy, parts, picker=ordered)
+    ordered.pools = runtime.endpoints
+    return runtime
+
+
+async def send(runtime: Runtime, prompt: str = "x") -> Attempt:
+    pool = runtime.policy.pools["p"]
+    pick = PickRequest("m", {"model": "m", "prompt": prompt}, {}, None, "r1")
+    call = runtime.calls["p"]
+    return await open_upstream(
+        call, RequestContext("r1"), pool, "/v1/completions", b"{}", b"", pick
+    )
+
+
+async def test_every_exit_path_lowers_the_in_flight_count_once() -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    async with upstream(ERROR) as failing, upstream(OK) as ok:
+        runtime = runtime_for([dead, failing, ok])
+        picker = runtime.picker
+        assert isinstance(picker, InOrder)
+        attempt = await send(runtime)
+        states = {s.address: s for s in runtime.endpoints["p"]}
+        assert attempt.endpoint is states[ok] and attempt.response is not None
+        assert [states[a].in_flight for a in (dead, failing, ok)] == [0, 0, 1]
+        assert picker.rankings == 1  # the retries walked one ranking
+        assert picker.sent == [failing, ok]  # the dead endpoint never took the request
+        assert not states[dead].breaker.closed and not states[failing].breaker.closed
+        assert states[ok].breaker.closed
+        attempt.close()
+        attempt.close()  # idempotent
+        assert states[ok].in_flight == 0
+
+
+async def test_a_response_that_breaks_counts_against_the_breaker_on_close() -> None:
+    async with upstream(OK) as ok:
+        runtime = runtime_for([ok])
+        attempt = await send(runtime)
+        state = attempt.endpoint
+        assert state.breaker.closed
+        attempt.break_off()
+        attempt.close()
+        assert attempt.outcome is BROKEN and not state.breaker.closed and state.in_flight == 0
+
+
+async def test_a_cancelled_try_records_no_verdict() -> None:
+    async with upstream(None) as silent:
+        runtime = runtime_for([silent])
+        task = asyncio.create_task(send(runtime))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        state = runtime.endpoints["p"][0]
+        assert state.in_flight == 0 and state.breaker.closed
+
+
+async def test_only_the_endpoint_that_took_the_request_learns_its_prefix() -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    async with upstream(OK) as live:
+        policy = load_policy_text(f"""
+pools: {{p: {{endpoints: [{dead}, {live}]}}}}
+routes: [{{model: m, pool: p}}]
+retries: {{attempts: 2, backoff: 1ms, max_backoff: 1ms}}
+""")
+        parts = RuntimeParts(GatewayMetrics(), EppMetrics(), ConnectionPool(connect_timeout=1.0))
+        runtime = build_runtime(policy, parts)
+        embedded = runtime.embedded
+        assert isinstance(embedded, EmbeddedEpp) and embedded.service.prefix is not None
+        service, index = embedded.service, embedded.service.prefix
+        shared = "a shared system prompt " * 8
+        warm = service.scheduling_request("p", "w", "m", {"prompt": shared}, {})
+        index.learn(warm, service.datastore.endpoints("p")[0])  # the dead one holds the head
+        before = index.blocks_of(dead)
+        attempt = await send(runtime, shared + "and a question that adds blocks " * 4)
+        assert attempt.endpoint.address == live and attempt.response is not None
+        attempt.close()
+        assert index.blocks_of(dead) == before  # it ranked first, but took nothing
+        assert index.blocks_of(live) > 0
+        decisions = [
+            sample.value
+            for metric in service.metrics.decisions.collect()
+            for sample in metric.samples
+            if sample.name.endswith("_total")
+        ]
+        assert sum(decisions) == 1  # one scheduling cycle, though two endpoints were tried

@@ -1,0 +1,86 @@
+"""One saturation setting (``epp.saturation``), obeyed by the saturation filter, the gateway's
+admission gate and ext_proc's shedding of sheddable requests."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import orjson
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+from epp.filters.saturation import SaturationFilter
+from epp.metrics import EppMetrics
+from epp.servers.ext_proc import ExternalProcessor
+from gateway.metrics import GatewayMetrics
+from gateway.reload import capacity_gate
+from gateway.runtime import Runtime, RuntimeParts, build_runtime
+from kvgate.wire.http.client import ConnectionPool
+from loadtest.envoy_messages import body_messages, headers_message
+from policies.loader import load_policy_text
+from tests.epp.builders import make_request
+
+POLICY = """
+pools: {p: {endpoints: [127.0.0.2:1, 127.0.0.2:2]}}
+routes: [{model: m, pool: p}]
+epp: {saturation: {queue_depth: 2, kv_usage: 0.5, max_metrics_age: 10s}}
+"""
+
+
+def runtime_with_load(waiting: tuple[int, int], kv: tuple[float, float]) -> Runtime:
+    """The gateway's runtime for POLICY, its two endpoints freshly scraped with this load."""
+    parts = RuntimeParts(GatewayMetrics(), EppMetrics(), ConnectionPool(connect_timeout=1.0))
+    runtime = build_runtime(load_policy_text(POLICY), parts)
+    embedded = runtime.embedded
+    assert embedded is not None
+    for endpoint, queue, usage in zip(
+        embedded.service.datastore.endpoints("p"), waiting, kv, strict=True
+    ):
+        endpoint.metrics.waiting, endpoint.metrics.kv_usage = queue, usage
+        endpoint.metrics.scraped_at = time.monotonic()
+    return runtime
+
+
+def gate_open(runtime: Runtime) -> bool:
+    return capacity_gate(runtime).has_capacity("p")
+
+
+async def ext_proc_status(runtime: Runtime) -> int:
+    """The status ext_proc answers a sheddable request with (200: routed)."""
+    body = orjson.dumps({"model": "m", "prompt": "hello"})
+    headers = {":path": "/v1/completions", "x-gateway-inference-objective": "sheddable"}
+    messages = [headers_message(headers), *body_messages(body)]
+
+    async def requests() -> AsyncIterator[ep.ProcessingRequest]:
+        for message in messages:
+            yield message
+
+    assert runtime.embedded is not None
+    async for reply in ExternalProcessor(runtime.embedded.service).Process(requests(), None):
+        if reply.HasField("immediate_response"):
+            return int(reply.immediate_response.status.code)
+    return 200
+
+
+def profile_filter(runtime: Runtime) -> SaturationFilter:
+    assert runtime.embedded is not None
+    filters = runtime.embedded.service.scheduler.profile.filters
+    return next(f for f in filters if isinstance(f, SaturationFilter))
+
+
+async def test_all_three_use_the_policys_thresholds() -> None:
+    # 2 waiting is saturated here (the built-in default is 5)
+    queued = runtime_with_load((2, 2), (0.0, 0.0))
+    assert not gate_open(queued)
+    assert await ext_proc_status(queued) == 429
+    # 60% KV is saturated here (the built-in default is 80%)
+    full = runtime_with_load((0, 0), (0.6, 0.6))
+    assert not gate_open(full)
+    assert await ext_proc_status(full) == 429
+    # one endpoint under both thresholds: the filter keeps just it, the gate and ext_proc admit
+    mixed = runtime_with_load((2, 1), (0.0, 0.4))
+    assert mixed.embedded is not None
+    endpoints = mixed.embedded.service.datastore.endpoints("p")
+    assert profile_filter(mixed).filter(make_request(), endpoints) == [endpoints[1]]
+    assert gate_open(mixed)
+    assert await ext_proc_status(mixed) == 200
