@@ -60,28 +60,28 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 bench: $(STAMP) wrk
-	$(BIN)/python -m loadtest.bench_backend
+	$(BIN)/python -m loadtest.bench.backend
 
 bench-proxy: $(STAMP) wrk nginx compiled
-	$(BIN)/python -m loadtest.bench_proxy
+	$(BIN)/python -m loadtest.bench.proxy
 
 bench-policy: $(STAMP) wrk redis
-	$(BIN)/python -m loadtest.bench_policy
+	$(BIN)/python -m loadtest.bench.policy
 
 bench-epp: $(STAMP)
-	$(BIN)/python -m loadtest.bench_epp
+	$(BIN)/python -m loadtest.bench.epp
 
 # The gateway's request path without sockets: CPU time per request, then (under valgrind)
 # instructions per request, which do not move with this shared machine's load.
 bench-inprocess: $(STAMP) compiled
-	$(BIN)/python -m loadtest.inprocess
-	$(BIN)/python -m loadtest.inprocess --peer layers
-	cd $(COMPILED) && $(CURDIR)/$(BIN)/python -m loadtest.inprocess --label "kvgate, compiled"
-	cd $(COMPILED) && $(CURDIR)/$(BIN)/python -m loadtest.inprocess --peer layers \
+	$(BIN)/python -m loadtest.bench.inprocess
+	$(BIN)/python -m loadtest.bench.inprocess --peer layers
+	cd $(COMPILED) && $(CURDIR)/$(BIN)/python -m loadtest.bench.inprocess --label "kvgate, compiled"
+	cd $(COMPILED) && $(CURDIR)/$(BIN)/python -m loadtest.bench.inprocess --peer layers \
 		--label "layers, compiled"
 
 bench-instructions: $(STAMP) valgrind compiled
-	$(BIN)/python -m loadtest.bench_instructions $(if $(AGAINST),--against $(AGAINST)) \
+	$(BIN)/python -m loadtest.bench.instructions $(if $(AGAINST),--against $(AGAINST)) \
 		$(if $(REF_HARNESS),--ref-harness)
 
 valgrind:

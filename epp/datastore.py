@@ -7,6 +7,8 @@ from policies.schema import Policy
 
 
 class Datastore:
+    """The endpoints of every pool, as listed by the policy, with their latest scraped metrics."""
+
     def __init__(self, policy: Policy) -> None:
         self.pools: dict[str, list[Endpoint]] = {
             name: [

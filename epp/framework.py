@@ -63,6 +63,8 @@ class SchedulingRequest:
 
 @runtime_checkable
 class Filter(Protocol):
+    """Narrows the candidates of a scheduling cycle; runs before every scorer, in profile order."""
+
     name: str
 
     def filter(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
@@ -72,6 +74,8 @@ class Filter(Protocol):
 
 @runtime_checkable
 class Scorer(Protocol):
+    """Scores every candidate in [0, 1]; the framework clamps and weights it."""
+
     name: str
 
     def score(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> dict[str, float]:
@@ -81,6 +85,8 @@ class Scorer(Protocol):
 
 @runtime_checkable
 class Picker(Protocol):
+    """Orders the scored candidates, best first; exactly one per profile."""
+
     name: str
 
     def pick(
@@ -99,12 +105,16 @@ class PickObserver(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class WeightedScorer:
+    """A scorer and the weight its profile gives it."""
+
     scorer: Scorer
     weight: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
 class Profile:
+    """One scheduling profile: filters in order, weighted scorers, one picker."""
+
     name: str
     filters: tuple[Filter, ...]
     scorers: tuple[WeightedScorer, ...]
@@ -113,6 +123,8 @@ class Profile:
 
 @dataclass(frozen=True, slots=True)
 class SchedulingResult:
+    """One profile's result: every candidate ranked, their total scores, the deciding scorer."""
+
     ranked: list[Endpoint]  # best first
     scores: dict[str, float]  # total weighted score by address
     winner_by: str  # the scorer that contributed most to the winner ("" if none)

@@ -20,6 +20,8 @@ log = logging.getLogger("kvgate.epp")
 
 
 class KVEventSubscriber:
+    """One ZMQ SUB socket per endpoint that publishes KV events, feeding a ``PreciseIndex``."""
+
     def __init__(
         self,
         index: PreciseIndex,

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from epp.framework import Endpoint, SchedulingRequest, SchedulingResult
 from epp.indexes.prefix_index import PrefixIndex, uncached_tokens
-from epp.scheduler import Scheduler
+from epp.profile_runner import ProfileRunner
 
 DECODE_ROLES = ("decode", "both")
 
@@ -36,6 +36,8 @@ class Decision:
 
 
 class ProfileHandler(Protocol):
+    """Chooses which profiles run for a request and combines their results (GIE's contract)."""
+
     def decide(self, request: SchedulingRequest, candidates: list[Endpoint]) -> Decision:
         """Run the profiles this request needs over ``candidates``."""
         ...
@@ -44,7 +46,7 @@ class ProfileHandler(Protocol):
 class SingleProfileHandler:
     """One profile over every candidate."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: ProfileRunner) -> None:
         self.scheduler = scheduler
 
     def decide(self, request: SchedulingRequest, candidates: list[Endpoint]) -> Decision:
@@ -57,8 +59,8 @@ class PdProfileHandler:
 
     def __init__(
         self,
-        decode: Scheduler,
-        prefill: Scheduler,
+        decode: ProfileRunner,
+        prefill: ProfileRunner,
         min_uncached_tokens: int,
         index: PrefixIndex | None,
     ) -> None:

@@ -27,6 +27,8 @@ class ScrapeError(Exception):
 
 
 class MetricsScraper:
+    """Scrapes every endpoint's /metrics into the datastore, with backoff for dead endpoints."""
+
     def __init__(self, datastore: Datastore, interval: float = 0.05, timeout: float = 1.0) -> None:
         self.datastore = datastore
         self.interval = interval

@@ -18,10 +18,10 @@ from epp.handle import PluginHandle
 from epp.indexes.prefix_index import PrefixIndex
 from epp.metrics import EppMetrics
 from epp.profile_handler import Decision, PdProfileHandler, ProfileHandler, SingleProfileHandler
+from epp.profile_runner import ProfileRunner
 from epp.registry import Plugin
 from epp.routing_text import routing_text
 from epp.saturation import SaturationDetector
-from epp.scheduler import Scheduler
 from epp.scraper import MetricsScraper
 from policies.schema import Policy
 
@@ -38,7 +38,7 @@ class EppService:
             self.saturation, self.datastore.all(), self.metrics.event_lag.observe
         )
         plugins = build_plugins(policy.epp, self.handle)
-        self.scheduler = Scheduler(build_profile(policy.epp, plugins=plugins))
+        self.scheduler = ProfileRunner(build_profile(policy.epp, plugins=plugins))
         self._observers = [p for p in plugins.values() if isinstance(p, PickObserver)]
         self.prefix: PrefixIndex | None = self.handle.primary_index
         self.handlers = {name: self._handler(name, plugins) for name in policy.pools}
@@ -53,10 +53,10 @@ class EppService:
             return SingleProfileHandler(self.scheduler)
         named = {p.name for p in self.policy.epp.profiles}
 
-        def scheduler(name: str) -> Scheduler:
+        def scheduler(name: str) -> ProfileRunner:
             if name not in named:
                 return self.scheduler
-            return Scheduler(build_profile(self.policy.epp, name, plugins=plugins))
+            return ProfileRunner(build_profile(self.policy.epp, name, plugins=plugins))
 
         return PdProfileHandler(scheduler("decode"), scheduler("prefill"), threshold, self.prefix)
 

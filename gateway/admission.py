@@ -93,6 +93,9 @@ class PoolQueue:
 
 
 class AdmissionQueue:
+    """Per-pool queues of waiting requests, served weighted-fair by priority class while the pool's
+    capacity gate is closed."""
+
     def __init__(self, classes: dict[str, PriorityClass], gate: CapacityGate) -> None:
         self.classes = classes
         self.gate = gate

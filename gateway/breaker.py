@@ -41,6 +41,8 @@ class _Slice:
 
 
 class CircuitBreaker:
+    """One endpoint's breaker: closed, open for a cool-down, then half-open for a few probes."""
+
     def __init__(
         self,
         config: Breakers,

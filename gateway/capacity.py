@@ -11,6 +11,8 @@ from epp.saturation import SaturationDetector
 
 
 class CapacityGate(Protocol):
+    """Whether a pool may take another request now; told of each dispatch and release."""
+
     def has_capacity(self, pool: str) -> bool:
         """True if one more request may be dispatched to ``pool`` now."""
         ...

@@ -36,6 +36,8 @@ def capacity_gate(runtime: Runtime) -> CapacityGate:
 
 
 class Reloader:
+    """Watches the policy file and applies each valid change as a new runtime."""
+
     def __init__(self, app: web.Application, path: str | None, parts: RuntimeParts) -> None:
         self.app = app
         self.path = path

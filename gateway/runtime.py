@@ -58,6 +58,8 @@ class RuntimeParts:
 
 @dataclass(eq=False)
 class RuntimeHolder:
+    """The current runtime (swapped whole on reload) and its version."""
+
     current: Runtime
     version: int = 1
 

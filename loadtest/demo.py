@@ -17,8 +17,8 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtest.processes import backend_process, free_port, gateway_process
-from loadtest.sse import stream_request
+from loadtest.client.sse import stream_request
+from loadtest.harness.processes import backend_process, free_port, gateway_process
 
 ASSISTANTS = {
     "logistics": "You are a meticulous assistant for a logistics company. Cite the policy. ",

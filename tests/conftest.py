@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.processes import KvgateProcess, backend_process, free_port, gateway_process
+from loadtest.harness.processes import KvgateProcess, backend_process, free_port, gateway_process
 
 
 @pytest.fixture

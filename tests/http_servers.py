@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from aiohttp import web
 
-from loadtest.processes import free_port
+from loadtest.harness.processes import free_port
 
 
 @asynccontextmanager

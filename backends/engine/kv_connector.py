@@ -18,6 +18,8 @@ from backends.engine.step import StepInput
 
 class KVConnector(Protocol):
     # -- scheduler side ---------------------------------------------------------------------
+    """Moves KV blocks in and out of the engine: scheduler side and worker side."""
+
     def num_external_tokens(self, seq: Sequence, num_local_tokens: int) -> int:
         """How many tokens after the ``num_local_tokens`` found in the local prefix cache can
         be loaded from elsewhere (0: compute them here). A positive answer makes the scheduler

@@ -21,6 +21,8 @@ from backends.engine.step import ScheduledSeq
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
+    """The scheduler's limits: token budget per step, sequences per step, chunking."""
+
     max_num_seqs: int = 256  # sequences in one batch
     max_num_batched_tokens: int = 4096  # tokens computed in one step
     max_model_len: int = 8192  # prompt + output tokens of one sequence
@@ -40,6 +42,8 @@ class SchedulerConfig:
 
 @dataclass(slots=True)
 class SchedulerOutput:
+    """What one step runs: the sequences scheduled, and those preempted."""
+
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
 

@@ -13,6 +13,8 @@ from epp.scorers.queue import Params
 
 
 class HealthFilter:
+    """Keeps endpoints whose /metrics still answer (all of them when none does)."""
+
     def __init__(self, name: str) -> None:
         self.name = name
 
@@ -30,6 +32,8 @@ class HealthFilter:
 
 
 class ModelFilter:
+    """Keeps endpoints that serve the request's model or adapter (per their ``models`` label)."""
+
     def __init__(self, name: str) -> None:
         self.name = name
 

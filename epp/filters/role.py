@@ -11,6 +11,9 @@ from epp.scorers.queue import Params
 
 
 class RoleFilter:
+    """Keeps endpoints whose role serves one phase: ``decode`` or ``prefill`` (``both`` serves
+    either)."""
+
     def __init__(self, name: str, role: str) -> None:
         self.name = name
         self.role = role

@@ -32,6 +32,8 @@ def prefix_hashes(model: str, text: str, block_chars: int, max_blocks: int) -> l
 
 
 class ApproximatePrefixIndex:
+    """Block hashes per endpoint (an LRU each) and the reverse map from a hash to its holders."""
+
     def __init__(self) -> None:
         self._owners: dict[int, set[str]] = {}
         self._lru: dict[str, OrderedDict[int, None]] = {}

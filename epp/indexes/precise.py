@@ -42,6 +42,8 @@ class _EndpointState:
 
 
 class PreciseIndex:
+    """Which endpoint holds which block, from KV-event batches, plus speculative picks."""
+
     def __init__(self, speculative_ttl: float = 2.0) -> None:
         self.speculative_ttl = speculative_ttl
         self._owners: dict[int, set[str]] = {}

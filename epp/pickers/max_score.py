@@ -18,6 +18,8 @@ class Params:
 
 
 class MaxScorePicker:
+    """Ranks by total score, highest first; ties in random order."""
+
     def __init__(self, name: str, params: Params) -> None:
         self.name = name
         self._random = random.Random(None if params.seed < 0 else params.seed)

@@ -11,6 +11,8 @@ from epp.pickers.max_score import Params
 
 
 class RandomPicker:
+    """Ranks in a uniformly random order (a baseline that ignores scores)."""
+
     def __init__(self, name: str, params: Params) -> None:
         self.name = name
         self._random = random.Random(None if params.seed < 0 else params.seed)

@@ -10,6 +10,8 @@ from epp.scorers.queue import Params
 
 
 class KVCacheUtilizationScorer:
+    """Scores 1 - KV-cache usage: emptier caches first."""
+
     def __init__(self, name: str) -> None:
         self.name = name
 

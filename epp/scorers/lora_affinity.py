@@ -19,6 +19,8 @@ class Params:
 
 
 class LoraAffinityScorer:
+    """Prefers endpoints where the request's adapter runs, then those with a free adapter slot."""
+
     def __init__(self, name: str, params: Params) -> None:
         self.name = name
         self.params = params

@@ -18,6 +18,8 @@ class Params:
 
 
 class QueueScorer:
+    """Scores by waiting queue, min-max scaled: the shortest queue scores 1."""
+
     def __init__(self, name: str) -> None:
         self.name = name
 

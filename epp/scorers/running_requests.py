@@ -10,6 +10,8 @@ from epp.scorers.queue import Params, min_max_low_is_best
 
 
 class RunningRequestsScorer:
+    """Scores by running requests, min-max scaled: the fewest score 1."""
+
     def __init__(self, name: str) -> None:
         self.name = name
 

@@ -17,6 +17,8 @@ class Params:
 
 
 class SessionAffinityScorer:
+    """Scores 1 for the endpoint that last served the request's session; learns accepted picks."""
+
     def __init__(self, name: str, params: Params) -> None:
         self.name = name
         self.params = params

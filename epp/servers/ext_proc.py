@@ -100,6 +100,8 @@ def body_chunks(
 
 
 class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    """Envoy's ext_proc service (FULL_DUPLEX_STREAMED), picking with an ``EppService``."""
+
     def __init__(self, service: EppService) -> None:
         self.service = service
 

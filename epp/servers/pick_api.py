@@ -11,6 +11,8 @@ from kvgate.api import epp_pb2, epp_pb2_grpc
 
 
 class PickApi(epp_pb2_grpc.EndpointPickerServicer):
+    """kvgate's ``EndpointPicker/Pick`` gRPC service over an ``EppService``."""
+
     def __init__(self, service: EppService) -> None:
         self.service = service
 

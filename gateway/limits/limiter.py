@@ -52,6 +52,8 @@ SETTLE_EVERY = 0.1  # seconds between batched settlements with Redis
 
 
 class Limiter:
+    """Reserves rate-limit buckets at admission and settles them from the real usage."""
+
     def __init__(self, limits: Limits, workers: int = 1) -> None:
         self.limits = limits
         store = limits.store

@@ -52,6 +52,8 @@ def text_of(body: bytes) -> str | None:
 
 
 class ShadowMirror:
+    """Sends sampled copies of requests to a shadow pool and compares the outcomes."""
+
     def __init__(self, session: aiohttp.ClientSession, metrics: GatewayMetrics) -> None:
         self.session = session
         self.metrics = metrics

@@ -13,6 +13,8 @@ _DONE = b"[DONE]"
 
 
 class SSERelay:
+    """Forwards complete SSE events, notes usage and ``[DONE]``, drops the injected usage chunk."""
+
     def __init__(self, *, strip_usage: bool) -> None:
         self.strip_usage = strip_usage
         self.usage: dict[str, object] | None = None

@@ -13,6 +13,8 @@ from typing import Protocol
 
 
 class Tokenizer(Protocol):
+    """Text to token ids and back; what the backend serves with and the EPP tokenizes with."""
+
     eos_token_id: int
     vocab_size: int
 

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from epp.datastore import Datastore
 from epp.scraper import MetricsScraper
-from loadtest.processes import free_port
+from loadtest.harness.processes import free_port
 from policies.loader import load_policy_text
 from tests.http_servers import serving
 

@@ -21,7 +21,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.runtime import Runtime, RuntimeParts, build_runtime
 from gateway.upstream import open_upstream
 from kvgate.wire.http.client import ConnectionPool
-from loadtest.processes import free_port
+from loadtest.harness.processes import free_port
 from policies.loader import load_policy_text
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"

@@ -10,7 +10,7 @@ import pytest
 from gateway.identity import Identity
 from gateway.limits.buckets import BucketSpec, MemoryStore
 from gateway.limits.limiter import Limiter, LimiterUnavailable, RateLimited, duration
-from loadtest.processes import free_port
+from loadtest.harness.processes import free_port
 from policies.schema import LimitRule, Limits, LimitStore
 
 ACME = Identity("acme", principal="acme-key")

@@ -16,7 +16,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.reload import capacity_gate
 from gateway.runtime import Runtime, RuntimeParts, build_runtime
 from kvgate.wire.http.client import ConnectionPool
-from loadtest.envoy_messages import body_messages, headers_message
+from loadtest.client.envoy_messages import body_messages, headers_message
 from policies.loader import load_policy_text
 from tests.epp.builders import make_request
 

@@ -8,7 +8,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtest.processes import KvgateProcess, backend_process, free_port, gateway_process
+from loadtest.harness.processes import KvgateProcess, backend_process, free_port, gateway_process
 from tests.gateway.jwt_keys import Keys, make_keys
 
 API_KEY = "sk-integration-acme"

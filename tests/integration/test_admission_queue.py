@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from loadtest.processes import KvgateProcess
+from loadtest.harness.processes import KvgateProcess
 
 KEYS = {f"sk-{name}": name for name in ("inter", "std", "batch", "std2")}
 

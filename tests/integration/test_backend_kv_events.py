@@ -9,7 +9,7 @@ import msgpack
 import openai
 import zmq
 
-from loadtest.processes import free_port
+from loadtest.harness.processes import free_port
 
 
 def subscribe(port: int) -> zmq.Socket[bytes]:

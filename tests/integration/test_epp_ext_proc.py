@@ -16,8 +16,8 @@ from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvgate.api import epp_pb2, epp_pb2_grpc
-from loadtest.envoy_messages import body_messages, headers_message
-from loadtest.processes import epp_process, free_port
+from loadtest.client.envoy_messages import body_messages, headers_message
+from loadtest.harness.processes import epp_process, free_port
 
 ENDPOINTS = ["127.0.0.2:{p}", "127.0.0.3:{p}"]  # loopback addresses nothing listens on
 

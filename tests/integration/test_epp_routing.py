@@ -9,7 +9,7 @@ from contextlib import ExitStack
 import aiohttp
 import pytest
 
-from loadtest.processes import KvgateProcess, backend_process, free_port
+from loadtest.harness.processes import KvgateProcess, backend_process, free_port
 from tests.integration.metrics_util import scrape, value
 
 PREFIX = "You are the support assistant of a large parcel company; answer briefly. " * 8

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from loadtest.processes import KvgateProcess, backend_process, free_port
+from loadtest.harness.processes import KvgateProcess, backend_process, free_port
 from tests.integration.metrics_util import scrape
 
 

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from loadtest.processes import KvgateProcess, free_port
+from loadtest.harness.processes import KvgateProcess, free_port
 from tests.http_servers import serving
 from tests.integration.metrics_util import value
 
@@ -99,7 +99,7 @@ async def read_events(response: aiohttp.ClientResponse) -> list[str]:
 async def test_upstream_killed_mid_stream_ends_with_an_error_event(
     start_gateway: Callable[..., tuple[str, KvgateProcess]],
 ) -> None:
-    from loadtest.processes import backend_process
+    from loadtest.harness.processes import backend_process
 
     port = free_port()
     backend = backend_process(port, "--cost", "0.01,0,0,0").start()

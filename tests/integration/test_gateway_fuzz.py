@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loadtest.processes import backend_process, free_port, gateway_process
+from loadtest.harness.processes import backend_process, free_port, gateway_process
 
 json_values = st.recursive(
     st.none()

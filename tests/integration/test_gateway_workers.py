@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from loadtest.processes import KvgateProcess
+from loadtest.harness.processes import KvgateProcess
 from tests.integration.metrics_util import scrape
 
 

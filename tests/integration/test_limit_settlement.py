@@ -11,7 +11,7 @@ import pytest
 from gateway.identity import Identity
 from gateway.limits.buckets import BucketSpec
 from gateway.limits.limiter import SETTLE_EVERY, Limiter, RateLimited
-from loadtest.processes import free_port
+from loadtest.harness.processes import free_port
 from policies.schema import LimitRule, Limits, LimitStore
 from tests.integration.redis_server import RedisServer
 

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 import redis
 
-from loadtest.processes import KvgateProcess, free_port
+from loadtest.harness.processes import KvgateProcess, free_port
 from tests.integration.redis_server import RedisServer
 
 LIMIT = 300  # requests per minute, shared: refills 5 per second

@@ -41,7 +41,7 @@ class UpstreamResponse:
 
     def __init__(
         self,
-        conn: _Connection,
+        conn: UpstreamConnection,
         status: int,
         raw_headers: list[tuple[bytes, bytes]],
         content_type: str,
@@ -76,7 +76,10 @@ class UpstreamResponse:
         self._conn.release()
 
 
-class _Connection(asyncio.Protocol):
+class UpstreamConnection(asyncio.Protocol):
+    """One kept-alive HTTP/1.1 connection to an upstream, owned by its ``ConnectionPool``
+    (a harness may make one over its own transport and ``put_back`` it as idle)."""
+
     def __init__(self, pool: ConnectionPool, key: str) -> None:
         self.pool = pool
         self.key = key
@@ -297,16 +300,16 @@ class ConnectionPool:
     def __init__(self, *, connect_timeout: float, keepalive: float = 30.0) -> None:
         self.connect_timeout = connect_timeout
         self.keepalive = keepalive
-        self._idle: dict[str, list[_Connection]] = {}
-        self._deadlines: dict[_Connection, float] = {}  # waiting for a response head
+        self._idle: dict[str, list[UpstreamConnection]] = {}
+        self._deadlines: dict[UpstreamConnection, float] = {}  # waiting for a response head
         self._sweeper: asyncio.Task[None] | None = None
 
-    def watch(self, conn: _Connection, deadline: float) -> None:
+    def watch(self, conn: UpstreamConnection, deadline: float) -> None:
         self._deadlines[conn] = deadline
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
-    def unwatch(self, conn: _Connection) -> None:
+    def unwatch(self, conn: UpstreamConnection) -> None:
         self._deadlines.pop(conn, None)
 
     async def _sweep(self) -> None:
@@ -364,7 +367,7 @@ class ConnectionPool:
             conn.abort()
             raise
 
-    def _take(self, address: str) -> _Connection | None:
+    def _take(self, address: str) -> UpstreamConnection | None:
         idle = self._idle.get(address)
         now = time.monotonic()
         while idle:
@@ -374,23 +377,23 @@ class ConnectionPool:
             conn.abort()
         return None
 
-    async def _connect(self, address: str) -> _Connection:
+    async def _connect(self, address: str) -> UpstreamConnection:
         host, _, port = address.rpartition(":")
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(self, address), host.strip("[]"), int(port)
+                    lambda: UpstreamConnection(self, address), host.strip("[]"), int(port)
                 )
         except OSError as exc:
             raise UpstreamConnectionError(f"cannot connect to {address}: {exc}") from exc
         return conn
 
-    def put_back(self, conn: _Connection) -> None:
+    def put_back(self, conn: UpstreamConnection) -> None:
         conn.idle_since = time.monotonic()
         self._idle.setdefault(conn.key, []).append(conn)
 
-    def forget(self, conn: _Connection) -> None:
+    def forget(self, conn: UpstreamConnection) -> None:
         idle = self._idle.get(conn.key)
         if idle and conn in idle:
             idle.remove(conn)

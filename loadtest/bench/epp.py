@@ -5,7 +5,7 @@ In-process: ``EppService.pick`` (the embedded default: parse, hash, score, pick,
 prefixes. Over ext_proc: a ``kvgate epp`` process driven by a gRPC client the way Envoy drives
 it (headers, the body in 62,000-byte chunks, then the replies), one stream per request; the
 round trip includes the Python client's own gRPC cost. The same client first drives a
-do-nothing ext_proc server with the same gRPC settings (``loadtest.null_ext_proc``): its round
+do-nothing ext_proc server with the same gRPC settings (``loadtest.bench.null_ext_proc``): its round
 trip is the floor of a Python gRPC ext_proc hop, and round trip minus floor is what the EPP's
 own work adds. Picks/s: 16 concurrent streams for a few seconds; server CPU per stream from
 /proc.
@@ -30,61 +30,24 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from epp.framework import SchedulingRequest
 from epp.service import EppService
-from loadtest.envoy_messages import body_messages, headers_message
-from loadtest.http_load import percentile
-from loadtest.proc_stats import cpu_seconds
-from loadtest.processes import epp_process, free_port
+from loadtest.client.envoy_messages import body_messages, headers_message
+from loadtest.harness.proc_stats import cpu_seconds
+from loadtest.harness.processes import epp_process, free_port
+from loadtest.reports.stats import percentile
+from loadtest.workloads.shared_prefix import chat
 from policies.loader import load_policy_text
 
-CHARS_PER_TOKEN = 4
 REQUEST_HEADERS = {
     ":path": "/v1/chat/completions",
     ":method": "POST",
     "content-type": "application/json",
 }
-WORDS = [
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "a",
-    "lazy",
-    "dog",
-    "while",
-    "parcels",
-    "travel",
-    "across",
-    "the",
-    "harbour",
-]
 
 
 def policy_text(endpoints: int) -> str:
     # loopback addresses that nothing serves: the benchmark measures the picker, not a scrape
     addresses = ", ".join(f"127.0.1.{i // 250 + 1}:{10000 + i}" for i in range(endpoints))
     return f"pools: {{p: {{endpoints: [{addresses}]}}}}\nroutes: [{{model: m, pool: p}}]\n"
-
-
-def prompt(tokens: int, seed: int) -> str:
-    words, size, i = [f"tenant-{seed}"], 0, 0
-    while size < tokens * CHARS_PER_TOKEN:
-        word = WORDS[(seed * 7 + i) % len(WORDS)]
-        words.append(word)
-        size += len(word) + 1
-        i += 1
-    return " ".join(words)
-
-
-def chat(tokens: int, seed: int) -> dict[str, object]:
-    return {
-        "model": "m",
-        "messages": [
-            {"role": "system", "content": prompt(tokens, seed % 50)},
-            {"role": "user", "content": f"question {seed}"},
-        ],
-    }
 
 
 def pick_and_accept(service: EppService, request: SchedulingRequest) -> None:
@@ -174,7 +137,7 @@ def wait_grpc(target: str, timeout: float = 20.0) -> None:
 def floor_rows(tokens: tuple[int, ...], requests: int, seconds: float) -> dict[int, ExtProcRow]:
     """The do-nothing ext_proc server's figures, per prompt size."""
     port = free_port()
-    argv = [sys.executable, "-m", "loadtest.null_ext_proc", str(port)]
+    argv = [sys.executable, "-m", "loadtest.bench.null_ext_proc", str(port)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_grpc(f"127.0.0.1:{port}")

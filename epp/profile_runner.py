@@ -1,4 +1,4 @@
-"""One scheduling cycle: filters → weighted scorers (clamped to [0, 1]) → picker → observers."""
+"""One scheduling cycle of a profile: filters → weighted scorers (clamped to [0, 1]) → picker."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ def clamp(value: float) -> float:
     return 0.0 if value < 0.0 else 1.0 if value > 1.0 else value
 
 
-class Scheduler:
-    """Runs one scheduling profile; it learns nothing (``EppService.accepted`` does)."""
+class ProfileRunner:
+    """Runs one profile over candidates; it learns nothing (``EppService.accepted`` does)."""
 
     def __init__(self, profile: Profile) -> None:
         self.profile = profile

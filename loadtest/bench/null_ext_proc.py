@@ -4,7 +4,7 @@ any Python ext_proc server, for ``bench_epp`` to compare against in the same run
 It answers each request the way the EPP does (a header response once the body has ended, then
 the body echoed in one streamed chunk) without parsing or picking anything.
 
-``python -m loadtest.null_ext_proc PORT``
+``python -m loadtest.bench.null_ext_proc PORT``
 """
 
 from __future__ import annotations

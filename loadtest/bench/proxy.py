@@ -1,11 +1,11 @@
 """Proxy overhead, side by side in one run: `make bench-proxy`.
 
 The same load goes (a) straight to a fast mock upstream, (b) through nginx (when installed),
-(c) through ``loadtest.floor_proxy`` (the least a Python proxy can do: httptools on both legs,
-no features: the floor for any Python gateway), (d) through ``loadtest.layers_proxy`` (kvgate's
-own HTTP server and upstream pool with a trivial handler), (e) through kvgate with
+(c) through ``loadtest.bench.floor_proxy`` (the least a Python proxy can do: httptools on both
+legs, no features: the floor for any Python gateway), (d) through ``loadtest.bench.layers_proxy``
+(kvgate's own HTTP server and upstream pool with a trivial handler), (e) through kvgate with
 ``--workers 1`` and ``--workers 2``, as Python and as the compiled build (``make compiled``),
-all in front of two mock upstreams (``loadtest.mock_upstream``: 16 SSE chunks or a small JSON
+all in front of two mock upstreams (``loadtest.bench.mock_upstream``: 16 SSE chunks or a small JSON
 body, no delay). For each: wrk at 32
 connections on non-streaming chat completions (requests/s, p50, p99), an aiohttp client
 streaming 2,000 requests at concurrency 32 over keep-alive connections (time to first chunk,
@@ -26,19 +26,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtest.http_load import StreamLoadResult, run_load, run_stream_load, run_wrk
-from loadtest.proc_stats import cpu_seconds, rss_mb
-from loadtest.processes import free_port, gateway_process, wait_http_ok
+from loadtest.client.http_load import StreamLoadResult, run_load, run_stream_load, run_wrk
+from loadtest.harness.proc_stats import cpu_seconds, rss_mb
+from loadtest.harness.processes import free_port, gateway_process, wait_http_ok
+from loadtest.workloads.fixed import CHAT
 
-CHAT = {
-    "model": "mock",
-    "max_tokens": 16,
-    "temperature": 0,
-    "messages": [
-        {"role": "system", "content": "You are a helpful assistant."},
-        {"role": "user", "content": "Say hello in one word, please."},
-    ],
-}
 NGINX_CONF = """
 worker_processes {workers};
 error_log {dir}/error.log warn;
@@ -218,12 +210,12 @@ def one_round(
     else:
         print("nginx not installed: skipping it (make bench-proxy installs it)", file=sys.stderr)
     port = free_port()
-    floor = [sys.executable, "-m", "loadtest.floor_proxy", str(port), f"{ups[0]},{ups[1]}"]
+    floor = [sys.executable, "-m", "loadtest.bench.floor_proxy", str(port), f"{ups[0]},{ups[1]}"]
     with process(floor, f"http://127.0.0.1:{port}/health") as proc:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         rows.append(measure("python floor", url, proc.pid, seconds, streams))
     port = free_port()
-    layers = [sys.executable, "-m", "loadtest.layers_proxy", str(port), f"{ups[0]},{ups[1]}"]
+    layers = [sys.executable, "-m", "loadtest.bench.layers_proxy", str(port), f"{ups[0]},{ups[1]}"]
     with process(layers, f"http://127.0.0.1:{port}/health") as proc:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         rows.append(measure("kvgate http layers only", url, proc.pid, seconds, streams))
@@ -275,7 +267,7 @@ def main() -> int:
         return 2
     directory = Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
     ups = [free_port(), free_port()]
-    mock = [sys.executable, "-m", "loadtest.mock_upstream", "--port"]
+    mock = [sys.executable, "-m", "loadtest.bench.mock_upstream", "--port"]
     with (
         process([*mock, str(ups[0])], f"http://127.0.0.1:{ups[0]}/health") as up1,
         process([*mock, str(ups[1])], f"http://127.0.0.1:{ups[1]}/health"),

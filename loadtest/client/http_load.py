@@ -18,6 +18,8 @@ from pathlib import Path
 
 import aiohttp
 
+from loadtest.reports.stats import percentile
+
 
 @dataclass(frozen=True)
 class LoadResult:
@@ -32,13 +34,6 @@ class LoadResult:
     @property
     def rps(self) -> float:
         return self.requests / self.seconds if self.seconds else 0.0
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
 
 
 _UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}

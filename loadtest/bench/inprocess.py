@@ -8,8 +8,8 @@ with the mock upstream's JSON body. What is left is the gateway's own user-space
 request: parsing, context, auth, routing, admission, picking, the upstream call, usage,
 metrics. ``--peer layers`` runs kvgate's HTTP layers with a trivial handler instead.
 
-``python -m loadtest.inprocess [--requests N] [--peer kvgate|layers] [--label L]`` prints CPU
-microseconds per request; ``loadtest.bench_instructions`` runs it under valgrind and reports
+``python -m loadtest.bench.inprocess [--requests N] [--peer kvgate|layers] [--label L]`` prints CPU
+microseconds per request; ``loadtest.bench.instructions`` runs it under valgrind and reports
 instructions per request, which are the same from run to run.
 """
 
@@ -31,11 +31,11 @@ from gateway.error_responses import http_error
 from gateway.keys import UPSTREAMS
 from gateway.routes import handle
 from kvgate.wire.http import messages
-from kvgate.wire.http.client import ConnectionPool, UpstreamResponse, _Connection
+from kvgate.wire.http.client import ConnectionPool, UpstreamConnection, UpstreamResponse
 from kvgate.wire.http.messages import Request, Response
 from kvgate.wire.http.server import Connection, Handler, HttpServer
-from loadtest.bench_proxy import CHAT
-from loadtest.mock_upstream import BODY
+from loadtest.bench.mock_upstream import BODY
+from loadtest.workloads.fixed import CHAT
 from policies.loader import load_policy_text
 
 # The layers peer's upstream header lines: encoded since fedb3e5; pairs in the older checkouts
@@ -91,7 +91,7 @@ class _MemoryTransport:
 class _UpstreamTransport(_MemoryTransport):
     """An upstream that answers every request with the mock's body."""
 
-    def __init__(self, conn: _Connection) -> None:
+    def __init__(self, conn: UpstreamConnection) -> None:
         super().__init__()
         self.conn = conn
 
@@ -160,7 +160,7 @@ async def measure(requests: int, peer: str) -> float:
         pool = app[UPSTREAMS]
         for address in UPSTREAMS_ADDRESSES:
             for _ in range(2 * CONNECTIONS):  # idle upstream connections: none is dialled
-                conn = _Connection(pool, address)
+                conn = UpstreamConnection(pool, address)
                 conn.connection_made(cast(asyncio.Transport, _UpstreamTransport(conn)))
                 pool.put_back(conn)
         handler = handle if peer == "kvgate" else _layers_handler(pool)

@@ -11,9 +11,9 @@ from epp.framework import Endpoint, Profile, SchedulingRequest, WeightedScorer
 from epp.handle import PluginHandle
 from epp.params import ParamError
 from epp.pickers.max_score import MaxScorePicker, Params
+from epp.profile_runner import ProfileRunner
 from epp.registry import BUILTINS, build, register
 from epp.saturation import SaturationDetector
-from epp.scheduler import Scheduler
 from policies.schema import Epp, Saturation
 from tests.epp.builders import make_endpoint, make_request
 
@@ -39,7 +39,7 @@ def test_framework_clamps_and_weights() -> None:
         ),
         MaxScorePicker("pick", Params(seed=1)),
     )
-    result = Scheduler(profile).schedule(make_request(), [make_endpoint(a) for a in (A, B, C)])
+    result = ProfileRunner(profile).schedule(make_request(), [make_endpoint(a) for a in (A, B, C)])
     assert result.scores == {A: 2.0, B: 2.0, C: 1.0}  # 7 clamped to 1, -3 to 0
     assert {e.address for e in result.ranked[:2]} == {A, B} and result.ranked[2].address == C
 
@@ -63,7 +63,7 @@ def test_winner_by_names_the_deciding_scorer() -> None:
         ),
         MaxScorePicker("pick", Params(seed=0)),
     )
-    result = Scheduler(profile).schedule(make_request(), [make_endpoint(A), make_endpoint(B)])
+    result = ProfileRunner(profile).schedule(make_request(), [make_endpoint(A), make_endpoint(B)])
     assert result.target is not None and result.target.address == A
     assert result.winner_by == "prefix"
 

@@ -1,4 +1,4 @@
-"""Benchmark one simulated backend process: `make bench` (or `python -m loadtest.bench_backend`).
+"""Benchmark one simulated backend process: `make bench` (or `python -m loadtest.bench.backend`).
 
 1. Server ceiling: zero-cost model, streamed completions of 16 tokens at rising concurrency;
    requests/s, p50/p99 latency and the backend's CPU time per request.
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 
-from loadtest.http_load import LoadResult, run_load
-from loadtest.proc_stats import cpu_seconds
-from loadtest.processes import backend_process, free_port
+from loadtest.client.http_load import LoadResult, run_load
+from loadtest.harness.proc_stats import cpu_seconds
+from loadtest.harness.processes import backend_process, free_port
 
 
 def measure(

@@ -1,11 +1,11 @@
 """Instructions per request on the gateway's request path: `make bench-instructions`.
 
-Runs ``loadtest.inprocess`` (the real gateway, transports in memory) under valgrind's callgrind
-twice, with ``--requests`` and three times as many, and reports the difference divided by the
-extra requests: start-up and warm-up cancel out, and the count is the same from run to run
-(within about 2%: the garbage collector runs at slightly different moments), where CPU time on
-this shared machine moves by ±25%. Use it to tell whether a change to the hot path helped;
-``make bench-proxy`` remains the measure of the goals (it includes the kernel's share).
+Runs ``loadtest.bench.inprocess`` (the real gateway, transports in memory) under valgrind's
+callgrind twice, with ``--requests`` and three times as many, and reports the difference
+divided by the extra requests: start-up and warm-up cancel out, and the count is the same from
+run to run (within about 2%: the garbage collector runs at slightly different moments), where
+CPU time on this shared machine moves by ±25%. Use it to tell whether a change to the hot path
+helped; ``make bench-proxy`` remains the measure of the goals (it includes the kernel's share).
 
 ``--against REF`` measures a git revision as well, in a temporary worktree, and prints the
 ratio (the harness of this checkout is used for both; ``--ref-harness`` keeps the revision's
@@ -29,10 +29,21 @@ ROOT = Path(__file__).resolve().parent.parent
 _COLLECTED = re.compile(r"Collected : (\d+)")
 
 
+HARNESS = Path("loadtest/bench/inprocess.py")
+OLD_HARNESS = Path("loadtest/inprocess.py")  # where checkouts before the loadtest split keep it
+
+
+def harness_module(checkout: Path) -> str:
+    """The in-process harness's module name in ``checkout``."""
+    path = HARNESS if (checkout / HARNESS).exists() else OLD_HARNESS
+    return ".".join(path.with_suffix("").parts)
+
+
 def instructions(checkout: Path, peer: str, requests: int) -> int:
     """Instructions that ``requests`` requests add to a run of the in-process harness (the two
     runs side by side, one per core)."""
     env = dict(os.environ, PYTHONPATH=str(checkout))
+    module = harness_module(checkout)
     runs = [
         subprocess.Popen(
             [
@@ -41,7 +52,7 @@ def instructions(checkout: Path, peer: str, requests: int) -> int:
                 "--callgrind-out-file=/dev/null",
                 sys.executable,
                 "-m",
-                "loadtest.inprocess",
+                module,
                 "--requests",
                 str(total),
                 "--peer",
@@ -76,7 +87,8 @@ def worktree(ref: str, directory: Path, own_harness: bool) -> Path:
         capture_output=True,
     )
     if not own_harness:
-        shutil.copy(ROOT / "loadtest" / "inprocess.py", path / "loadtest" / "inprocess.py")
+        (path / HARNESS).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / HARNESS, path / HARNESS)
     return path
 
 
@@ -96,7 +108,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--against", metavar="REF", help="also measure this git revision")
     parser.add_argument(
-        "--ref-harness", action="store_true", help="run REF with its own loadtest.inprocess"
+        "--ref-harness", action="store_true", help="run REF with its own loadtest.bench.inprocess"
     )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:

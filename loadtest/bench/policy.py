@@ -18,10 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from loadtest.bench_proxy import CHAT, process
-from loadtest.http_load import run_wrk
-from loadtest.proc_stats import cpu_seconds
-from loadtest.processes import free_port, gateway_process
+from loadtest.bench.proxy import process
+from loadtest.client.http_load import run_wrk
+from loadtest.harness.proc_stats import cpu_seconds
+from loadtest.harness.processes import free_port, gateway_process
+from loadtest.workloads.fixed import CHAT
 
 KEY = "sk-bench-policy-chain"
 
@@ -67,7 +68,7 @@ def main() -> int:
         return 2
     directory = Path(tempfile.mkdtemp(prefix="kvgate-bench-policy-"))
     ups, redis_port = [free_port(), free_port()], free_port()
-    mock = [sys.executable, "-m", "loadtest.mock_upstream", "--port"]
+    mock = [sys.executable, "-m", "loadtest.bench.mock_upstream", "--port"]
     redis = subprocess.Popen(
         ["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,

@@ -1,0 +1,1 @@
+"""Reports of measured runs: summaries, tables and plots."""

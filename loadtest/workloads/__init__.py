@@ -1,0 +1,1 @@
+"""Request generators: seeded, reproducible request bodies."""
