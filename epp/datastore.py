@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from epp.framework import Endpoint
+from epp.metrics_parser import names_for
 from policies.schema import Policy
 
 
@@ -24,6 +25,10 @@ class Datastore:
             for name, pool in policy.pools.items()
         }
         self.engines = {name: pool.engine for name, pool in policy.pools.items()}
+        self.metric_names = {
+            name: names_for(pool.engine, dict(pool.metric_names))
+            for name, pool in policy.pools.items()
+        }
 
     def endpoints(self, pool: str) -> list[Endpoint]:
         return self.pools.get(pool, [])

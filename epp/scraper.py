@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from epp.datastore import Datastore
 from epp.framework import Endpoint
-from epp.metrics_parser import NAMES, parse_metrics
+from epp.metrics_parser import VLLM, parse_metrics
 from epp.tasks import cancel_all
 from kvgate.wire.http.client import ConnectionPool, UpstreamConnectionError
 
@@ -63,7 +63,7 @@ class MetricsScraper:
         return body.decode("utf-8", errors="replace")
 
     async def scrape_once(self, endpoint: Endpoint) -> bool:
-        names = NAMES.get(self.datastore.engines.get(endpoint.pool, "vllm"), NAMES["vllm"])
+        names = self.datastore.metric_names.get(endpoint.pool, VLLM)
         port = endpoint.metrics_port
         address = (
             endpoint.address if port is None else f"{endpoint.address.rsplit(':', 1)[0]}:{port}"

@@ -17,14 +17,14 @@ from typing import Protocol
 
 from gateway.breaker import BreakerState, CircuitBreaker
 from gateway.identity import Identity
-from policies.schema import Endpoint, Policy
+from policies.schema import EndpointSpec, Policy
 
 
 @dataclass(eq=False, slots=True)
 class EndpointState:
     """One upstream as this gateway process sees it."""
 
-    endpoint: Endpoint
+    endpoint: EndpointSpec
     pool: str
     breaker: CircuitBreaker
     in_flight: int = 0

@@ -74,7 +74,11 @@ async def relay_stream(
             else ("upstream connection lost mid-stream")
         )
     if not failure and not relay.saw_done:
-        failure = "upstream ended the stream without [DONE]"
+        failure = (
+            "upstream ended the stream in the middle of an event"
+            if relay.pending
+            else "upstream ended the stream without [DONE]"
+        )
     if relay.usage:
         _record_usage(ctx, relay.usage)
     if failure:

@@ -18,10 +18,11 @@ from policies.plugin_catalog import PluginCatalog
 from policies.routes_section import load_routes
 from policies.schema import (
     ENGINES,
+    METRIC_OVERRIDES,
     ROLES,
     Admin,
     Breakers,
-    Endpoint,
+    EndpointSpec,
     Listen,
     Observability,
     Policy,
@@ -149,11 +150,14 @@ def _pools(top: Fields) -> dict[str, Pool]:
                 "kv_events",
                 "pd",
                 "max_concurrency",
+                "metrics",
             },
         )
         kv_events = f.sub("kv_events", {"port"})
+        names = f.sub("metrics", set(METRIC_OVERRIDES))
+        metric_names = {key: names.text(key) for key in METRIC_OVERRIDES if names.has(key)}
         pd = f.sub("pd", {"min_uncached_tokens"})
-        endpoints: list[Endpoint] = []
+        endpoints: list[EndpointSpec] = []
         for item_path, item in f.items("endpoints", required=True):
             endpoint = _endpoint(f, item_path, item)
             if endpoint is not None:
@@ -173,11 +177,12 @@ def _pools(top: Fields) -> dict[str, Pool]:
             kv_events_port=kv_events.opt_int("port", low=1, high=65535),
             pd_min_uncached_tokens=pd.opt_int("min_uncached_tokens", low=0),
             max_concurrency=f.opt_int("max_concurrency", low=1),
+            metric_names=metric_names,
         )
     return pools
 
 
-def _endpoint(parent: Fields, path: str, item: object) -> Endpoint | None:
+def _endpoint(parent: Fields, path: str, item: object) -> EndpointSpec | None:
     if isinstance(item, str):
         item = {"address": item}
     f = Fields(parent.source, item, path, {"address", "role", "labels", "kv_events_port"})
@@ -191,7 +196,7 @@ def _endpoint(parent: Fields, path: str, item: object) -> Endpoint | None:
     if not address:
         return None
     port = f.opt_int("kv_events_port", low=1, high=65535)
-    return Endpoint(
+    return EndpointSpec(
         address=address,
         role=f.text("role", "both", choices=ROLES),
         labels=labels,

@@ -13,6 +13,7 @@ from functools import cached_property
 DEFAULT_CLASS = "standard"
 ROLES = ("both", "prefill", "decode")
 ENGINES = ("vllm", "sglang", "kvgate")
+METRIC_OVERRIDES = ("waiting", "running", "kv_usage", "lora_info")  # pools.<name>.metrics keys
 JWT_ALGORITHMS = (
     "HS256",
     "HS384",
@@ -87,7 +88,10 @@ class Tenant:
 
 
 @dataclass(frozen=True)
-class Endpoint:
+class EndpointSpec:
+    """One model server as the policy lists it (the gateway's ``EndpointState`` and the EPP's
+    ``Endpoint`` are its live views)."""
+
     address: str  # host:port
     role: str = "both"  # both | prefill | decode
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -101,7 +105,7 @@ class Endpoint:
 @dataclass(frozen=True)
 class Pool:
     name: str
-    endpoints: tuple[Endpoint, ...]
+    endpoints: tuple[EndpointSpec, ...]
     model: str | None = None  # the upstream model name requests are rewritten to
     engine: str = "vllm"  # metric names the picker scrapes: vllm | sglang | kvgate
     api_key: str | None = None  # sent upstream as a bearer token (clients' keys never are)
@@ -109,6 +113,7 @@ class Pool:
     kv_events_port: int | None = None  # the endpoints' KV-event port, for precise prefix routing
     pd_min_uncached_tokens: int | None = None  # prefill/decode pools: when to add a prefill pick
     max_concurrency: int | None = None  # requests in flight per gateway process; more are queued
+    metric_names: Mapping[str, str] = field(default_factory=dict)  # METRIC_OVERRIDES -> name
 
 
 @dataclass(frozen=True)

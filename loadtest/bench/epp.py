@@ -30,6 +30,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from epp.framework import SchedulingRequest
 from epp.service import EppService
+from loadtest.bench.metrics_parse import compare as compare_parsers
 from loadtest.client.envoy_messages import body_messages, headers_message
 from loadtest.harness.proc_stats import cpu_seconds
 from loadtest.harness.processes import epp_process, free_port
@@ -160,6 +161,11 @@ def main() -> int:
         for tokens in (1_000, 8_000, 32_000):
             p50, p99, rate = in_process(endpoints, tokens, args.picks)
             print(f"| {endpoints} | {tokens:,} | {p50:.3f} | {p99:.3f} | {rate:,.0f} |")
+    ours, full, lines = compare_parsers()
+    print("\n## Metrics parse per scrape (vLLM-like text, 2 engines)\n")
+    print("| lines | picker's parser µs | prometheus_client µs | ratio |")
+    print("|---:|---:|---:|---:|")
+    print(f"| {lines} | {ours:.1f} | {full:.1f} | {full / ours:.1f}x |")
     sizes = (1_000, 8_000, 32_000)
     print("\n## Over ext_proc (one gRPC stream per request, loopback, Python client)\n")
     floors = floor_rows(sizes, args.requests, args.seconds)
