@@ -40,7 +40,17 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--lora-modules", nargs="*", default=[], metavar="NAME=PATH", help="adapters at start-up"
     )
-    p.add_argument("--kv-events-port", type=int, help="publish KV events (ZMQ PUB) on this port")
+    p.add_argument(
+        "--kv-events-port", type=int, help="publish KV events (ZMQ PUB bound on --host:PORT)"
+    )
+    p.add_argument(
+        "--kv-events-endpoint",
+        help="or publish on this ZMQ endpoint, as vLLM: tcp://*:PORT binds, tcp://HOST:PORT "
+        "connects (to a subscriber bound there)",
+    )
+    p.add_argument(
+        "--kv-events-replay-port", type=int, help="serve missed batches (ZMQ ROUTER) on this port"
+    )
     p.add_argument(
         "--kv-events-topic", help="ZMQ topic (default kv@HOST:PORT@MODEL, llm-d's convention)"
     )
@@ -59,7 +69,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def build_state(args: argparse.Namespace) -> ServerState:
     """Everything the server needs, from parsed arguments (raises ValueError on bad values)."""
     tokenizer = ByteTokenizer()
-    kv_events = args.kv_events_port is not None
+    kv_events = args.kv_events_port is not None or args.kv_events_endpoint is not None
     config = EngineConfig(
         SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
@@ -83,7 +93,13 @@ def build_state(args: argparse.Namespace) -> ServerState:
     sink = None
     if kv_events:
         topic = args.kv_events_topic or f"kv@{args.host}:{args.port}@{args.model}"
-        sink = ZmqEventPublisher(f"tcp://{args.host}:{args.kv_events_port}", topic)
+        replay = args.kv_events_replay_port
+        sink = ZmqEventPublisher(
+            args.kv_events_endpoint or f"tcp://{args.host}:{args.kv_events_port}",
+            topic,
+            replay_endpoint=None if replay is None else f"tcp://{args.host}:{replay}",
+            bind=None if args.kv_events_endpoint else True,
+        )
     engine = build_engine(config, runner, event_sink=sink)
     metrics = ServerMetrics(engine, args.model, args.max_loras)
     engine.observer = metrics

@@ -45,6 +45,9 @@ class Endpoint:
     metrics_port: int | None = None  # where /metrics is served, if not on ``address``
     dispatched: int = 0  # picks since the last scrape, not yet visible in ``metrics``
     kv_events_port: int | None = None  # where the engine publishes KV events (ZMQ PUB)
+    kv_events_bind: str | None = None  # or: the address the EPP binds, engines connecting
+    kv_events_replay_port: int | None = None  # the engine's replay socket (ZMQ ROUTER)
+    kv_events_topic: str | None = None  # bind mode: the topic this engine publishes on
     healthy: bool = True  # false after repeated failed scrapes, until one succeeds
 
 

@@ -2,7 +2,7 @@
 
 Plugins get a ``PluginHandle`` when they are built and keep only what they need from it: the
 prefix index (one per distinct parameters, owned by the service, which starts it, feeds it and
-teaches it each accepted pick) and the pool's saturation detector (the same thresholds the
+teaches it each dispatched pick) and the pool's saturation detector (the same thresholds the
 gateway's admission gate and ext_proc's shedding use).
 """
 

@@ -12,7 +12,7 @@ def clamp(value: float) -> float:
 
 
 class ProfileRunner:
-    """Runs one profile over candidates; it learns nothing (``EppService.accepted`` does)."""
+    """Runs one profile over candidates; it learns nothing (``EppService.dispatched`` does)."""
 
     def __init__(self, profile: Profile) -> None:
         self.profile = profile

@@ -2,14 +2,16 @@
 they share (prefix indexes, saturation), a profile handler per pool, metrics.
 
 The embedded gateway picker, the Pick API and the ext_proc server all call ``pick`` to rank a
-pool's endpoints, and ``accepted`` once an endpoint has taken the request (only then do the
-learning plugins, such as the prefix index and session affinity, record it).
+pool's endpoints, and ``dispatched`` for the endpoint the request is sent to: only then do the
+learning plugins (the prefix indexes, session affinity) record it. ``refused`` takes a
+dispatch back when the endpoint could not be reached.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from epp.config import build_plugins, build_profile
 from epp.datastore import Datastore
@@ -24,6 +26,14 @@ from epp.routing_text import routing_text
 from epp.saturation import SaturationDetector
 from epp.scraper import MetricsScraper
 from policies.schema import Policy
+
+
+@dataclass(eq=False, slots=True)
+class Dispatch:
+    """One request sent to one endpoint, with what takes back its records."""
+
+    endpoint: Endpoint
+    undo: list[Callable[[], None]]
 
 
 class EppService:
@@ -113,7 +123,7 @@ class EppService:
     ) -> Decision:
         """Rank ``pool``'s endpoints for ``request`` through the pool's profile handler.
 
-        Nothing is learned: call ``accepted`` for each endpoint that took the request.
+        Nothing is learned: call ``dispatched`` for each endpoint the request is sent to.
         ``subset`` keeps only endpoints whose host (IP) is listed, as GIE's subset hint does.
         """
         started = time.perf_counter()
@@ -124,14 +134,22 @@ class EppService:
         self.metrics.pick_latency.labels(pool).observe(time.perf_counter() - started)
         return decision
 
-    def accepted(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
-        """``endpoint`` took ``request``: count it until the next scrape shows it, and let the
-        prefix indexes and learning plugins record it."""
+    def dispatched(self, request: SchedulingRequest, endpoint: Endpoint) -> Dispatch:
+        """``request`` is being sent to ``endpoint``: count it until the next scrape shows it,
+        and let the prefix indexes and learning plugins record it."""
         endpoint.dispatched += 1
         for observer in self._observers:
             observer.on_pick(request, endpoint)
-        for index in self.handle.indexes.values():
-            index.learn(request, endpoint)
+        undo = [index.learn(request, endpoint) for index in self.handle.indexes.values()]
+        return Dispatch(endpoint, [u for u in undo if u is not None])
+
+    def refused(self, dispatch: Dispatch) -> None:
+        """The endpoint of ``dispatch`` never took the request: take back what it recorded."""
+        if dispatch.endpoint.dispatched > 0:
+            dispatch.endpoint.dispatched -= 1
+        for undo in dispatch.undo:
+            undo()
+        dispatch.undo.clear()
 
     def candidates(
         self, pool: str, exclude: set[str] | None, subset: set[str] | None

@@ -4,14 +4,14 @@ backed by an in-process ``EppService``."""
 from __future__ import annotations
 
 from epp.framework import Endpoint, SchedulingRequest
-from epp.service import EppService
+from epp.service import Dispatch, EppService
 from gateway.endpoint_picker import EndpointState, PickRequest, Ranking
 from policies.schema import Policy
 
 
 class EmbeddedEpp:
-    """Ranks a pool once per request with the EPP's profiles; the ranking teaches the EPP the
-    endpoint each attempt was sent to."""
+    """Ranks a pool once per request with the EPP's profiles; the ranking tells the EPP each
+    endpoint it hands out, and each that refused the connection."""
 
     def __init__(
         self,
@@ -43,7 +43,7 @@ class EmbeddedEpp:
 class EppRanking:
     """The EPP's ranking of one request, walked in order by the upstream call's attempts."""
 
-    __slots__ = ("_cursor", "_ranked", "_request", "_service", "learns")
+    __slots__ = ("_cursor", "_dispatches", "_ranked", "_request", "_service")
 
     def __init__(
         self,
@@ -55,19 +55,19 @@ class EppRanking:
         self._request = request
         self._ranked = ranked
         self._cursor = 0
-        self.learns = True
+        self._dispatches: list[tuple[EndpointState, Dispatch]] = []
 
     def next(self, exclude: set[str]) -> EndpointState | None:
         ranked = self._ranked
         while self._cursor < len(ranked):
-            state = ranked[self._cursor][0]
+            state, target = ranked[self._cursor]
             self._cursor += 1
             if not exclude or state.address not in exclude:
+                self._dispatches.append((state, self._service.dispatched(self._request, target)))
                 return state
         return None
 
-    def sent(self, endpoint: EndpointState) -> None:
-        for state, target in self._ranked:
+    def refused(self, endpoint: EndpointState) -> None:
+        for state, dispatch in self._dispatches:
             if state is endpoint:
-                self._service.accepted(self._request, target)
-                return
+                self._service.refused(dispatch)

@@ -2,9 +2,11 @@
 and the least-in-flight default.
 
 A picker ranks a pool's endpoints once per request; the upstream call walks the ranking,
-one endpoint per attempt, and tells it which endpoint the request was sent to (so a learning
-picker records a pick only once an upstream took the request). The embedded endpoint picker
-(``gateway.embedded_epp``) implements the same contract with the EPP's KV-cache-aware scoring.
+one endpoint per attempt. A learning picker records each endpoint as it hands it out (so a
+burst of one prefix sees the pick at once) and takes it back when the upstream refuses the
+connection (so a dead endpoint is not believed to hold what it never got). The embedded
+endpoint picker (``gateway.embedded_epp``) implements the same contract with the EPP's
+KV-cache-aware scoring.
 """
 
 from __future__ import annotations
@@ -64,15 +66,13 @@ class PickRequest:
 class Ranking(Protocol):
     """One request's endpoints of a pool, best first, walked by the upstream call's attempts."""
 
-    learns: bool  # whether ``sent`` must be called (a picker that learns from its picks)
-
     def next(self, exclude: set[str]) -> EndpointState | None:
         """The best endpoint not yet returned and not in ``exclude`` (addresses); None when
-        the ranking is exhausted."""
+        the ranking is exhausted. The request is about to be sent there."""
         ...
 
-    def sent(self, endpoint: EndpointState) -> None:
-        """The request was handed to ``endpoint`` on a connection it accepted."""
+    def refused(self, endpoint: EndpointState) -> None:
+        """``endpoint`` could not be reached: it never took the request."""
         ...
 
 
@@ -117,14 +117,13 @@ class LeastInFlightRanking:
     """Ranks lazily: each ``next`` takes the endpoint with the fewest requests in flight at that
     moment (counting is cheaper than sorting, and a retry sees the counts as they are then)."""
 
-    __slots__ = ("_endpoints", "_random", "learns")
+    __slots__ = ("_endpoints", "_random")
 
     def __init__(self, endpoints: list[EndpointState], rng: random.Random) -> None:
         self._endpoints = endpoints
         self._random = rng
-        self.learns = False
 
-    def sent(self, endpoint: EndpointState) -> None:
+    def refused(self, endpoint: EndpointState) -> None:
         return None
 
     def next(self, exclude: set[str]) -> EndpointState | None:

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import partial
 
 from opentelemetry import trace
 from opentelemetry.propagate import inject
@@ -175,23 +174,18 @@ async def open_upstream(
         tried.add(endpoint.address)
         ctx.attempts = number + 1
         attempt = Attempt(endpoint)
-        on_sent = partial(ranking.sent, endpoint) if ranking.learns else None
         try:
             if call.tracer is None:
                 response = await call.pool.request(
-                    endpoint.address,
-                    "POST",
-                    path,
-                    headers,
-                    payload,
-                    first_byte=first_byte,
-                    on_sent=on_sent,
+                    endpoint.address, "POST", path, headers, payload, first_byte=first_byte
                 )
             else:
-                response = await _send_traced(call, endpoint, path, payload, headers, on_sent)
+                response = await _send_traced(call, endpoint, path, payload, headers)
         except RETRYABLE as exc:
             timed_out = isinstance(exc, asyncio.TimeoutError)
             attempt.fail(TIMED_OUT if timed_out else CONNECT_FAILED)
+            if not timed_out:
+                ranking.refused(endpoint)  # it never took the request: nothing to learn
             kind = "timeout" if timed_out else "connect"
             call.metrics.upstream_errors.labels(endpoint.address, kind).inc()
             last = _as_gateway_error(exc, endpoint)
@@ -225,7 +219,6 @@ async def _send_traced(
     path: str,
     payload: bytes,
     headers: bytes,
-    on_sent: Callable[[], None] | None,
 ) -> UpstreamResponse:
     assert call.tracer is not None
     with call.tracer.start_as_current_span(
@@ -248,7 +241,6 @@ async def _send_traced(
             headers,
             payload,
             first_byte=call.timeouts.first_byte,
-            on_sent=on_sent,
         )
 
 

@@ -96,6 +96,7 @@ class EndpointSpec:
     role: str = "both"  # both | prefill | decode
     labels: Mapping[str, str] = field(default_factory=dict)
     kv_events_port: int | None = None  # overrides the pool's kv_events.port for this endpoint
+    kv_events_topic: str | None = None  # kv_events.bind: the topic this engine publishes on
 
     @property
     def url(self) -> str:
@@ -111,6 +112,8 @@ class Pool:
     api_key: str | None = None  # sent upstream as a bearer token (clients' keys never are)
     adapters: tuple[str, ...] = ()  # LoRA adapters served here; a request for one prefers residents
     kv_events_port: int | None = None  # the endpoints' KV-event port, for precise prefix routing
+    kv_events_bind: str | None = None  # or a ZMQ address the EPP binds and the engines connect to
+    kv_events_replay_port: int | None = None  # the engines' replay (ROUTER) port, if they have one
     pd_min_uncached_tokens: int | None = None  # prefill/decode pools: when to add a prefill pick
     max_concurrency: int | None = None  # requests in flight per gateway process; more are queued
     metric_names: Mapping[str, str] = field(default_factory=dict)  # METRIC_OVERRIDES -> name

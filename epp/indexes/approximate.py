@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from functools import partial
 
 from epp.framework import Endpoint, SchedulingRequest
-from epp.indexes.prefix_index import DEFAULT_CAPACITY, KeyMemo, PrefixIndexParams
+from epp.indexes.prefix_index import DEFAULT_CAPACITY, KeyMemo, PrefixIndexParams, Undo
 from epp.routing_text import routing_text
 from kvgate.wire.block_hash import text_block_hashes
 
@@ -67,13 +68,19 @@ class ApproximatePrefixIndex:
             matched[address] = low
         return matched
 
-    def record(self, address: str, hashes: list[int], capacity: int = DEFAULT_CAPACITY) -> None:
+    def record(
+        self, address: str, hashes: list[int], capacity: int = DEFAULT_CAPACITY
+    ) -> list[int]:
+        """Record that ``address`` holds the chain ``hashes``; the blocks it did not hold
+        before (what ``forget_blocks`` takes back if the endpoint never got the request)."""
         lru = self._lru.setdefault(address, OrderedDict())
+        added: list[int] = []
         for block in reversed(hashes):  # tail first: each block's prefix stays more recent
             if block in lru:
                 lru.move_to_end(block)
             else:
                 lru[block] = None
+                added.append(block)
                 self._owners.setdefault(block, set()).add(address)
         while len(lru) > max(capacity, 1):
             evicted, _ = lru.popitem(last=False)
@@ -82,6 +89,20 @@ class ApproximatePrefixIndex:
                 owners.discard(address)
                 if not owners:
                     del self._owners[evicted]
+        return added
+
+    def forget_blocks(self, address: str, blocks: list[int]) -> None:
+        """Take back ``blocks`` recorded for ``address`` (those still there)."""
+        lru = self._lru.get(address)
+        if lru is None:
+            return
+        for block in blocks:
+            if lru.pop(block, 0) is None:
+                owners = self._owners.get(block)
+                if owners is not None:
+                    owners.discard(address)
+                    if not owners:
+                        del self._owners[block]
 
     def remove(self, address: str) -> None:
         """Forget an endpoint (gone, or restarted with an empty cache)."""
@@ -126,10 +147,12 @@ class ApproximatePrefixCache:
         text = routing_text(request.body) if request.body else request.routing_text
         return len(text) // self.params.chars_per_token
 
-    def learn(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
+    def learn(self, request: SchedulingRequest, endpoint: Endpoint) -> Undo:
         keys = self.keys(request)
-        if keys:
-            self.index.record(endpoint.address, keys, self._capacity(endpoint))
+        if not keys:
+            return None
+        added = self.index.record(endpoint.address, keys, self._capacity(endpoint))
+        return partial(self.index.forget_blocks, endpoint.address, added) if added else None
 
     def _capacity(self, endpoint: Endpoint) -> int:
         m = endpoint.metrics

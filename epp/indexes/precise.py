@@ -16,8 +16,14 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kvgate.wire.block_hash import ROOT, extra_key, token_block_hashes
-from kvgate.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_event
+from kvgate.wire.block_hash import (
+    ROOT,
+    extras_key,
+    hash_block,
+    request_extras,
+    token_block_hashes,
+)
+from kvgate.wire.kv_events import GPU, AllBlocksCleared, BlockRemoved, BlockStored, decode_event
 
 
 def block_keys(
@@ -26,18 +32,43 @@ def block_keys(
     lora: str | None = None,
     parent: int = ROOT,
     max_blocks: int | None = None,
+    cache_salt: str | None = None,
 ) -> list[int]:
-    """Chained keys of the full blocks of ``token_ids`` (``kvgate.wire.block_hash``)."""
+    """A request's chained keys of the full blocks of ``token_ids``, each block's extra keys
+    (LoRA name, the cache salt on the first block) in its identity, as vLLM hashes them."""
+    blocks = len(token_ids) // block_size
+    if max_blocks is not None:
+        blocks = min(blocks, max_blocks)
+    extras = request_extras(lora, cache_salt, blocks)
     return token_block_hashes(
-        token_ids, block_size, extra=extra_key(lora), parent=parent, max_blocks=max_blocks
+        token_ids, block_size, extras=extras, parent=parent, max_blocks=max_blocks
     )
+
+
+def group_root(group: int) -> int:
+    """Where a KV-cache group's chains start: group 0 (full attention, what requests match)
+    at the root, every other group elsewhere, so equal engine hashes of two groups differ."""
+    return ROOT if group == 0 else hash_block(ROOT, b"\x00group:%d" % group)
+
+
+def stored_keys(event: BlockStored, parent: int) -> list[int]:
+    """The keys of a ``BlockStored`` event's blocks, chained on from ``parent``."""
+    blocks = len(event.block_hashes)
+    if event.extra_keys is not None:
+        extras = [extras_key(k) for k in event.extra_keys]
+    else:  # an older publisher: the LoRA name is the only extra key it tells
+        extras = [extras_key([event.lora_name] if event.lora_name else None)] * blocks
+    return token_block_hashes(event.token_ids, event.block_size, extras=extras, parent=parent)
+
+
+EngineBlock = tuple[int, int]  # (KV-cache group, the engine's block hash)
 
 
 @dataclass
 class _EndpointState:
-    keys_by_engine_hash: dict[int, int] = field(default_factory=dict)
+    keys_by_engine_hash: dict[EngineBlock, int] = field(default_factory=dict)
     key_counts: dict[int, int] = field(default_factory=dict)  # an engine may store a block twice
-    last_seq: int = -1
+    last_seq: dict[int | None, int] = field(default_factory=dict)  # per data-parallel rank
     speculative: dict[int, float] = field(default_factory=dict)  # key -> expiry (monotonic)
 
 
@@ -58,47 +89,62 @@ class PreciseIndex:
         state = self._endpoints.get(address)
         return len(state.key_counts) if state else 0
 
+    def last_seq(self, address: str, rank: int | None = None) -> int:
+        """The sequence number of the last batch applied from ``address`` (-1: none yet)."""
+        state = self._endpoints.get(address)
+        return -1 if state is None else state.last_seq.get(rank, -1)
+
     # -- events -----------------------------------------------------------------------------
-    def apply_batch(self, address: str, seq: int, events: Iterable[object]) -> None:
+    def apply_batch(
+        self, address: str, seq: int, events: Iterable[object], rank: int | None = None
+    ) -> None:
         """Apply one event batch from ``address`` (raw events, as ``kv_events.decode_event``
-        reads them; unknown ones are skipped)."""
+        reads them; unknown ones, and blocks of tiers other than the GPU's, are skipped).
+        Sequence numbers are counted per data-parallel ``rank``."""
         state = self._endpoints.setdefault(address, _EndpointState())
-        if state.last_seq >= 0 and seq != state.last_seq + 1:
-            if seq <= state.last_seq:
+        last = state.last_seq.get(rank, -1)
+        if last >= 0 and seq != last + 1:
+            if seq <= last:
                 self.restarts += 1
             else:
                 self.gaps += 1
             self.clear(address)
             state = self._endpoints.setdefault(address, _EndpointState())
-        state.last_seq = seq
+        state.last_seq[rank] = seq
         for raw in events:
             event = decode_event(raw)
             if isinstance(event, BlockStored):
-                self._stored(address, state, event)
+                if event.medium in (None, GPU):
+                    self._stored(address, state, event)
             elif isinstance(event, BlockRemoved):
-                self._removed(address, state, event.block_hashes)
+                if event.medium in (None, GPU):
+                    self._removed(address, state, event.group_idx, event.block_hashes)
             elif isinstance(event, AllBlocksCleared):
                 self.clear(address, keep_seq=True)
 
     def _stored(self, address: str, state: _EndpointState, event: BlockStored) -> None:
+        group = event.group_idx
         if event.parent_block_hash is None:
-            parent_key = ROOT
+            parent_key = group_root(group)
         else:
-            known = state.keys_by_engine_hash.get(event.parent_block_hash)
+            known = state.keys_by_engine_hash.get((group, event.parent_block_hash))
             if known is None:
                 return  # its parent was never seen: the chain cannot be keyed
             parent_key = known
-        keys = block_keys(event.token_ids, event.block_size, event.lora_name, parent_key)
+        keys = stored_keys(event, parent_key)
         for engine_hash, key in zip(event.block_hashes, keys, strict=False):
-            if state.keys_by_engine_hash.get(engine_hash) == key:
-                continue
-            state.keys_by_engine_hash[engine_hash] = key
+            block = (group, engine_hash)
+            if state.keys_by_engine_hash.get(block) == key:
+                continue  # stored again (vLLM reports reused blocks too)
+            state.keys_by_engine_hash[block] = key
             state.key_counts[key] = state.key_counts.get(key, 0) + 1
             self._owners.setdefault(key, set()).add(address)
 
-    def _removed(self, address: str, state: _EndpointState, hashes: Iterable[int]) -> None:
+    def _removed(
+        self, address: str, state: _EndpointState, group: int, hashes: Iterable[int]
+    ) -> None:
         for engine_hash in hashes:
-            key = state.keys_by_engine_hash.pop(engine_hash, None)
+            key = state.keys_by_engine_hash.pop((group, engine_hash), None)
             if key is None:
                 continue
             remaining = state.key_counts.get(key, 1) - 1
@@ -115,7 +161,7 @@ class PreciseIndex:
         for key in state.key_counts:
             self._drop(key, address)
         if keep_seq:
-            self._endpoints[address] = _EndpointState(last_seq=state.last_seq)
+            self._endpoints[address] = _EndpointState(last_seq=dict(state.last_seq))
 
     def _drop(self, key: int, address: str) -> None:
         owners = self._owners.get(key)
@@ -125,13 +171,24 @@ class PreciseIndex:
                 del self._owners[key]
 
     # -- lookups ----------------------------------------------------------------------------
-    def record_speculative(self, address: str, keys: Iterable[int]) -> None:
+    def record_speculative(self, address: str, keys: Iterable[int]) -> list[int]:
+        """Count ``keys`` as held by ``address`` for ``speculative_ttl`` seconds (until its
+        events arrive); the keys that were not already speculated."""
         now = time.monotonic()
         state = self._endpoints.setdefault(address, _EndpointState())
         if len(state.speculative) > 100_000:
             state.speculative = {k: t for k, t in state.speculative.items() if t > now}
+        added = [key for key in keys if key not in state.speculative]
         for key in keys:
             state.speculative[key] = now + self.speculative_ttl
+        return added
+
+    def forget_speculative(self, address: str, keys: Iterable[int]) -> None:
+        """Take back speculative ``keys`` of ``address`` (the endpoint never got the request)."""
+        state = self._endpoints.get(address)
+        if state is not None:
+            for key in keys:
+                state.speculative.pop(key, None)
 
     def match(self, keys: list[int], addresses: Iterable[str]) -> dict[str, int]:
         """Per address, how many leading blocks it holds (or was just sent)."""

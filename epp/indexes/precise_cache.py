@@ -4,10 +4,11 @@ and the tokenizer that cuts a request into the same blocks the engine caches."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 
 from epp.framework import Endpoint, SchedulingRequest
 from epp.indexes.precise import PreciseIndex, block_keys
-from epp.indexes.prefix_index import KeyMemo, PrefixIndexParams
+from epp.indexes.prefix_index import KeyMemo, PrefixIndexParams, Undo
 from epp.kv_events import KVEventSubscriber
 from epp.tokenize import make_encoder, request_token_ids
 
@@ -48,11 +49,13 @@ class PrecisePrefixCache:
         keys = self._memo.get(request.request_id)
         if keys is None:
             p = self.params
+            salt = request.body.get("cache_salt")
             keys = block_keys(
                 self._token_ids(request),
                 p.block_size_tokens,
                 request.lora,
                 max_blocks=p.max_prefix_blocks,
+                cache_salt=salt if isinstance(salt, str) else None,
             )
             keys = self._memo.put(request.request_id, keys)
         return keys
@@ -63,10 +66,12 @@ class PrecisePrefixCache:
     def prompt_tokens(self, request: SchedulingRequest) -> int:
         return len(self._token_ids(request))
 
-    def learn(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
+    def learn(self, request: SchedulingRequest, endpoint: Endpoint) -> Undo:
         keys = self.keys(request)
-        if keys:
-            self.index.record_speculative(endpoint.address, keys)
+        if not keys:
+            return None
+        added = self.index.record_speculative(endpoint.address, keys)
+        return partial(self.index.forget_speculative, endpoint.address, added) if added else None
 
     def blocks_of(self, address: str) -> int:
         return self.index.blocks_of(address)

@@ -2,19 +2,21 @@
 
 The EPP service owns one index per distinct ``PrefixIndexParams`` and hands it to plugins
 through their ``PluginHandle``; the prefix-cache scorer reads it, and the service teaches it
-which endpoint took a request once the upstream has accepted it. Two kinds implement it:
+each pick as the request is sent (so a burst of one prefix sees it at once) and takes the pick
+back if the endpoint refused the connection. Two kinds implement it:
 ``approximate`` (learned from the picker's own decisions, ``ApproximatePrefixCache``) and
 ``precise`` (from the engines' KV events, ``PrecisePrefixCache``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 from epp.framework import Endpoint, SchedulingRequest
 
+Undo = Callable[[], None] | None  # takes back what one ``learn`` recorded
 DEFAULT_CAPACITY = 31_250  # blocks per endpoint when its KV size is unknown (GIE's default)
 
 
@@ -54,8 +56,9 @@ class PrefixIndex(Protocol):
         """About how many tokens the whole prompt has."""
         ...
 
-    def learn(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
-        """``endpoint`` accepted ``request``: it will hold the request's blocks."""
+    def learn(self, request: SchedulingRequest, endpoint: Endpoint) -> Undo:
+        """``request`` was sent to ``endpoint``: it will hold the request's blocks. Returns
+        what takes that back if the endpoint turns out never to have taken the request."""
         ...
 
     def blocks_of(self, address: str) -> int:

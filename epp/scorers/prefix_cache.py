@@ -3,7 +3,7 @@
 Its parameters choose the prefix index it reads (``PrefixIndexParams``): ``mode: approximate``
 (default, GIE's) learns from the picker's own decisions; ``mode: precise`` reads the engines' KV
 events. The EPP service owns the index (``PluginHandle.prefix_index``) and teaches it each
-accepted pick; this scorer only reads it.
+dispatched pick (and takes it back if refused); this scorer only reads it.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ class Params:
 
 
 class SessionAffinityScorer:
-    """Scores 1 for the endpoint that last served the request's session; learns accepted picks."""
+    """Scores 1 for the endpoint that last served the request's session; learns dispatched picks."""
 
     def __init__(self, name: str, params: Params) -> None:
         self.name = name

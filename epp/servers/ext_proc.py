@@ -215,9 +215,8 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         target = self.service.pick(pool, scheduling, subset=subset).result.target
         if target is None:
             raise PickError(429, "failed to find target endpoint", "no_endpoint")
-        # Envoy sends the request as soon as this reply arrives and may not show us the
-        # response: the pick is taken as accepted now.
-        self.service.accepted(scheduling, target)
+        # Envoy sends the request as soon as this reply arrives: it is dispatched now.
+        self.service.dispatched(scheduling, target)
         return target.address
 
     def _response_headers(

@@ -37,8 +37,8 @@ class PickApi(epp_pb2_grpc.EndpointPickerServicer):
         subset = {s.rsplit(":", 1)[0] for s in request.subset} if request.subset else None
         decision = self.service.pick(pool, scheduling, exclude=set(request.exclude), subset=subset)
         result, prefill = decision.result, decision.prefill
-        for chosen in decision.chosen:  # the caller sends it on: taken as accepted
-            self.service.accepted(scheduling, chosen)
+        for chosen in decision.chosen:  # the caller sends it on: dispatched now
+            self.service.dispatched(scheduling, chosen)
         if result.target is None:
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, "no endpoint can serve the request"

@@ -110,8 +110,6 @@ class ShadowMirror:
                     endpoint.url + path, json=body, headers=headers
                 ) as response:
                     data = await response.read()
-            if ranking.learns and response.status < 500:
-                ranking.sent(endpoint)
             usage = _usage_tokens(data)
             return Outcome(response.status, time.perf_counter() - started, usage, text_of(data))
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 
+import msgpack
 import xxhash
 
 ROOT = 0x6B766761_74650000  # the chains' default root ("kvgate")
@@ -33,24 +34,50 @@ def extra_key(lora_name: str | None) -> bytes:
     return b"\x00lora:" + lora_name.encode() if lora_name else b""
 
 
+def extras_key(extras: Sequence[object] | None) -> bytes:
+    """The bytes of one block's published extra keys (vLLM's per-block ``extra_keys``: LoRA
+    name, multimodal pairs, cache salt), canonical on both ends; empty for none."""
+    if not extras:
+        return b""
+    packed: bytes = msgpack.packb([list(v) if isinstance(v, tuple) else v for v in extras])
+    return b"\x00extra:" + packed
+
+
+def request_extras(lora_name: str | None, cache_salt: str | None, blocks: int) -> list[bytes]:
+    """Each block's ``extras_key`` for a request, as vLLM builds them: the LoRA name on every
+    block, then the cache salt on the first one only (no multimodal inputs)."""
+    lora: list[object] = [lora_name] if lora_name else []
+    first = extras_key(lora + ([cache_salt] if cache_salt else []))
+    rest = extras_key(lora)
+    return [first] + [rest] * (blocks - 1) if blocks > 0 else []
+
+
 def token_block_hashes(
     token_ids: Sequence[int],
     block_size: int,
     *,
     extra: bytes = b"",
+    extras: Sequence[bytes] | None = None,
     parent: int = ROOT,
     first_block: int = 0,
     max_blocks: int | None = None,
 ) -> list[int]:
     """Chained hashes of the full blocks of ``token_ids`` from ``first_block`` on, the chain
-    continuing from ``parent`` (the hash of block ``first_block - 1``, or the root)."""
+    continuing from ``parent`` (the hash of block ``first_block - 1``, or the root). Each
+    block's data is its tokens and ``extra`` or, when given, its own ``extras[i]``
+    (indexed from ``first_block``)."""
     end = len(token_ids) // block_size
     if max_blocks is not None:
         end = min(end, first_block + max_blocks)
     hashes: list[int] = []
     for i in range(first_block, end):
         data = token_bytes(token_ids[i * block_size : (i + 1) * block_size])
-        parent = _digest(data + extra, parent)
+        key = (
+            extras[i - first_block]
+            if extras is not None and i - first_block < len(extras)
+            else extra
+        )
+        parent = _digest(data + key, parent)
         hashes.append(parent)
     return hashes
 

@@ -55,7 +55,7 @@ def pick_and_accept(service: EppService, request: SchedulingRequest) -> None:
     """One decision, taken by its endpoint (as the embedded picker's first attempt is)."""
     target = service.pick("p", request).result.target
     if target is not None:
-        service.accepted(request, target)
+        service.dispatched(request, target)
 
 
 def in_process(endpoints: int, tokens: int, picks: int) -> tuple[float, float, float]:

@@ -1,4 +1,4 @@
-"""vLLM's KV-event wire encoding."""
+"""The backend's KV-event wire encoding: current vLLM's (0.32) batch of msgspec tagged maps."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import msgpack
 from kvgate.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, encode_batch
 
 
-def test_batch_is_positional_arrays_tagged_by_class_name() -> None:
+def test_batch_is_tagged_maps_as_current_vllm_sends() -> None:
     events = [
         BlockStored([11, 12], None, list(range(8)), 4, "ad"),
         BlockRemoved([11]),
@@ -17,9 +17,19 @@ def test_batch_is_positional_arrays_tagged_by_class_name() -> None:
     assert decoded == [
         12.5,
         [
-            ["BlockStored", [11, 12], None, list(range(8)), 4, None, "GPU", "ad"],
-            ["BlockRemoved", [11], "GPU"],
-            ["AllBlocksCleared"],
+            {
+                "type": "BlockStored",
+                "block_hashes": [11, 12],
+                "parent_block_hash": None,
+                "token_ids": list(range(8)),
+                "block_size": 4,
+                "lora_id": None,
+                "medium": "GPU",
+                "lora_name": "ad",
+                "group_idx": 0,
+            },
+            {"type": "BlockRemoved", "block_hashes": [11], "medium": "GPU", "group_idx": 0},
+            {"type": "AllBlocksCleared"},
         ],
-        None,
     ]
+    assert msgpack.unpackb(encode_batch([], 1.0, data_parallel_rank=2)) == [1.0, [], 2]

@@ -28,6 +28,8 @@ def test_parses_the_reference_backends_metrics() -> None:
         lora_modules=["sql=/x"],
         kv_events_port=None,
         kv_events_topic=None,
+        kv_events_endpoint=None,
+        kv_events_replay_port=None,
         cost="zero",
         seed=0,
         default_max_tokens=16,

@@ -29,7 +29,7 @@ def pick_pd(
     """The pool's decision; every endpoint chosen accepts the request."""
     decision = service.pick("pd", scheduling)
     for endpoint in decision.chosen:
-        service.accepted(scheduling, endpoint)
+        service.dispatched(scheduling, endpoint)
     return decision.result, decision.prefill
 
 

@@ -124,3 +124,53 @@ def test_agrees_with_a_brute_force_oracle(
             depth += 1
         expected[address] = depth
     assert index.match(keys, [A, B]) == expected
+
+
+def tagged(hashes: list[int], parent: int | None, tokens: list[int], **fields: object) -> object:
+    """A BlockStored event as vLLM 0.32 sends it (defaults left out)."""
+    return {
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": parent,
+        "token_ids": tokens,
+        "block_size": BS,
+        "medium": "GPU",
+        **fields,
+    }
+
+
+def test_other_tiers_are_not_gpu_resident() -> None:
+    tokens = list(range(8))
+    index = PreciseIndex()
+    index.apply_batch(A, 0, [tagged([1, 2], None, tokens, medium="CPU")])
+    assert index.match(block_keys(tokens, BS), [A]) == {A: 0}
+    index.apply_batch(A, 1, [tagged([1, 2], None, tokens)])
+    index.apply_batch(A, 2, [{"type": "BlockRemoved", "block_hashes": [2], "medium": "CPU"}])
+    assert index.match(block_keys(tokens, BS), [A]) == {A: 2}  # the CPU copy went, not this
+
+
+def test_extra_keys_and_groups_take_part_in_block_identity() -> None:
+    tokens = list(range(8))
+    index = PreciseIndex()
+    extras = [["sql", "salt-1"], ["sql"]]
+    index.apply_batch(A, 0, [tagged([1, 2], None, tokens, lora_name="sql", extra_keys=extras)])
+    salted = block_keys(tokens, BS, lora="sql", cache_salt="salt-1")
+    assert index.match(salted, [A]) == {A: 2}
+    assert index.match(block_keys(tokens, BS, lora="sql"), [A]) == {A: 0}  # no salt
+    assert index.match(block_keys(tokens, BS, cache_salt="salt-1"), [A]) == {A: 0}  # no LoRA
+    # the same engine hashes in another KV-cache group are other blocks
+    index.apply_batch(B, 0, [tagged([1, 2], None, tokens, group_idx=1)])
+    assert index.match(block_keys(tokens, BS), [B]) == {B: 0}
+    index.apply_batch(B, 1, [tagged([1, 2], None, tokens)])
+    index.apply_batch(B, 2, [{"type": "BlockRemoved", "block_hashes": [1, 2], "group_idx": 1}])
+    assert index.match(block_keys(tokens, BS), [B]) == {B: 2}
+
+
+def test_sequence_numbers_count_per_data_parallel_rank() -> None:
+    tokens = list(range(8))
+    index = PreciseIndex()
+    index.apply_batch(A, 0, [tagged([1, 2], None, tokens)], rank=0)
+    index.apply_batch(A, 0, [], rank=1)  # another engine behind the same server
+    index.apply_batch(A, 1, [], rank=0)
+    assert index.gaps == index.restarts == 0
+    assert index.match(block_keys(tokens, BS), [A]) == {A: 2}

@@ -64,7 +64,8 @@ class InOrder:
     def __init__(self) -> None:
         self.pools: dict[str, list[EndpointState]] = {}
         self.rankings = 0
-        self.sent: list[str] = []
+        self.handed_out: list[str] = []
+        self.refused: list[str] = []
 
     def rank(self, pool: str, request: PickRequest) -> Ranking:
         self.rankings += 1
@@ -73,17 +74,18 @@ class InOrder:
 
 class _Listed:
     def __init__(self, owner: InOrder, endpoints: list[EndpointState]) -> None:
-        self.owner, self.endpoints, self.learns = owner, endpoints, True
+        self.owner, self.endpoints = owner, endpoints
 
     def next(self, exclude: set[str]) -> EndpointState | None:
         while self.endpoints:
             endpoint = self.endpoints.pop(0)
             if endpoint.address not in exclude:
+                self.owner.handed_out.append(endpoint.address)
                 return endpoint
         return None
 
-    def sent(self, endpoint: EndpointState) -> None:
-        self.owner.sent.append(endpoint.address)
+    def refused(self, endpoint: EndpointState) -> None:
+        self.owner.refused.append(endpoint.address)
 
 
 def runtime_for(addresses: list[str]) -> Runtime:
@@ -120,7 +122,8 @@ async def test_every_exit_path_lowers_the_in_flight_count_once() -> None:
         assert attempt.endpoint is states[ok] and attempt.response is not None
         assert [states[a].in_flight for a in (dead, failing, ok)] == [0, 0, 1]
         assert picker.rankings == 1  # the retries walked one ranking
-        assert picker.sent == [failing, ok]  # the dead endpoint never took the request
+        assert picker.handed_out == [dead, failing, ok]
+        assert picker.refused == [dead]  # the dead endpoint never took the request
         assert not states[dead].breaker.closed and not states[failing].breaker.closed
         assert states[ok].breaker.closed
         attempt.close()
@@ -172,6 +175,8 @@ retries: {{attempts: 2, backoff: 1ms, max_backoff: 1ms}}
         assert attempt.endpoint.address == live and attempt.response is not None
         attempt.close()
         assert index.blocks_of(dead) == before  # it ranked first, but took nothing
+        dead_state = service.datastore.endpoints("p")[0]
+        assert dead_state.dispatched == 0  # the refused dispatch was taken back
         assert index.blocks_of(live) > 0
         decisions = [
             sample.value

@@ -25,8 +25,8 @@ def read_events(sock: zmq.Socket[bytes], want: int) -> list[tuple[bytes, int, li
     total = 0
     while total < want:
         topic, seq, payload = sock.recv_multipart()
-        ts, events, rank = msgpack.unpackb(payload)
-        assert isinstance(ts, float) and rank is None
+        ts, events = msgpack.unpackb(payload)  # no data-parallel rank: omitted, as vLLM does
+        assert isinstance(ts, float)
         batches.append((topic, int.from_bytes(seq, "big"), events))
         total += len(events)
     return batches
@@ -52,9 +52,14 @@ def test_block_stored_and_removed(start_backend: Callable[..., str]) -> None:
     (topic, seq, events), *_ = read_events(sock, 1)
     assert topic == f"kv@127.0.0.1:{url.rsplit(':', 1)[1]}@kvgate-sim".encode()
     stored = events[0]
-    assert stored[0] == "BlockStored"
-    _, hashes, parent, token_ids, block_size, lora_id, medium, lora_name = stored
-    assert block_size == 16 and medium == "GPU" and lora_id is None and lora_name is None
+    assert stored["type"] == "BlockStored"  # a tagged map, as vLLM 0.32 sends
+    hashes, parent, token_ids = (
+        stored["block_hashes"],
+        stored["parent_block_hash"],
+        stored["token_ids"],
+    )
+    assert stored["block_size"] == 16 and stored["medium"] == "GPU"
+    assert stored["lora_id"] is None and stored["lora_name"] is None
     assert parent is None and len(hashes) == len(token_ids) // 16
     assert token_ids == prompt[: len(hashes) * 16]
     assert all(isinstance(h, int) and 0 <= h < 2**64 for h in hashes)
@@ -64,9 +69,15 @@ def test_block_stored_and_removed(start_backend: Callable[..., str]) -> None:
             model="kvgate-sim", prompt=list(range(start, start + 64)), max_tokens=1
         )
     later = read_events(sock, 3)
-    kinds = [e[0] for _, _, batch in later for e in batch]
+    kinds = [e["type"] for _, _, batch in later for e in batch]
     assert "BlockRemoved" in kinds
-    removed = {h for _, _, batch in later for e in batch if e[0] == "BlockRemoved" for h in e[1]}
+    removed = {
+        h
+        for _, _, batch in later
+        for e in batch
+        if e["type"] == "BlockRemoved"
+        for h in e["block_hashes"]
+    }
     assert removed & set(hashes)
     seqs = [seq] + [s for _, s, _ in later]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))

@@ -15,7 +15,6 @@ import asyncio
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import cast
 
 import httptools
@@ -331,24 +330,18 @@ class ConnectionPool:
         body: bytes,
         *,
         first_byte: float | None = None,
-        on_sent: Callable[[], None] | None = None,
     ) -> UpstreamResponse:
         """Send the request and wait for the response headers: TimeoutError after
         ``connect_timeout`` connecting, or ``first_byte`` seconds waiting for the response.
 
         ``headers``: the header lines, encoded (``header_block`` makes them from pairs); the
-        pool adds host and content-length. ``on_sent`` is called once the request is written
-        to a connection the upstream accepted (a kept-alive one, or one just connected)."""
+        pool adds host and content-length."""
         start = f"{method} {path} HTTP/1.1\r\nhost: {address}\r\n".encode("latin-1")
         message = b"".join([start, headers, b"content-length: %d\r\n\r\n" % len(body), body])
         conn = self._take(address)
         if conn is not None:
             try:
-                head = conn.start(message, first_byte)
-                if on_sent is not None:
-                    on_sent()
-                    on_sent = None
-                return await head
+                return await conn.start(message, first_byte)
             except UpstreamConnectionError:
                 conn.abort()
                 if conn.answered:
@@ -359,10 +352,7 @@ class ConnectionPool:
                 raise
         conn = await self._connect(address)
         try:
-            head = conn.start(message, first_byte)
-            if on_sent is not None:
-                on_sent()
-            return await head
+            return await conn.start(message, first_byte)
         except BaseException:
             conn.abort()
             raise

@@ -1,0 +1,100 @@
+"""The ``pools:`` section: each pool's endpoints, model, engine, KV events, PD and metrics."""
+
+from __future__ import annotations
+
+import re
+
+from policies.fields import Fields
+from policies.schema import ENGINES, METRIC_OVERRIDES, ROLES, EndpointSpec, Pool
+
+_ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$|^\[[0-9a-fA-F:]+\]:[0-9]{1,5}$")
+
+
+def load_pools(top: Fields) -> dict[str, Pool]:
+    pools: dict[str, Pool] = {}
+    if not top.has("pools"):
+        top.error("pools", "is required: at least one pool of endpoints")
+    for path, name, value in top.entries("pools"):
+        f = Fields(
+            top.source,
+            value,
+            path,
+            {
+                "model",
+                "engine",
+                "endpoints",
+                "api_key",
+                "adapters",
+                "kv_events",
+                "pd",
+                "max_concurrency",
+                "metrics",
+            },
+        )
+        kv_events = f.sub("kv_events", {"port", "bind", "replay_port"})
+        bind = kv_events.opt_str("bind")
+        if bind is not None and not bind.startswith(("tcp://", "ipc://", "inproc://")):
+            f.error(
+                f"{path}.kv_events.bind", f"must be a ZMQ address like tcp://*:5557; got {bind!r}"
+            )
+        if bind is not None and kv_events.has("port"):
+            f.error(
+                f"{path}.kv_events",
+                "set port (the EPP connects) or bind (engines connect), not both",
+            )
+        names = f.sub("metrics", set(METRIC_OVERRIDES))
+        metric_names = {key: names.text(key) for key in METRIC_OVERRIDES if names.has(key)}
+        pd = f.sub("pd", {"min_uncached_tokens"})
+        endpoints: list[EndpointSpec] = []
+        for item_path, item in f.items("endpoints", required=True):
+            endpoint = _endpoint(f, item_path, item)
+            if endpoint is not None:
+                endpoints.append(endpoint)
+        if f.has("endpoints") and not endpoints and isinstance(f.raw("endpoints"), list):
+            f.error(f"{path}.endpoints", "must list at least one endpoint")
+        addresses = [e.address for e in endpoints]
+        for address in {a for a in addresses if addresses.count(a) > 1}:
+            f.error(f"{path}.endpoints", f"endpoint {address} is listed twice")
+        pools[name] = Pool(
+            name=name,
+            endpoints=tuple(endpoints),
+            model=f.opt_str("model"),
+            engine=f.text("engine", "vllm", choices=ENGINES),
+            api_key=f.opt_str("api_key"),
+            adapters=f.str_list("adapters") or (),
+            kv_events_port=kv_events.opt_int("port", low=1, high=65535),
+            kv_events_bind=bind,
+            kv_events_replay_port=kv_events.opt_int("replay_port", low=1, high=65535),
+            pd_min_uncached_tokens=pd.opt_int("min_uncached_tokens", low=0),
+            max_concurrency=f.opt_int("max_concurrency", low=1),
+            metric_names=metric_names,
+        )
+    return pools
+
+
+def _endpoint(parent: Fields, path: str, item: object) -> EndpointSpec | None:
+    if isinstance(item, str):
+        item = {"address": item}
+    f = Fields(
+        parent.source,
+        item,
+        path,
+        {"address", "role", "labels", "kv_events_port", "kv_events_topic"},
+    )
+    address = f.text("address")
+    if address and not _ADDRESS.match(address):
+        f.error(f"{path}.address", f"must be host:port; got {address!r}")
+    labels = f.raw("labels") or {}
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        f.error(f"{path}.labels", "must map names to strings")
+        labels = {}
+    if not address:
+        return None
+    port = f.opt_int("kv_events_port", low=1, high=65535)
+    return EndpointSpec(
+        address=address,
+        role=f.text("role", "both", choices=ROLES),
+        labels=labels,
+        kv_events_port=port,
+        kv_events_topic=f.opt_str("kv_events_topic"),
+    )
