@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-compiled compiled lint format bench bench-proxy bench-epp bench-policy bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
+.PHONY: demo test test-vllm test-compiled compiled lint format bench bench-proxy bench-epp bench-policy bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,13 @@ demo: $(STAMP)
 
 test: $(STAMP) redis
 	$(BIN)/python -m pytest -q --cov --cov-report=term
+
+# The integration tier against real vLLM servers (vLLM's CPU build in its own cached venv, a
+# tiny local model): tests/vllm. tests/vllm/prepare.sh builds both once; if it cannot, the
+# tier's tests are skipped and say why.
+test-vllm: $(STAMP)
+	@eval "$$(tests/vllm/prepare.sh)" && export KVGATE_VLLM_PYTHON KVGATE_TINY_MODEL \
+		KVGATE_VLLM_UNAVAILABLE && $(BIN)/python -m pytest -q -rs -p no:cacheprovider tests/vllm
 
 # The same code compiled with mypyc (setup.py; modules listed in pyproject.toml), in a copy of
 # the tree under build/compiled so that compiled modules never shadow the sources edited here;

@@ -20,7 +20,7 @@ class Datastore:
                     dict(e.labels),
                     kv_events_port=e.kv_events_port or pool.kv_events_port,
                     kv_events_bind=pool.kv_events_bind,
-                    kv_events_replay_port=pool.kv_events_replay_port,
+                    kv_events_replay_port=e.kv_events_replay_port or pool.kv_events_replay_port,
                     kv_events_topic=e.kv_events_topic,
                 )
                 for e in pool.endpoints

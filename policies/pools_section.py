@@ -79,7 +79,7 @@ def _endpoint(parent: Fields, path: str, item: object) -> EndpointSpec | None:
         parent.source,
         item,
         path,
-        {"address", "role", "labels", "kv_events_port", "kv_events_topic"},
+        {"address", "role", "labels", "kv_events_port", "kv_events_replay_port", "kv_events_topic"},
     )
     address = f.text("address")
     if address and not _ADDRESS.match(address):
@@ -97,4 +97,5 @@ def _endpoint(parent: Fields, path: str, item: object) -> EndpointSpec | None:
         labels=labels,
         kv_events_port=port,
         kv_events_topic=f.opt_str("kv_events_topic"),
+        kv_events_replay_port=f.opt_int("kv_events_replay_port", low=1, high=65535),
     )

@@ -97,6 +97,7 @@ class EndpointSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     kv_events_port: int | None = None  # overrides the pool's kv_events.port for this endpoint
     kv_events_topic: str | None = None  # kv_events.bind: the topic this engine publishes on
+    kv_events_replay_port: int | None = None  # overrides the pool's kv_events.replay_port
 
     @property
     def url(self) -> str:

@@ -10,7 +10,7 @@ from epp.framework import Endpoint, SchedulingRequest
 from epp.indexes.precise import PreciseIndex, block_keys
 from epp.indexes.prefix_index import KeyMemo, PrefixIndexParams, Undo
 from epp.kv_events import KVEventSubscriber
-from epp.tokenize import make_encoder, request_token_ids
+from epp.tokenize import make_tokenizer, request_token_ids
 
 
 class PrecisePrefixCache:
@@ -28,7 +28,7 @@ class PrecisePrefixCache:
         self.params = params
         self.index = PreciseIndex(params.speculative_ttl)
         self.events = KVEventSubscriber(self.index, endpoints, on_lag)
-        self._encode = make_encoder(params.tokenizer)
+        self._tokenizer = make_tokenizer(params.tokenizer)
         self._memo = KeyMemo()
         self._tokens = KeyMemo()
         self._started = False
@@ -41,7 +41,7 @@ class PrecisePrefixCache:
         tokens = self._tokens.get(request.request_id)
         if tokens is None:
             tokens = self._tokens.put(
-                request.request_id, request_token_ids(request.body, self._encode)
+                request.request_id, request_token_ids(request.body, self._tokenizer)
             )
         return tokens
 

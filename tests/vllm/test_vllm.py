@@ -1,0 +1,249 @@
+"""kvgate in front of real vLLM servers (the CPU build, a tiny local Llama): the tokenizer
+agrees with vLLM's own, the gateway proxies it for the official client, the EPP reads its
+metrics, LoRA residency and KV events, and precise routing follows what the engines cache."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import openai
+import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+
+from epp.framework import Endpoint
+from epp.indexes.precise import PreciseIndex, block_keys
+from epp.kv_events import KVEventSubscriber
+from epp.metrics_parser import parse_metrics
+from epp.tokenize import make_tokenizer, request_token_ids
+from loadtest.client.envoy_messages import body_messages, headers_message
+from loadtest.harness.processes import epp_process, free_port, gateway_process
+from loadtest.harness.vllm import VllmServer
+
+BLOCK = 128  # vLLM's block size on CPU
+KEY = "vllm-tier-key"  # the gateway's API key for these tests
+SYSTEM = "You route parcels between depots and answer in one short sentence. " * 14
+CHATS = [
+    [{"role": "user", "content": "hello"}],
+    [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "where is my parcel?"}],
+    [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}]},
+    ],
+]
+PROMPTS = ["hello world", SYSTEM, "  spaces  and\nnewlines\t", "ünïcödé"]
+
+
+def scrape(server: VllmServer) -> str:
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as response:
+        text: str = response.read().decode()
+    return text
+
+
+def counter(server: VllmServer, name: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in scrape(server).splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
+
+
+def test_the_tokenizer_agrees_with_vllms_own(
+    vllm_servers: list[VllmServer], tiny_model: str
+) -> None:
+    server = vllm_servers[0]
+    tokenizer = make_tokenizer(tiny_model)
+    for prompt in PROMPTS:
+        theirs = server.post("/tokenize", {"model": server.name, "prompt": prompt})["tokens"]
+        assert request_token_ids({"prompt": prompt}, tokenizer) == theirs, prompt
+    for messages in CHATS:
+        body = {"model": server.name, "messages": messages}
+        theirs = server.post("/tokenize", body)["tokens"]
+        assert request_token_ids({"messages": messages}, tokenizer) == theirs, messages
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    vllm_servers: list[VllmServer], tiny_model: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str]]:
+    """A gateway over both servers in precise mode, and the policy file it serves."""
+    directory = tmp_path_factory.mktemp("gateway")
+    endpoints = ", ".join(
+        f"{{address: {s.address}, kv_events_port: {s.events_port}, "
+        f"kv_events_replay_port: {s.replay_port}}}"
+        for s in vllm_servers
+    )
+    policy = directory / "policy.yaml"
+    policy.write_text(f"""
+pools:
+  vllm:
+    engine: vllm
+    adapters: [sql]
+    endpoints: [{endpoints}]
+routes: [{{model: tiny-llama, pool: vllm}}, {{model: sql, pool: vllm}}]
+auth: {{api_keys: [{{sha256: {hashlib.sha256(KEY.encode()).hexdigest()}, tenant: tier}}]}}
+epp:
+  plugins:
+    - {{name: prefix, type: prefix-cache-scorer, params: {{mode: precise, block_size_tokens: {BLOCK}, tokenizer: {tiny_model}}}}}
+    - {{name: queue, type: queue-scorer}}
+    - {{name: kv, type: kv-cache-utilization-scorer}}
+    - {{name: pick, type: max-score-picker}}
+  profiles: [{{name: default, plugins: [{{ref: prefix, weight: 3}}, {{ref: queue, weight: 1}}, {{ref: kv, weight: 1}}, {{ref: pick}}]}}]
+""")
+    port = free_port()
+    with gateway_process(str(policy), port, log=str(directory / "gateway.log")):
+        yield f"http://127.0.0.1:{port}", str(policy)
+
+
+def test_the_gateway_proxies_vllm_for_the_official_client(gateway: tuple[str, str]) -> None:
+    url, _ = gateway
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    completion = client.completions.create(model="tiny-llama", prompt="hello", max_tokens=4)
+    assert completion.usage is not None and completion.usage.completion_tokens == 4
+    stream = client.chat.completions.create(
+        model="tiny-llama",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=4,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+    # the same long prompt twice: the second is served from the engine's prefix cache
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]
+    client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=1)
+    again = client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=1)
+    details = again.usage.prompt_tokens_details if again.usage else None
+    assert details is not None and (details.cached_tokens or 0) >= BLOCK
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="x", max_tokens=1)
+    with pytest.raises(openai.BadRequestError):  # vLLM's own 400, passed through
+        client.completions.create(model="tiny-llama", prompt="x", max_tokens=100_000)
+
+
+def test_the_epp_reads_real_metrics(vllm_servers: list[VllmServer]) -> None:
+    metrics = parse_metrics(scrape(vllm_servers[0]))
+    assert metrics.block_size == BLOCK and metrics.num_gpu_blocks > 0
+    assert 0.0 <= metrics.kv_usage <= 1.0 and metrics.waiting == 0
+    assert metrics.max_loras == 2
+
+
+def test_lora_residency_from_real_lora_requests_info(
+    vllm_servers: list[VllmServer], tiny_model: str
+) -> None:
+    server = vllm_servers[1]
+    adapter = Path(tiny_model).parent / "lora-sql"
+    server.post("/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": str(adapter)})
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    stream = client.completions.create(model="sql", prompt="select", max_tokens=300, stream=True)
+    seen: set[str] = set()
+    for _ in stream:
+        seen |= parse_metrics(scrape(server)).running_loras
+        if seen:
+            break
+    stream.close()
+    assert seen == {"sql"}
+
+
+async def test_precise_routing_follows_the_engines_kv_events(
+    vllm_servers: list[VllmServer], gateway: tuple[str, str], tiny_model: str
+) -> None:
+    url, _ = gateway
+    a, b = vllm_servers
+    messages = [
+        {"role": "system", "content": "Precise. " + SYSTEM},
+        {"role": "user", "content": "q"},
+    ]
+    # cached on b behind the gateway's back: only b's KV events can tell
+    direct = openai.OpenAI(base_url=f"{b.url}/v1", api_key="unused", max_retries=0)
+    direct.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=1)
+    await asyncio.sleep(1.0)
+    before = [counter(s, "vllm:prefix_cache_hits_total") for s in (a, b)]
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    for turn in range(3):
+        asked = [*messages[:1], {"role": "user", "content": f"question {turn}"}]
+        client.chat.completions.create(model="tiny-llama", messages=asked, max_tokens=1)
+    gained = [
+        counter(s, "vllm:prefix_cache_hits_total") - h for s, h in zip((a, b), before, strict=True)
+    ]
+    prefix = (
+        len(request_token_ids({"messages": messages}, make_tokenizer(tiny_model))) // BLOCK * BLOCK
+    )
+    assert gained[1] >= 3 * prefix and gained[0] == 0, (gained, prefix)
+
+
+def test_ext_proc_picks_the_engine_the_embedded_picker_picks(
+    vllm_servers: list[VllmServer], gateway: tuple[str, str], tiny_model: str
+) -> None:
+    _, policy = gateway
+    a = vllm_servers[0]
+    messages = [{"role": "system", "content": "Envoy. " + SYSTEM}, {"role": "user", "content": "q"}]
+    openai.OpenAI(base_url=f"{a.url}/v1", api_key="unused", max_retries=0).chat.completions.create(
+        model="tiny-llama", messages=messages, max_tokens=1
+    )
+    grpc_port, metrics_port = free_port(), free_port()
+    with epp_process(policy, grpc_port, metrics_port):
+        time.sleep(1.0)  # the subscriber connects; the replay brings a's history
+        body = json.dumps({"model": "tiny-llama", "messages": messages}).encode()
+        headers = {
+            ":path": "/v1/chat/completions",
+            ":method": "POST",
+            "content-type": "application/json",
+        }
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            replies = list(
+                ep_grpc.ExternalProcessorStub(channel).Process(
+                    iter([headers_message(headers), *body_messages(body)]), timeout=10
+                )
+            )
+    mutation = replies[0].request_headers.response.header_mutation
+    chosen = {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers}
+    assert chosen["x-gateway-destination-endpoint"] == a.address
+
+
+async def test_a_restarted_engine_is_cleared_from_the_index(
+    vllm_servers: list[VllmServer], tiny_model: str
+) -> None:
+    """Last in this file: it restarts a server. Its sequence numbers start again at 0, so the
+    subscriber clears what it knew of the old process."""
+    server = vllm_servers[1]
+    endpoint = Endpoint(server.address, "p", kv_events_port=server.events_port)
+    index = PreciseIndex()
+    subscriber = KVEventSubscriber(index, [endpoint])
+    tokenizer = make_tokenizer(tiny_model)
+    await subscriber.start()
+    try:
+        await asyncio.sleep(0.5)
+        old = "Before the restart. " + SYSTEM
+        server.post("/v1/completions", {"model": server.name, "prompt": old, "max_tokens": 1})
+        old_keys = block_keys(request_token_ids({"prompt": old}, tokenizer), BLOCK)
+        assert old_keys and await held(index, old_keys, server.address)
+        assert index.last_seq(server.address, 0) >= 0  # vLLM 0.32 sends its rank: 0
+        server.stop()
+        server.start()
+        await asyncio.to_thread(server.wait_ready)
+        await asyncio.sleep(1.0)  # the subscription reconnects
+        new = "After the restart. " + SYSTEM
+        server.post("/v1/completions", {"model": server.name, "prompt": new, "max_tokens": 1})
+        new_keys = block_keys(request_token_ids({"prompt": new}, tokenizer), BLOCK)
+        assert await held(index, new_keys, server.address)
+        assert index.restarts == 1
+        assert index.match(old_keys, [server.address]) == {server.address: 0}
+    finally:
+        await subscriber.stop()
+
+
+async def held(index: PreciseIndex, keys: list[int], address: str) -> bool:
+    """Whether ``index`` comes to hold all of ``keys`` for ``address`` within 5 s."""
+    for _ in range(100):
+        if index.match(keys, [address])[address] == len(keys):
+            return True
+        await asyncio.sleep(0.05)
+    return False
