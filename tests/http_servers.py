@@ -1,9 +1,12 @@
-"""Real HTTP servers for tests: an aiohttp application on a free loopback port."""
+"""Real HTTP servers for tests: an aiohttp application on a free loopback port, and a scripted
+upstream speaking raw HTTP/1.1."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -21,3 +24,51 @@ async def serving(app: web.Application, *, shutdown_timeout: float = 60.0) -> As
         yield port
     finally:
         await runner.cleanup()
+
+
+@dataclass
+class Upstream:
+    """A scripted HTTP server: ``answer(request_number)`` gives the bytes to send back (None:
+    close the connection without answering)."""
+
+    answer: Callable[[int], bytes | None]
+    silent: bool = False  # read requests, never answer (a stalled upstream)
+    port: int = 0
+    connections: int = 0
+    requests: int = 0
+    closed: list[int] = field(default_factory=list)
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        number = self.connections
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+                await reader.readexactly(length)
+                self.requests += 1
+                if self.silent:
+                    await asyncio.sleep(3600)
+                reply = self.answer(self.requests)
+                if reply is None:
+                    break
+                writer.write(reply)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        self.closed.append(number)
+        writer.close()
+
+
+async def started(
+    answer: Callable[[int], bytes | None], *, silent: bool = False
+) -> tuple[Upstream, asyncio.Server]:
+    """A scripted upstream listening on a free loopback port."""
+    up = Upstream(answer, silent)
+    server = await asyncio.start_server(up.serve, "127.0.0.1", 0)
+    up.port = server.sockets[0].getsockname()[1]
+    return up, server

@@ -105,11 +105,15 @@ class ShadowMirror:
             if pool.api_key:
                 headers["authorization"] = f"Bearer {pool.api_key}"
             started = time.perf_counter()
-            async with asyncio.timeout(policy.timeouts.first_byte):
-                async with self.session.post(
-                    endpoint.url + path, json=body, headers=headers
-                ) as response:
-                    data = await response.read()
+            try:
+                async with asyncio.timeout(policy.timeouts.first_byte):
+                    async with self.session.post(
+                        endpoint.url + path, json=body, headers=headers
+                    ) as response:
+                        data = await response.read()
+            except aiohttp.ClientConnectorError:
+                ranking.refused(endpoint)  # it never took the copy
+                raise
             usage = _usage_tokens(data)
             return Outcome(response.status, time.perf_counter() - started, usage, text_of(data))
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:

@@ -23,6 +23,7 @@ from gateway.upstream import open_upstream
 from kvgate.wire.http.client import ConnectionPool
 from loadtest.harness.processes import free_port
 from policies.loader import load_policy_text
+from tests.http_servers import started
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 ERROR = b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 2\r\n\r\n{}"
@@ -31,29 +32,9 @@ ERROR = b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 2\r\n\r\n{}"
 @asynccontextmanager
 async def upstream(answer: bytes | None) -> AsyncIterator[str]:
     """A loopback server answering every request with ``answer`` (None: never answers)."""
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    int(line.split(b":")[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length")
-                )
-                await reader.readexactly(length)
-                if answer is None:
-                    await asyncio.sleep(3600)
-                writer.write(answer)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    up, server = await started(lambda _: answer, silent=answer is None)
     try:
-        yield f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        yield f"127.0.0.1:{up.port}"
     finally:
         server.close()
 

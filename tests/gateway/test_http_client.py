@@ -4,56 +4,13 @@ close-delimited bodies, timeouts and cancellation."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import pytest
 
 from kvgate.wire.http.client import MAX_UPSTREAM_HEAD, ConnectionPool, UpstreamConnectionError
+from tests.http_servers import Upstream, started
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
-
-
-@dataclass
-class Upstream:
-    """A scripted HTTP server: ``answer(request_number)`` gives the bytes to send back (None:
-    close the connection without answering)."""
-
-    answer: Callable[[int], bytes | None]
-    port: int = 0
-    connections: int = 0
-    requests: int = 0
-    closed: list[int] = field(default_factory=list)
-
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        number = self.connections
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    int(line.split(b":")[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length")
-                )
-                await reader.readexactly(length)
-                self.requests += 1
-                reply = self.answer(self.requests)
-                if reply is None:
-                    break
-                writer.write(reply)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        self.closed.append(number)
-        writer.close()
-
-
-async def started(answer: Callable[[int], bytes | None]) -> tuple[Upstream, asyncio.Server]:
-    up = Upstream(answer)
-    server = await asyncio.start_server(up.serve, "127.0.0.1", 0)
-    up.port = server.sockets[0].getsockname()[1]
-    return up, server
 
 
 async def wait_for_a_close(up: Upstream) -> None:
