@@ -5,6 +5,10 @@ when it starts, lowered exactly once when it ends), the breaker's verdict (a typ
 ``AttemptOutcome``, recorded when the response head arrives or the try fails, and again if
 the response breaks mid-way), and the upstream response (closed when the attempt closes).
 Every exit path ends in ``fail`` or ``close``.
+
+A 5xx head gets no verdict until the upstream call knows whose fault it is: ``blame`` when
+another endpoint answered the same request, ``absolve`` when a second endpoint failed it too
+(the request is the cause, not the endpoint).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ BROKEN, CANCELLED = AttemptOutcome.BROKEN, AttemptOutcome.CANCELLED
 class Attempt:
     """A request in flight to ``endpoint`` (a plain slots class: one is made per try)."""
 
-    __slots__ = ("_open", "broken", "endpoint", "outcome", "response")
+    __slots__ = ("_open", "_probe", "_undecided", "broken", "endpoint", "outcome", "response")
 
     def __init__(self, endpoint: EndpointState) -> None:
         self.endpoint = endpoint
@@ -43,17 +47,36 @@ class Attempt:
         self.outcome: AttemptOutcome | None = None
         self.broken = False
         self._open = True
+        self._undecided = False
+        self._probe = not endpoint.breaker.closed
         endpoint.in_flight += 1
-        if not endpoint.breaker.closed:
+        if self._probe:
             endpoint.breaker.on_dispatch()  # half-open: uses up a probe
 
     def answered(self, response: UpstreamResponse) -> AttemptOutcome:
-        """The response head arrived: record the breaker's verdict on its status."""
+        """The response head arrived: below 500 the breaker counts a success; a 5xx waits
+        for ``blame`` or ``absolve``."""
         self.response = response
-        ok = response.status < 500
-        self.outcome = ANSWERED if ok else SERVER_ERROR
-        self.endpoint.breaker.record(ok=ok)
+        if response.status < 500:
+            self.outcome = ANSWERED
+            self.endpoint.breaker.record(ok=True)
+        else:
+            self.outcome = SERVER_ERROR
+            self._undecided = True
         return self.outcome
+
+    def blame(self) -> None:
+        """The 5xx was the endpoint's fault: the breaker counts a failure."""
+        if self._undecided:
+            self._undecided = False
+            self.endpoint.breaker.record(ok=False)
+
+    def absolve(self) -> None:
+        """The 5xx was the request's fault (another endpoint failed it too): no verdict."""
+        if self._undecided:
+            self._undecided = False
+            if self._probe:
+                self.endpoint.breaker.release_probe()
 
     def fail(self, outcome: AttemptOutcome) -> None:
         """The try ended before a response head; ``CANCELLED`` records no verdict."""
@@ -62,6 +85,8 @@ class Attempt:
         self.outcome = outcome
         if outcome is not CANCELLED:
             self.endpoint.breaker.record(ok=False)
+        elif self._probe:
+            self.endpoint.breaker.release_probe()
         self.close()
 
     def break_off(self) -> None:
@@ -73,6 +98,7 @@ class Attempt:
         if not self._open:
             return
         self._open = False
+        self.blame()  # a 5xx nobody absolved counts
         self.endpoint.in_flight -= 1
         if self.response is not None:
             self.response.close()

@@ -83,6 +83,12 @@ class CircuitBreaker:
         if self._state is not CLOSED and self.state is HALF_OPEN:
             self._probes += 1
 
+    def release_probe(self) -> None:
+        """A half-open probe ended with no verdict (cancelled, or the request's own fault):
+        its slot is free again."""
+        if self._probes > 0 and self._state is not CLOSED:
+            self._probes -= 1
+
     def record(self, ok: bool) -> None:
         now = self.clock()
         state = self._state if self._state is CLOSED else self.state
@@ -166,6 +172,10 @@ class RetryBudget:
         balance = self._balance + (now - self._last) * self.min_per_second + self.ratio
         self._balance = balance if balance < self.cap else self.cap
         self._last = now
+
+    def refund(self) -> None:
+        """Give back a retry that turned out to be the request's fault, not an endpoint's."""
+        self._balance = min(self.cap, self._balance + 1.0)
 
     def try_spend(self) -> bool:
         self._refill()

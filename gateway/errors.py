@@ -38,6 +38,18 @@ class BadRequest(GatewayError):
     status, type = 400, "invalid_request_error"
 
 
+class BodyTooLarge(GatewayError):
+    """The body, decoded, is larger than ``listen.max_body_bytes`` (413)."""
+
+    status, type, code = 413, "invalid_request_error", "request_too_large"
+
+
+class UnsupportedEncoding(GatewayError):
+    """A ``Content-Encoding`` the gateway cannot decode (415)."""
+
+    status, type, code = 415, "invalid_request_error", "unsupported_content_encoding"
+
+
 class Unauthorized(GatewayError):
     status, type, code = 401, "authentication_error", "invalid_api_key"
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 import orjson
 
+from gateway.body_encoding import decode_body
 from gateway.context import RequestContext
 from gateway.endpoint_picker import PickRequest
 from gateway.errors import (
@@ -36,8 +37,11 @@ from kvgate.wire.http.messages import AnyResponse, Request, Response
 from policies.schema import Pool, Route
 
 
-def _read_json(request: Request) -> tuple[bytes, dict[str, object]]:
+def _read_json(request: Request, max_body: int) -> tuple[bytes, dict[str, object]]:
     raw = request.body  # the server has already refused bodies over listen.max_body
+    encoding = request.headers.get("content-encoding")
+    if encoding:  # decoded here, bounded again; forwarded decoded, without the header
+        raw = decode_body(raw, encoding, max_body)
     try:
         body = orjson.loads(raw)
     except ValueError as exc:
@@ -55,7 +59,7 @@ async def proxy(
     app = request.app
     runtime = app[RUNTIME].current
     policy = runtime.policy
-    raw, body = _read_json(request)
+    raw, body = _read_json(request, policy.listen.max_body_bytes)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("model is required and must be a string", param="model")

@@ -40,10 +40,12 @@ HOP_BY_HOP = frozenset(
     }
 )
 # Never forwarded upstream: hop-by-hop headers, the body framing the pool sets itself, the
-# client's gateway credentials, and compression (the gateway must read the stream).
+# client's gateway credentials, and compression (the gateway must read the stream; a request
+# body is forwarded decoded).
 DROP_REQUEST_HEADERS = HOP_BY_HOP | {
     "host",
     "content-length",
+    "content-encoding",
     "authorization",
     "api-key",
     "accept-encoding",
@@ -154,7 +156,7 @@ async def open_upstream(
     was not tried and whose breaker lets requests through."""
     tried: set[str] = set()
     last: GatewayError | None = None
-    held: Attempt | None = None  # a 5xx kept as last resort
+    held: Attempt | None = None  # a 5xx kept as last resort, its verdict pending
     first_byte = call.timeouts.first_byte
     call.budget.deposit()
     ranking = call.picker.rank(pool.name, pick)
@@ -193,17 +195,22 @@ async def open_upstream(
         except BaseException:
             attempt.fail(CANCELLED)
             if held is not None:
+                held.absolve()
                 held.close()
             raise
         if attempt.answered(response) is SERVER_ERROR:
             call.metrics.upstream_errors.labels(endpoint.address, f"http_{response.status}").inc()
+            if held is not None:  # a second endpoint failed it too: the request is the cause
+                call.budget.refund()
+                held.absolve()
+                held.close()
+                attempt.absolve()
+                return attempt
             if number < call.retries.attempts:
-                if held is not None:
-                    held.close()
                 held = attempt
                 continue
-        if held is not None:
-            held.close()
+        elif held is not None:
+            held.close()  # another endpoint answered: the first one's 5xx was its own
         return attempt
     if held is not None:
         return held  # nobody else could answer: the client gets the upstream's own 5xx

@@ -15,6 +15,8 @@ async def _read_object(request: web.Request) -> dict[str, object] | web.Response
         body = json.loads(await request.read())
     except ValueError as exc:
         return error_response(400, f"invalid JSON body: {exc}")
+    except web.RequestPayloadError as exc:
+        return error_response(400, f"cannot read the request body: {exc}")
     if not isinstance(body, dict):
         return error_response(400, "the request body must be a JSON object")
     return body

@@ -53,6 +53,8 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
         body = json.loads(await request.read())
     except web.HTTPRequestEntityTooLarge:
         return error_response(413, "request body too large")
+    except web.RequestPayloadError as exc:  # e.g. a body that is not what its encoding says
+        return error_response(400, f"cannot read the request body: {exc}")
     except ValueError as exc:
         return error_response(400, f"invalid JSON body: {exc}")
     try:
