@@ -45,10 +45,11 @@ class ConcurrencyGate:
 
 
 class SaturationGate:
-    """No capacity while every scraped endpoint of the pool is saturated (the EPP's view).
+    """No capacity while every live scraped endpoint of the pool is saturated (the EPP's view).
 
     Endpoints never scraped are unknown, not saturated: a pool whose servers expose no metrics
-    is never held back by this gate.
+    is never held back by this gate. Endpoints whose scrapes keep failing are dead, not
+    saturated: a pool with none alive is not held back either (its requests fail at once).
     """
 
     def __init__(
@@ -58,7 +59,7 @@ class SaturationGate:
         self.detector = detector
 
     def has_capacity(self, pool: str) -> bool:
-        known = [e for e in self.endpoints(pool) if e.metrics.scraped_at]
+        known = [e for e in self.endpoints(pool) if e.metrics.scraped_at and e.healthy]
         return not known or not self.detector.all_saturated(known)
 
     def acquire(self, pool: str) -> None:

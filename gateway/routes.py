@@ -25,6 +25,7 @@ from gateway.request_context import (
     request_id_of,
     start_server_span,
 )
+from gateway.runtime import dead_pools
 from kvgate.wire.http.messages import AnyResponse, Request, Response, header_line, json_response
 
 RouteHandler = Callable[[Request, RequestContext], Awaitable[AnyResponse]]
@@ -47,11 +48,22 @@ async def healthz(request: Request, ctx: RequestContext) -> Response:
 
 
 async def readyz(request: Request, ctx: RequestContext) -> Response:
-    limiter = request.app[RUNTIME].current.limiter.status
+    """Ready, or why not: shutting down, the limit store down (fail-closed), or routes whose
+    pool has no live endpoint (``degraded``, or 503 with ``listen.ready_with_dead_pools:
+    false``)."""
+    runtime = request.app[RUNTIME].current
+    limiter = runtime.limiter.status
     if request.app[SHUTTING_DOWN][0]:
         return json_response({"status": "shutting down", "limiter": limiter}, status=503)
     if limiter == "down":  # fail-closed and the limit store is unreachable: nothing is admitted
         return json_response({"status": "not ready", "limiter": limiter}, status=503)
+    dead = dead_pools(runtime)
+    if dead:
+        routes = sorted(r.model for r in runtime.policy.routes if r.pool in dead)
+        body = {"status": "degraded", "limiter": limiter, "dead_pools": dead, "routes": routes}
+        if not runtime.policy.listen.ready_with_dead_pools:
+            return json_response({**body, "status": "not ready"}, status=503)
+        return json_response(body)
     return json_response({"status": "ready", "limiter": limiter})
 
 

@@ -46,6 +46,20 @@ class Runtime:
     loaded_at: float = field(default_factory=time.time)
 
 
+def dead_pools(runtime: Runtime) -> list[str]:
+    """The pools none of whose endpoints can take a request now: every breaker open, or (with
+    the embedded picker) every endpoint's metrics unreachable."""
+    dead = []
+    for name, states in runtime.endpoints.items():
+        if states and all(not s.breaker.closed and not s.breaker.available() for s in states):
+            dead.append(name)
+        elif runtime.embedded is not None:
+            endpoints = runtime.embedded.service.datastore.endpoints(name)
+            if endpoints and not any(e.healthy for e in endpoints):
+                dead.append(name)
+    return dead
+
+
 @dataclass(frozen=True, eq=False)
 class RuntimeParts:
     """What outlives a policy: the app's metrics, upstream connections and tracer."""

@@ -104,7 +104,16 @@ def _build(src: Source, source: str, base_dir: Path, plugins: PluginCatalog | No
 def _listen(top: Fields) -> Listen:
     f = top.sub(
         "listen",
-        {"host", "port", "workers", "max_body", "shutdown_grace", "header_timeout", "admin"},
+        {
+            "host",
+            "port",
+            "workers",
+            "max_body",
+            "shutdown_grace",
+            "header_timeout",
+            "admin",
+            "ready_with_dead_pools",
+        },
     )
     admin = None
     if f.has("admin"):
@@ -124,6 +133,7 @@ def _listen(top: Fields) -> Listen:
         shutdown_grace=f.duration("shutdown_grace", d.shutdown_grace),
         header_timeout=f.duration("header_timeout", d.header_timeout),
         admin=admin,
+        ready_with_dead_pools=f.flag("ready_with_dead_pools", d.ready_with_dead_pools),
     )
 
 
