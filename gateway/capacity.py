@@ -27,11 +27,16 @@ class CapacityGate(Protocol):
 
 
 class ConcurrencyGate:
-    """At most ``limits[pool]`` requests in flight per pool (pools without a limit: no cap)."""
+    """At most ``limits[pool]`` requests in flight per pool (pools without a limit: no cap).
 
-    def __init__(self, limits: dict[str, int | None]) -> None:
+    ``carried``: the in-flight counts of the gate this one replaces (a reload): requests
+    admitted before it release against this gate, and a changed limit applies to them."""
+
+    def __init__(
+        self, limits: dict[str, int | None], carried: dict[str, int] | None = None
+    ) -> None:
         self.limits = limits
-        self.in_flight = dict.fromkeys(limits, 0)
+        self.in_flight = {pool: (carried or {}).get(pool, 0) for pool in limits}
 
     def has_capacity(self, pool: str) -> bool:
         limit = self.limits.get(pool)
@@ -67,6 +72,18 @@ class SaturationGate:
 
     def release(self, pool: str) -> None:
         return None
+
+
+def in_flight_counts(gate: CapacityGate | None) -> dict[str, int]:
+    """The per-pool in-flight counts that ``gate`` (or a gate it combines) keeps."""
+    if isinstance(gate, ConcurrencyGate):
+        return dict(gate.in_flight)
+    if isinstance(gate, AllGates):
+        counts: dict[str, int] = {}
+        for inner in gate.gates:
+            counts.update(in_flight_counts(inner))
+        return counts
+    return {}
 
 
 class AllGates:

@@ -12,7 +12,13 @@ import os
 from aiohttp import web
 
 from epp.registry import CATALOG
-from gateway.capacity import AllGates, CapacityGate, ConcurrencyGate, SaturationGate
+from gateway.capacity import (
+    AllGates,
+    CapacityGate,
+    ConcurrencyGate,
+    SaturationGate,
+    in_flight_counts,
+)
 from gateway.keys import ADMISSION, METRICS, RUNTIME
 from gateway.runtime import Runtime, RuntimeParts, build_runtime
 from policies.errors import PolicyError
@@ -23,11 +29,13 @@ log = logging.getLogger("kvgate.gateway")
 RETIRE_AFTER = 60.0  # seconds before a replaced limiter is closed (its reservations settle)
 
 
-def capacity_gate(runtime: Runtime) -> CapacityGate:
-    """The admission queue's gate for ``runtime``: each pool's concurrency cap and, with the
-    embedded EPP, its saturation (the EPP's own detector: the policy's ``epp.saturation``)."""
+def capacity_gate(runtime: Runtime, previous: CapacityGate | None = None) -> CapacityGate:
+    """The admission queue's gate for ``runtime``: each pool's concurrency cap (the counts of
+    the ``previous`` gate carried over) and, with the embedded EPP, its saturation (the EPP's
+    own detector: the policy's ``epp.saturation``)."""
     pools = runtime.policy.pools
-    gate: CapacityGate = ConcurrencyGate({n: p.max_concurrency for n, p in pools.items()})
+    limits = {n: p.max_concurrency for n, p in pools.items()}
+    gate: CapacityGate = ConcurrencyGate(limits, in_flight_counts(previous))
     if runtime.embedded is not None:
         service = runtime.embedded.service
         saturation = SaturationGate(service.datastore.endpoints, service.saturation)
@@ -90,7 +98,8 @@ class Reloader:
         new = build_runtime(policy, self.parts, previous=old)
         if new.embedded is not None and new.embedded is not old.embedded:
             await new.embedded.start()
-        self.app[ADMISSION].update(dict(policy.classes), capacity_gate(new))
+        admission = self.app[ADMISSION]
+        admission.update(dict(policy.classes), capacity_gate(new, admission.gate))
         holder.current = new
         holder.version += 1
         log.info("policy version %d applied from %s", holder.version, policy.source)
