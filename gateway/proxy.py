@@ -34,10 +34,11 @@ from gateway.routing.shadow import Outcome, text_of
 from gateway.runtime import Runtime
 from gateway.upstream import open_upstream, upstream_headers
 from kvgate.wire.http.messages import AnyResponse, Request, Response
+from kvgate.wire.json_text import nested_deeper_than
 from policies.schema import Pool, Route
 
 
-def _read_json(request: Request, max_body: int) -> tuple[bytes, dict[str, object]]:
+def _read_json(request: Request, max_body: int, max_depth: int) -> tuple[bytes, dict[str, object]]:
     raw = request.body  # the server has already refused bodies over listen.max_body
     encoding = request.headers.get("content-encoding")
     if encoding:  # decoded here, bounded again; forwarded decoded, without the header
@@ -48,6 +49,10 @@ def _read_json(request: Request, max_body: int) -> tuple[bytes, dict[str, object
         raise BadRequest(f"invalid JSON body: {exc}") from exc
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    # every later stage (routing text, the limiter's estimate) may recurse into the body; a
+    # body with fewer brackets than the limit cannot nest deeper than it
+    if raw.count(b"[") + raw.count(b"{") > max_depth and nested_deeper_than(body, max_depth):
+        raise BadRequest(f"the request body nests deeper than {max_depth} levels")
     return raw, body
 
 
@@ -59,7 +64,8 @@ async def proxy(
     app = request.app
     runtime = app[RUNTIME].current
     policy = runtime.policy
-    raw, body = _read_json(request, policy.listen.max_body_bytes)
+    listen = policy.listen
+    raw, body = _read_json(request, listen.max_body_bytes, listen.max_json_depth)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("model is required and must be a string", param="model")

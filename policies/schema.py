@@ -46,6 +46,7 @@ class Listen:
     port: int = 8080
     workers: int = 1  # processes sharing the port (SO_REUSEPORT)
     max_body_bytes: int = 8 * 2**20  # larger request bodies get 413
+    max_json_depth: int = 64  # request bodies nested deeper get 400
     shutdown_grace: float = 30.0  # seconds in-flight streams may finish after SIGTERM
     header_timeout: float = 30.0  # seconds a client may take to send a request's head (408)
     admin: Admin | None = None  # no admin API unless configured

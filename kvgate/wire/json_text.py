@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 import orjson
 
@@ -16,3 +17,21 @@ def compact_json(value: object) -> str:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
     except TypeError:
         return json.dumps(value, separators=_COMPACT, sort_keys=True, ensure_ascii=False)
+
+
+def nested_deeper_than(value: object, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) nests lists and objects more than ``limit`` deep;
+    iterative, so any depth is safe to ask about."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[object] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
