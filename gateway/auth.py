@@ -1,6 +1,9 @@
 """Authentication: API keys (stored as SHA-256, compared in constant time) and JWTs (pyjwt).
 
-A credential comes as ``Authorization: Bearer <credential>`` or ``api-key: <credential>``.
+A credential comes as ``Authorization: Bearer <credential>`` or ``api-key: <credential>``; it
+is looked up as an API key first (a key may contain two dots), then verified as a JWT. A JWT
+must be canonical base64url (no padding or spare bits: one token, one cache entry) and its
+``exp``/``nbf``/``iat`` numbers.
 A JWT is verified against its issuer's JWKS with the issuer's pinned algorithms only; the key
 type must match the algorithm family, so ``none`` and HS/RS key confusion are rejected.
 Messages never contain the credential.
@@ -8,6 +11,7 @@ Messages never contain the credential.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -24,6 +28,19 @@ from policies.schema import JwtIssuer, Policy
 
 KEY_TYPES = {"HS": "oct", "RS": "RSA", "PS": "RSA", "ES": "EC", "Ed": "OKP"}
 JWT_CACHE_SIZE = 10_000
+NUMERIC_CLAIMS = ("exp", "nbf", "iat")  # NumericDate (RFC 7519): a number, not a string
+_BASE64URL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def _canonical(token: str) -> bool:
+    """Whether every segment is unpadded base64url that re-encodes to itself."""
+    for segment in token.split("."):
+        if not segment or not _BASE64URL.issuperset(segment) or len(segment) % 4 == 1:
+            return False
+        raw = base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
+        if base64.urlsafe_b64encode(raw).rstrip(b"=").decode() != segment:
+            return False
+    return True
 
 
 def credential_from(headers: Mapping[str, str]) -> str | None:
@@ -75,15 +92,20 @@ class Authenticator:
             if self._anonymous is not None:
                 return self._anonymous
             raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'.")
+        identity = self._api_key_identity(credential)  # a key may look like a JWT: keys first
+        if identity is not None:
+            return identity
         if self._issuers and credential.count(".") == 2:
             return self._verify_jwt(credential)
-        return self._verify_api_key(credential)
+        raise Unauthorized("Invalid API key.")
 
-    def _verify_api_key(self, credential: str) -> Identity:
+    def _api_key_identity(self, credential: str) -> Identity | None:
+        if not self._keys:
+            return None
         digest = hashlib.sha256(credential.encode()).hexdigest()
         entry = self._keys.get(digest)
         if entry is None or not hmac.compare_digest(entry.sha256, digest):
-            raise Unauthorized("Invalid API key.")
+            return None
         return resolve_identity(
             self.policy, entry.tenant, entry.priority_class, entry.models, entry.name, "api_key"
         )
@@ -92,6 +114,8 @@ class Authenticator:
         cached = self._jwt_cache.get(token)
         if cached is not None and cached[1] > time.time():
             return cached[0]
+        if not _canonical(token):  # one token, one spelling (no padding, no spare bits)
+            raise Unauthorized("Malformed token: not canonical base64url.")
         try:
             header = jwt.get_unverified_header(token)
             unverified = jwt.decode(token, options={"verify_signature": False})
@@ -123,6 +147,10 @@ class Authenticator:
             raise Unauthorized("Token is not valid yet.") from exc
         except jwt.PyJWTError as exc:
             raise Unauthorized(f"Invalid token: {type(exc).__name__}.") from exc
+        for name in NUMERIC_CLAIMS:
+            value = claims.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise Unauthorized(f"Token claim '{name}' must be a number.")
         identity = self._identity_from(claims, cfg)
         self._remember(token, identity, float(claims["exp"]))
         return identity

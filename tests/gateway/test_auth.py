@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -147,3 +148,43 @@ def test_hmac_issuer(authenticator: Authenticator, keys: Keys) -> None:
 def test_anonymous_only_when_allowed(keys: Keys) -> None:
     open_policy = load_policy_text(policy_text(keys.jwks_path.parent, anonymous=True))
     assert Authenticator(open_policy).authenticate({}).method == "anonymous"
+
+
+def test_an_api_key_with_two_dots_is_a_key_not_a_token(keys: Keys) -> None:
+    dotted = "sk.acme.two-dots"
+    text = policy_text(keys.jwks_path.parent).replace(
+        "api_keys: [",
+        f"api_keys: [{{sha256: {hashlib.sha256(dotted.encode()).hexdigest()}, tenant: acme, "
+        "name: dotted}, ",
+    )
+    auth = Authenticator(load_policy_text(text))
+    assert auth.authenticate(bearer(dotted)).principal == "dotted"
+    with pytest.raises(Unauthorized, match="Malformed token"):
+        auth.authenticate(bearer("not.a.key"))  # not a key: then it must be a JWT
+
+
+def test_a_token_has_one_spelling(authenticator: Authenticator, keys: Keys) -> None:
+    token = keys.token()
+    assert authenticator.authenticate(bearer(token)).tenant == "acme"
+    for spelling in (token + "==", token.replace(".", "=.", 1)):
+        with pytest.raises(Unauthorized, match="not canonical"):
+            authenticator.authenticate(bearer(spelling))
+    # an RS256 signature is 256 bytes: 342 characters, the last one carrying 4 spare bits;
+    # flipping one of them spells the same bytes another way
+    head, body, signature = token.split(".")
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    twin = signature[:-1] + alphabet[alphabet.index(signature[-1]) ^ 1]
+    assert len(signature) == 342 and jwt_segment_bytes(twin) == jwt_segment_bytes(signature)
+    with pytest.raises(Unauthorized, match="not canonical"):
+        authenticator.authenticate(bearer(f"{head}.{body}.{twin}"))
+
+
+def jwt_segment_bytes(segment: str) -> bytes:
+    return base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
+
+
+def test_time_claims_must_be_numbers(authenticator: Authenticator, keys: Keys) -> None:
+    for claim in ("exp", "nbf", "iat"):
+        value = str(int(time.time()) + (300 if claim == "exp" else -10))
+        with pytest.raises(Unauthorized, match=f"'{claim}' must be a number"):
+            authenticator.authenticate(bearer(keys.token(**{claim: value})))
