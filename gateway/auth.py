@@ -149,7 +149,8 @@ class Authenticator:
             raise Unauthorized(f"Invalid token: {type(exc).__name__}.") from exc
         for name in NUMERIC_CLAIMS:
             value = claims.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            numeric = isinstance(value, int | float) and not isinstance(value, bool)
+            if value is not None and not numeric:
                 raise Unauthorized(f"Token claim '{name}' must be a number.")
         identity = self._identity_from(claims, cfg)
         self._remember(token, identity, float(claims["exp"]))
