@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.errors import GatewayError
+from gateway.errors import BadRequest, GatewayError
 from gateway.identity import Identity
 from gateway.limits.buckets import BucketSpec, MemoryStore, TakeResult, reset_seconds
 from gateway.limits.redis_store import RedisStore, StoreUnavailable
@@ -27,6 +27,13 @@ log = logging.getLogger("kvgate.gateway")
 
 class RateLimited(GatewayError):
     status, type, code = 429, "rate_limit_error", "rate_limit_exceeded"
+
+
+class NeverFits(GatewayError):
+    """A request larger than a token bucket holds: it would wait forever (429, as OpenAI's
+    "Request too large"; ``x-should-retry: false`` tells the official clients not to retry)."""
+
+    status, type, code = 429, "rate_limit_error", "request_too_large"
 
 
 class LimiterUnavailable(GatewayError):
@@ -100,8 +107,13 @@ class Limiter:
         return matched
 
     def estimate(self, body: Mapping[str, object]) -> int:
-        out = body.get("max_completion_tokens") or body.get("max_tokens")
-        max_tokens = out if isinstance(out, int) and out > 0 else self.limits.default_max_tokens
+        """Prompt characters / ``chars_per_token`` + the output the request may ask for;
+        ``BadRequest`` for an output limit that is not a positive integer."""
+        name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        out = body.get(name)
+        if out is not None and (isinstance(out, bool) or not isinstance(out, int) or out < 1):
+            raise BadRequest(f"{name} must be a positive integer; got {out!r}", param=name)
+        max_tokens = out if isinstance(out, int) else self.limits.default_max_tokens
         text = body.get("messages") or body.get("prompt") or body.get("input") or ""
         chars = len(text) if isinstance(text, str) else len(compact_json(text))
         return chars // self.limits.chars_per_token + max_tokens
@@ -124,6 +136,14 @@ class Limiter:
             for r, k in rules
             if r.tokens_per_min
         ]
+        for spec in token_specs:
+            if estimate > spec.capacity:
+                raise NeverFits(
+                    f"Request too large for the {spec.key.split(':', 1)[0]} limit on tokens per "
+                    f"minute: Limit {int(spec.capacity)}, Requested {estimate}. Send fewer "
+                    "prompt tokens or a lower max_tokens.",
+                    headers={"x-should-retry": "false"},
+                )
         result = await self._take(request_specs + token_specs)
         headers = self._headers(request_specs, token_specs, result)
         if not result.allowed:

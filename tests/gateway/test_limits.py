@@ -7,9 +7,10 @@ import time
 
 import pytest
 
+from gateway.errors import BadRequest
 from gateway.identity import Identity
 from gateway.limits.buckets import BucketSpec, MemoryStore
-from gateway.limits.limiter import Limiter, LimiterUnavailable, RateLimited, duration
+from gateway.limits.limiter import Limiter, LimiterUnavailable, NeverFits, RateLimited, duration
 from loadtest.harness.processes import free_port
 from policies.schema import LimitRule, Limits, LimitStore
 
@@ -85,6 +86,28 @@ def test_estimate_counts_prompt_and_max_tokens() -> None:
         lim.estimate({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5})
         > 5
     )
+
+
+async def test_a_request_larger_than_its_bucket_is_refused_at_once() -> None:
+    lim = limiter(LimitRule("tpm", {"tenant": "*"}, tokens_per_min=200_000))
+    for max_tokens in (1_000_000, 2**53):
+        with pytest.raises(NeverFits) as err:
+            await lim.reserve(
+                ACME, "m", "/v1/completions", {"prompt": "x", "max_tokens": max_tokens}
+            )
+        assert err.value.status == 429 and "retry-after" not in err.value.headers
+        assert err.value.headers["x-should-retry"] == "false"
+        assert "Limit 200000, Requested" in err.value.message
+    fits = await lim.reserve(ACME, "m", "/v1/completions", {"prompt": "x", "max_tokens": 1000})
+    assert fits is not None
+
+
+@pytest.mark.parametrize("value", [1e9, 10.5, 0, -3, True, "100"])
+def test_an_output_limit_must_be_a_positive_integer(value: object) -> None:
+    lim = limiter(LimitRule("r", {}, 10))
+    for name in ("max_tokens", "max_completion_tokens"):
+        with pytest.raises(BadRequest, match=f"{name} must be a positive integer"):
+            lim.estimate({"prompt": "x", name: value})
 
 
 async def test_reserve_limits_and_reports_headers() -> None:
