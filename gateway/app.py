@@ -30,7 +30,7 @@ from gateway.keys import (
     UPSTREAMS,
 )
 from gateway.metric_batch import FLUSH_INTERVAL
-from gateway.metrics import GatewayMetrics, QueueCollector
+from gateway.metrics import GatewayMetrics, LimiterCollector, QueueCollector
 from gateway.reload import RELOADER, Reloader, capacity_gate
 from gateway.routing.shadow import ShadowMirror
 from gateway.runtime import RuntimeHolder, RuntimeParts, build_runtime
@@ -61,6 +61,7 @@ def create_app(
     }
     app[ADMISSION] = AdmissionQueue(dict(policy.classes), capacity_gate(runtime))
     metrics.registry.register(QueueCollector(app[ADMISSION]))
+    metrics.registry.register(LimiterCollector(lambda: holder.current.limiter))
     app[SHUTTING_DOWN] = [False]
     app[RELOADER] = Reloader(app, policy_path, parts)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from gateway.admission import AdmissionQueue
     from gateway.context import RequestContext
     from gateway.endpoint_picker import EndpointState
+    from gateway.limits.limiter import Limiter
 
 log = logging.getLogger("kvgate.gateway")
 
@@ -244,3 +245,37 @@ class QueueCollector(Collector):
             for name, class_queue in queue.classes.items():
                 gauge.add_metric([pool, name], float(class_queue.size))
         yield gauge
+
+
+LIMITER_STATES = ("ok", "degraded", "down")
+
+
+class LimiterCollector(Collector):
+    """The rate limiter's store state and fallback counts, read at scrape time (this worker's
+    limiter of the current policy)."""
+
+    def __init__(self, limiter: Callable[[], Limiter]) -> None:
+        self.limiter = limiter
+
+    def collect(self) -> Iterator[Metric]:
+        limiter = self.limiter()
+        state = GaugeMetricFamily(
+            "kvgate_limiter_state",
+            "1 for the limiter's state: ok, degraded (Redis down, enforcing this replica's "
+            "share locally) or down (fail_closed, refusing).",
+            labels=["state"],
+        )
+        for name in LIMITER_STATES:
+            state.add_metric([name], 1.0 if limiter.status == name else 0.0)
+        yield state
+        errors = CounterMetricFamily(
+            "kvgate_limiter_store_errors", "Calls to the limit store that failed or timed out."
+        )
+        errors.add_metric([], float(limiter.store_errors))
+        yield errors
+        fallback = CounterMetricFamily(
+            "kvgate_limiter_fallback_decisions",
+            "Requests the local fallback buckets decided while the store was down.",
+        )
+        fallback.add_metric([], float(limiter.fallback_decisions))
+        yield fallback

@@ -71,6 +71,7 @@ class Limiter:
             self.primary = MemoryStore(share=workers)
         self.fallback = MemoryStore(share=workers * store.replicas)
         self.store_errors = 0
+        self.fallback_decisions = 0  # requests the local fallback decided (Redis down)
         self._settling: set[asyncio.Task[None]] = set()
         self._owed: dict[str, BucketSpec] = {}  # Redis: usage deltas not yet settled, by bucket
         self._flusher: asyncio.Task[None] | None = None
@@ -199,6 +200,7 @@ class Limiter:
                 raise LimiterUnavailable(
                     "The rate limiter is unavailable; try again shortly."
                 ) from exc
+            self.fallback_decisions += 1
             return await self.fallback.take(specs, force=force)
 
     def _headers(

@@ -1,8 +1,10 @@
 """Buckets shared by every gateway replica in Redis, taken atomically by one Lua script.
 
 The script reads the clock from Redis (``TIME``), so replicas with skewed clocks agree.
-Every call is bounded by ``timeout``; a failure raises ``StoreUnavailable`` and the store stays
-"down" for ``retry_after_failure`` seconds, so no request waits on a dead Redis twice.
+Every call is bounded by ``timeout``; a failure raises ``StoreUnavailable`` and marks the store
+down. While down, requests skip Redis for ``retry_after_failure`` seconds at a time (so none
+waits on a dead Redis twice); then the next request probes it. The store is up again only
+when a call succeeds: its state follows real outcomes, not the clock.
 """
 
 from __future__ import annotations
@@ -69,16 +71,17 @@ class RedisStore:
         self.timeout = timeout
         self.retry_after_failure = retry_after_failure
         self.prefix = prefix
-        self.down_until = 0.0
+        self.down_until = 0.0  # while down: no probe before this (monotonic)
         self.failures = 0
+        self.up = True  # the last call succeeded (or none failed yet)
         self._script = self.client.register_script(TAKE)
 
     @property
     def is_up(self) -> bool:
-        return time.monotonic() >= self.down_until
+        return self.up
 
     async def take(self, specs: list[BucketSpec], *, force: bool = False) -> TakeResult:
-        if not self.is_up:
+        if not self.up and time.monotonic() < self.down_until:
             raise StoreUnavailable("redis marked down after a recent failure")
         keys = [self.prefix + s.key for s in specs]
         args: list[str | int | float] = ["1" if force else "0"]
@@ -89,11 +92,15 @@ class RedisStore:
                 raw = await self._script(keys=keys, args=args)
         except (TimeoutError, RedisError, OSError) as exc:
             self.failures += 1
+            self.up = False
             self.down_until = time.monotonic() + self.retry_after_failure
             log.warning(
                 "redis limit store unavailable for %.1fs: %r", self.retry_after_failure, exc
             )
             raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
+        if not self.up:
+            log.info("redis limit store is back")
+        self.up = True
         allowed = int(raw[0]) == 1
         return TakeResult(
             allowed, 0.0 if allowed else float(raw[1]), tuple(float(v) for v in raw[2:])
