@@ -4,6 +4,7 @@ streaming and disconnects."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 import pytest
@@ -180,6 +181,17 @@ async def test_oversized_headers_in_one_write_are_431_too(server: HttpServer) ->
     filler = b"".join(b"x-filler-%d: %b\r\n" % (i, b"a" * 1024) for i in range(100))
     raw = await exchange(server.port, b"GET /echo HTTP/1.1\r\nhost: x\r\n" + filler + b"\r\n")
     assert raw.startswith(b"HTTP/1.1 431 ") and b"headers exceed" in raw
+
+
+async def test_an_oversized_head_with_an_unfinished_body_is_answered_once(
+    server: HttpServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    filler = b"".join(b"x-filler-%d: %b\r\n" % (i, b"a" * 1024) for i in range(100))
+    head = b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 500\r\n" + filler + b"\r\n"
+    with caplog.at_level(logging.ERROR):
+        raw = await exchange(server.port, head + b"partial body")
+    assert raw.count(b"HTTP/1.1 431 ") == 1, raw[:200]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 async def test_a_large_body_in_the_same_packets_as_the_head_is_not_a_large_head() -> None:

@@ -107,8 +107,9 @@ class Connection(asyncio.Protocol):
             self._reject(400, "malformed HTTP request")
             return
         # httptools buffers a request line and headers whole: bound what is still unfinished
-        # (a chunk that completed the head may carry body bytes too: it does not count)
-        if self._in_head and self._head_size > MAX_HEAD:
+        # (a chunk that completed the head may carry body bytes too: it does not count; a head
+        # refused while parsing has had its answer)
+        if self._in_head and self._head_size > MAX_HEAD and not self._closing:
             self._reject(431, f"request line and headers exceed {MAX_HEAD} bytes")
 
     def pause_writing(self) -> None:
