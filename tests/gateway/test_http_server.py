@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator
 
 import pytest
@@ -70,6 +71,23 @@ async def test_keep_alive_and_pipelining_answer_in_order(server: HttpServer) -> 
     assert raw.index(b"first") < raw.index(b"second")
     assert b"x-q: a=1" in raw and b"x-method: GET" in raw
     assert raw.endswith(b"connection: close\r\ncontent-length: 0\r\n\r\n")
+
+
+@pytest.mark.parametrize(
+    ("bad", "status"),
+    [
+        (b"NOT HTTP AT ALL\r\n\r\n", b"400"),
+        (b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 5000\r\n\r\n", b"413"),
+    ],
+)
+async def test_requests_pipelined_before_a_refused_one_are_answered_first(
+    server: HttpServer, bad: bytes, status: bytes
+) -> None:
+    good = post("/echo", b"one") + post("/echo", b"two")
+    raw = await exchange(server.port, good + bad + post("/echo", b"after"))
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", raw) == [b"200", b"200", status], raw
+    assert raw.index(b"one") < raw.index(b"two") < raw.index(b"HTTP/1.1 " + status)
+    assert b"after" not in raw  # nothing after the refusal is read
 
 
 async def test_declared_oversized_body_is_413_and_closes(server: HttpServer) -> None:

@@ -67,6 +67,7 @@ class Connection(asyncio.Protocol):
         self._wakeup: asyncio.Future[None] | None = None  # the idle worker waits on it
         self._busy = False  # a request is being handled
         self._closing = False
+        self._final: Response | None = None  # a refusal to send once earlier answers are out
         self._lost = False
         self._drain: asyncio.Future[None] | None = None
         self._paused = False
@@ -244,7 +245,12 @@ class Connection(asyncio.Protocol):
         """After a response: whether to go on serving this connection."""
         if self._transport is None:
             return False
+        if self._closing and self._pending:  # requests read before a refusal: answer them
+            return True
         if not keep_alive or self._closing:
+            final, self._final = self._final, None
+            if final is not None:
+                self.write(final.head(keep_alive=False) + final.body)
             self._close()
             return False
         if self._pending:
@@ -266,9 +272,11 @@ class Connection(asyncio.Protocol):
         self._finish_with(self._server.error_response(status, message))
 
     def _finish_with(self, response: Response) -> None:
-        if self._busy:  # a request is in flight: just stop after it
-            self._pending.clear()
-            self._closing = True
+        """Refuse what is being read: answer every request before it first (pipelined ones
+        included, in order), then this, then close; nothing after it is read."""
+        self._closing = True
+        if self._busy or self._pending:
+            self._final = response
             return
         self.write(response.head(keep_alive=False) + response.body)
         self._close()
