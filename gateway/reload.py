@@ -1,6 +1,6 @@
-"""Hot reload: a valid change of the policy file applies atomically, an invalid one is rejected
-with its errors logged and the old policy kept. In-flight requests finish on the runtime they
-started with.
+"""Hot reload: a valid change of the policy file (or of a JWKS file it names) applies
+atomically, an invalid one is rejected with its errors logged and the old policy kept.
+In-flight requests finish on the runtime they started with.
 """
 
 from __future__ import annotations
@@ -43,6 +43,14 @@ def capacity_gate(runtime: Runtime, previous: CapacityGate | None = None) -> Cap
     return gate
 
 
+def _stamp_of(path: str) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (stat.st_mtime_ns, stat.st_size)
+
+
 class Reloader:
     """Watches the policy file and applies each valid change as a new runtime."""
 
@@ -53,22 +61,24 @@ class Reloader:
         self._stamp = self._file_stamp()
         self._retiring: set[asyncio.Task[None]] = set()
 
-    def _file_stamp(self) -> tuple[int, int] | None:
+    def _file_stamp(self) -> tuple[object, ...] | None:
+        """The policy file's (mtime, size), with those of the JWKS files it names: a key added
+        to or removed from a JWKS file reloads the policy too."""
         if self.path is None:
             return None
-        try:
-            stat = os.stat(self.path)
-        except OSError:
+        policy = _stamp_of(self.path)
+        if policy is None:
             return None
-        return (stat.st_mtime_ns, stat.st_size)
+        jwks = [cfg.jwks_file for cfg in self.app[RUNTIME].current.policy.auth.jwt]
+        return (policy, *(_stamp_of(path) for path in jwks))
 
     async def watch(self, interval: float = 1.0) -> None:
         while True:
             await asyncio.sleep(interval)
             stamp = self._file_stamp()
             if stamp is not None and stamp != self._stamp:
-                self._stamp = stamp
                 await self.reload()
+                self._stamp = self._file_stamp()  # the JWKS files of the policy now in force
 
     async def reload(self) -> tuple[bool, list[str]]:
         """Load the policy file again; (applied, errors)."""
