@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 from aiohttp import web
 
 from gateway.error_responses import http_error
 from gateway.keys import RUNTIME, SHUTTING_DOWN
-from gateway.routes import handle
+from gateway.routes import check_head, handle
 from kvgate.wire.http.server import HttpServer
 
 
@@ -37,6 +38,8 @@ async def running(
         http_error,
         max_body=listen.max_body_bytes,
         header_timeout=listen.header_timeout,
+        body_timeout=listen.body_timeout,
+        head_check=partial(check_head, app),
     )
     try:
         await server.start(host, port, reuse_port=reuse_port)

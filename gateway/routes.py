@@ -11,12 +11,14 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+from aiohttp import web
+from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import proxy
 from gateway.context import RequestContext
 from gateway.error_responses import response_for
-from gateway.errors import GatewayError, MethodNotAllowed, NotFound
+from gateway.errors import GatewayError, MethodNotAllowed, NotFound, Unauthorized
 from gateway.keys import METRICS, RUNTIME, SHUTTING_DOWN, TRACER
 from gateway.request_context import (
     QUIET_PATHS,
@@ -112,6 +114,18 @@ def _route(request: Request) -> RouteHandler:
             headers={"allow": ", ".join(methods)},
         )
     return handler
+
+
+def check_head(app: web.Application, target: bytes, headers: CIMultiDict[str]) -> Response | None:
+    """A large body's head, before the body is read: ``/v1/*`` must authenticate first (the
+    handler authenticates again once the body is in; a head check is for large bodies only)."""
+    if not target.startswith(b"/v1/"):
+        return None
+    try:
+        app[RUNTIME].current.authenticator.authenticate(headers)
+    except Unauthorized as exc:
+        return exc.to_response()
+    return None
 
 
 async def handle(request: Request) -> AnyResponse:

@@ -112,6 +112,7 @@ def _listen(top: Fields) -> Listen:
             "max_json_depth",
             "shutdown_grace",
             "header_timeout",
+            "body_timeout",
             "admin",
             "ready_with_dead_pools",
         },
@@ -134,6 +135,7 @@ def _listen(top: Fields) -> Listen:
         max_json_depth=f.integer("max_json_depth", d.max_json_depth, low=2, high=1000),
         shutdown_grace=f.duration("shutdown_grace", d.shutdown_grace),
         header_timeout=f.duration("header_timeout", d.header_timeout),
+        body_timeout=f.duration("body_timeout", d.body_timeout),
         admin=admin,
         ready_with_dead_pools=f.flag("ready_with_dead_pools", d.ready_with_dead_pools),
     )

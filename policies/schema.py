@@ -49,6 +49,7 @@ class Listen:
     max_json_depth: int = 64  # request bodies nested deeper get 400
     shutdown_grace: float = 30.0  # seconds in-flight streams may finish after SIGTERM
     header_timeout: float = 30.0  # seconds a client may take to send a request's head (408)
+    body_timeout: float = 60.0  # seconds a client may take to send a request's body (408)
     admin: Admin | None = None  # no admin API unless configured
     ready_with_dead_pools: bool = True  # /readyz: 200 "degraded" (True) or 503 (False)
 

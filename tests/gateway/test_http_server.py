@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
+from multidict import CIMultiDict
 
 from gateway.error_responses import http_error
 from kvgate.wire.http.messages import AnyResponse, Request, Response, StreamResponse, json_response
@@ -237,5 +238,54 @@ async def test_a_head_trickled_past_header_timeout_is_408_and_closes() -> None:
         assert raw.startswith(b"HTTP/1.1 408 ") and b"took too long" in raw
         assert 0.3 < waited < 3.0  # swept within a quarter of the timeout after it passed
         writer.close()
+    finally:
+        await srv.shutdown(1)
+
+
+async def test_a_body_trickled_past_body_timeout_is_408_and_closes() -> None:
+    srv = HttpServer(web.Application(), handler, http_error, max_body=1000, body_timeout=0.4)
+    await srv.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        writer.write(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\nten bytes.")
+        await writer.drain()
+        started = asyncio.get_running_loop().time()
+        for _ in range(10):  # a byte now and then keeps it active, but not finished
+            await asyncio.sleep(0.1)
+            writer.write(b"x")
+        async with asyncio.timeout(5):
+            raw = await reader.read()
+        waited = asyncio.get_running_loop().time() - started
+        assert raw.startswith(b"HTTP/1.1 408 ") and b"body took too long" in raw
+        assert 0.3 < waited < 3.0
+        writer.close()
+    finally:
+        await srv.shutdown(1)
+
+
+async def test_a_large_body_is_checked_from_its_head_before_it_is_read() -> None:
+    seen: list[bytes] = []
+
+    def refuse_without_key(target: bytes, headers: CIMultiDict[str]) -> Response | None:
+        seen.append(target)
+        return None if headers.get("api-key") == "ok" else Response(b"no", status=401)
+
+    srv = HttpServer(
+        web.Application(), handler, http_error, max_body=1 << 22, head_check=refuse_without_key
+    )
+    await srv.start("127.0.0.1", 0)
+    try:
+        # a 4 MiB body is declared, none of it sent: the refusal comes from the head alone
+        head = b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 4000000\r\n\r\n"
+        raw = await exchange(srv.port, head)
+        assert raw.startswith(b"HTTP/1.1 401 ") and raw.endswith(b"no")
+        big = b"a" * 100_000
+        accepted = await exchange(
+            srv.port, post("/echo", big, "api-key: ok\r\nconnection: close\r\n")
+        )
+        assert accepted.startswith(b"HTTP/1.1 200 ") and accepted.endswith(big)
+        small = await exchange(srv.port, post("/echo", b"tiny", "connection: close\r\n"))
+        assert small.startswith(b"HTTP/1.1 200 ")  # small bodies are read first, as before
+        assert seen == [b"/echo", b"/echo"]
     finally:
         await srv.shutdown(1)

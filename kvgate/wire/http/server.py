@@ -11,7 +11,11 @@ and response machinery alone costs about as much CPU as the whole proxy may spen
 - ``Expect: 100-continue``; malformed requests answered 400 and the connection closed;
 - a client that goes away cancels its handler task (so the upstream call is cancelled too);
 - TCP_NODELAY on every connection; idle keep-alive connections closed after ``keepalive``;
-- a request head that takes longer than ``header_timeout`` gets a 408 (slow-header clients);
+- a request head that takes longer than ``header_timeout`` gets a 408 (slow-header clients),
+  and so does a body still unfinished ``body_timeout`` after its head (slow-body clients);
+- ``head_check`` (optional) sees the head of a request whose body is large (over
+  ``EARLY_CHECK_BYTES``, or chunked) before any of it is read, and may refuse it (e.g. 401):
+  nobody unauthenticated makes the server buffer a large body;
 - ``shutdown(grace)``: stop accepting, close idle connections, let handlers finish.
 """
 
@@ -36,6 +40,9 @@ log = logging.getLogger("kvgate.http")
 Handler = Callable[[Request], Awaitable[AnyResponse]]
 MAX_HEAD = 64 * 1024  # bytes of request line + headers (aiohttp allows 8 KiB per line)
 ErrorFactory = Callable[[int, str], Response]
+# (request target, headers) -> a response that refuses the request, or None to read its body
+HeadCheck = Callable[[bytes, CIMultiDict[str]], Response | None]
+EARLY_CHECK_BYTES = 64 * 1024  # bodies larger than this are checked from the head first
 
 
 _METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
@@ -73,6 +80,7 @@ class Connection(asyncio.Protocol):
         self._paused = False
         self.last_active = server.loop.time()  # idle keep-alive connections are swept
         self.head_started = 0.0  # when the head being read began (slow heads are swept too)
+        self.body_started = 0.0  # when the body being read began (0: none is being read)
 
     # --- asyncio protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -90,6 +98,9 @@ class Connection(asyncio.Protocol):
         if self._drain is not None and not self._drain.done():
             self._drain.set_exception(ConnectionResetError("the client went away"))
         self._pending.clear()
+        self._body = []  # a half-read body is not kept after the client went away
+        self._headers = []
+        self._url = b""
 
     def data_received(self, data: bytes) -> None:
         self.last_active = self._server.loop.time()
@@ -135,10 +146,22 @@ class Connection(asyncio.Protocol):
             self._reject(431, f"request line and headers exceed {MAX_HEAD} bytes")
             return
         self._in_head = False
+        self.body_started = self.last_active  # set by data_received for this chunk
         self._mapping = headers = CIMultiDict(
             [(name.decode("latin-1"), value.decode("latin-1")) for name, value in self._headers]
         )
         declared = headers.get("content-length")
+        check = self._server.head_check
+        if check is not None and (
+            (declared is None and "transfer-encoding" in headers)
+            or (declared is not None and declared.isdigit() and int(declared) > EARLY_CHECK_BYTES)
+        ):
+            refusal = check(self._url, headers)
+            if refusal is not None:  # refused from its head: the body is never buffered
+                self._too_large = True
+                self._body = []
+                self._finish_with(refusal)
+                return
         if declared is not None and declared.isdigit() and int(declared) > self._server.max_body:
             self._refuse_too_large()
         elif "expect" in headers and headers["expect"].lower() == "100-continue":
@@ -156,6 +179,7 @@ class Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         parts, url, headers, raw_headers = self._body, self._url, self._mapping, self._headers
         self._in_head = True  # what follows is the next request's head
+        self.body_started = 0.0
         self._head_size = self._size = 0
         self._url = b""
         self._headers = []
@@ -300,6 +324,16 @@ class Connection(asyncio.Protocol):
         if self.head_started < started_before:
             self._reject(408, "the request's head took too long to arrive")
 
+    def expire_body(self, started_before: float) -> None:
+        """Answer 408 and close if a request's body began before ``started_before`` and is
+        still unfinished (a client trickling its body must not hold a connection)."""
+        if self._busy or self._in_head or not self.body_started or self._closing:
+            return
+        if self.body_started < started_before:
+            self._too_large = True  # what still arrives is discarded
+            self._body = []
+            self._reject(408, "the request's body took too long to arrive")
+
     def close_if_idle(self, idle_since: float | None = None) -> None:
         """Close the connection if no request is in flight (and, given ``idle_since``, nothing
         arrived after it: a half-sent request does not hold a connection forever)."""
@@ -325,6 +359,8 @@ class HttpServer:
         max_body: int,
         keepalive: float = 75.0,
         header_timeout: float = 30.0,
+        body_timeout: float = 60.0,
+        head_check: HeadCheck | None = None,
     ) -> None:
         self.app = app
         self.handler = handler
@@ -332,6 +368,8 @@ class HttpServer:
         self.max_body = max_body
         self.keepalive = keepalive
         self.header_timeout = header_timeout
+        self.body_timeout = body_timeout
+        self.head_check = head_check
         self.connections: set[Connection] = set()
         self.in_flight = 0
         self.stopping = False
@@ -351,12 +389,15 @@ class HttpServer:
 
     async def _sweep(self) -> None:
         """Close keep-alive connections idle for ``keepalive`` seconds, and answer 408 to those
-        whose request head has taken ``header_timeout`` (one timer for all, not per request)."""
+        whose request head has taken ``header_timeout`` or whose body ``body_timeout`` (one
+        timer for all, not per request)."""
         while True:
-            await asyncio.sleep(min(self.keepalive / 4, self.header_timeout / 4, 5.0))
+            period = min(self.keepalive, self.header_timeout, self.body_timeout) / 4
+            await asyncio.sleep(min(period, 5.0))
             now = self.loop.time()
             for connection in list(self.connections):
                 connection.expire_head(now - self.header_timeout)
+                connection.expire_body(now - self.body_timeout)
                 connection.close_if_idle(now - self.keepalive)
 
     @property
