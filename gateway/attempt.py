@@ -98,7 +98,8 @@ class Attempt:
         if not self._open:
             return
         self._open = False
-        self.blame()  # a 5xx nobody absolved counts
+        if self._undecided:  # a 5xx nobody absolved counts
+            self.blame()
         self.endpoint.in_flight -= 1
         if self.response is not None:
             self.response.close()

@@ -38,9 +38,18 @@ from kvgate.wire.json_text import nested_deeper_than
 from policies.schema import Pool, Route
 
 
+def _content_encoding(headers: list[tuple[bytes, bytes]]) -> str:
+    """The request's ``Content-Encoding`` ("" when none), read from the raw header pairs: no
+    case-insensitive mapping lookup on every request for a header that is nearly never sent."""
+    for name, value in headers:
+        if len(name) == 16 and name.lower() == b"content-encoding":
+            return value.decode("latin-1")
+    return ""
+
+
 def _read_json(request: Request, max_body: int, max_depth: int) -> tuple[bytes, dict[str, object]]:
     raw = request.body  # the server has already refused bodies over listen.max_body
-    encoding = request.headers.get("content-encoding")
+    encoding = _content_encoding(request.raw_headers)
     if encoding:  # decoded here, bounded again; forwarded decoded, without the header
         raw = decode_body(raw, encoding, max_body)
     try:
