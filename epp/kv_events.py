@@ -12,8 +12,9 @@ connects when it names a host. Both layouts are served:
   contains the endpoint's address (llm-d's ``kv@<address>@<model>``).
 
 PUB/SUB drops what was sent before a subscriber attached. With ``replay_port`` (vLLM's
-``replay_endpoint``, a ROUTER socket), a subscriber that starts late or sees a gap asks the
-engine for the batches it missed; without one, a gap clears that engine's entries.
+``replay_endpoint``, a ROUTER socket), a subscriber asks for the engine's buffered history as
+it starts (live batches it then receives twice are skipped), and for what it missed when it
+sees a gap; without one, a gap clears that engine's entries.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from kvgate.wire.kv_events import EventBatch, KVEventFormatError, decode_batch
 log = logging.getLogger("kvgate.epp")
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # vLLM's end-of-replay marker
 REPLAY_TIMEOUT = 1.0  # seconds to wait for each replayed message
+REPLAY_SETTLE = 0.2  # seconds between subscribing and asking for the history
 
 
 class KVEventSubscriber:
@@ -50,6 +52,7 @@ class KVEventSubscriber:
         self.on_lag = on_lag
         self.batches = 0
         self.replayed = 0
+        self._replayed: dict[tuple[str, int | None], int] = {}  # highest seq a replay applied
         self._context = zmq.asyncio.Context.instance()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -79,6 +82,9 @@ class KVEventSubscriber:
         socket = self._socket()
         socket.connect(f"tcp://{host}:{endpoint.kv_events_port}")
         try:
+            if endpoint.kv_events_replay_port:  # what the engine sent before we listened
+                await asyncio.sleep(REPLAY_SETTLE)  # the subscription reaches the publisher
+                await self._replay(endpoint, 0, None, None)
             while True:
                 await self.handle(endpoint, await socket.recv_multipart())
         finally:
@@ -110,7 +116,13 @@ class KVEventSubscriber:
         if message is None:
             return
         seq, batch = message
-        last = self.index.last_seq(endpoint.address, batch.data_parallel_rank)
+        rank = batch.data_parallel_rank
+        replayed = self._replayed.get((endpoint.address, rank))
+        if replayed is not None:
+            if seq <= replayed:
+                return  # already applied from the replay
+            del self._replayed[(endpoint.address, rank)]
+        last = self.index.last_seq(endpoint.address, rank)
         missed_from = 0 if last < 0 else last + 1
         if endpoint.kv_events_replay_port and seq > missed_from:
             await self._replay(endpoint, missed_from, seq, batch.data_parallel_rank)
@@ -133,10 +145,13 @@ class KVEventSubscriber:
         self.index.apply_batch(address, seq, batch.events, batch.data_parallel_rank)
         self.batches += 1
 
-    async def _replay(self, endpoint: Endpoint, start: int, until: int, rank: int | None) -> None:
-        """Apply the batches ``start`` .. ``until - 1`` from the engine's replay socket (vLLM's
-        ROUTER protocol: send the start seq; receive ``(topic, seq, payload)`` until seq -1).
-        On a timeout, what arrived is kept and the gap clears the engine as usual."""
+    async def _replay(
+        self, endpoint: Endpoint, start: int, until: int | None, rank: int | None
+    ) -> None:
+        """Apply the batches ``start`` .. ``until - 1`` (``None``: all buffered, of any rank)
+        from the engine's replay socket (vLLM's ROUTER protocol: send the start seq; receive
+        ``(topic, seq, payload)`` until seq -1). On a timeout, what arrived is kept and the
+        gap clears the engine as usual."""
         host = endpoint.address.rsplit(":", 1)[0]
         socket = self._context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
@@ -151,7 +166,12 @@ class KVEventSubscriber:
                 if message is None:
                     continue
                 seq, batch = message
-                if start <= seq < until and batch.data_parallel_rank == rank:
+                if until is None:  # everything buffered: live duplicates are skipped later
+                    key = (endpoint.address, batch.data_parallel_rank)
+                    self._replayed[key] = max(seq, self._replayed.get(key, -1))
+                    self._apply(endpoint.address, seq, batch)
+                    self.replayed += 1
+                elif start <= seq < until and batch.data_parallel_rank == rank:
                     self._apply(endpoint.address, seq, batch)
                     self.replayed += 1
         except TimeoutError:
