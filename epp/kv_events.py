@@ -169,11 +169,10 @@ class KVEventSubscriber:
                 if until is None:  # everything buffered: live duplicates are skipped later
                     key = (endpoint.address, batch.data_parallel_rank)
                     self._replayed[key] = max(seq, self._replayed.get(key, -1))
-                    self._apply(endpoint.address, seq, batch)
-                    self.replayed += 1
-                elif start <= seq < until and batch.data_parallel_rank == rank:
-                    self._apply(endpoint.address, seq, batch)
-                    self.replayed += 1
+                elif not (start <= seq < until and batch.data_parallel_rank == rank):
+                    continue
+                self._apply(endpoint.address, seq, batch)
+                self.replayed += 1
         except TimeoutError:
             log.warning("KV event replay from %s timed out", endpoint.address)
         finally:

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from functools import partial
 
 from epp.framework import Endpoint, SchedulingRequest
-from epp.indexes.prefix_index import DEFAULT_CAPACITY, KeyMemo, PrefixIndexParams, Undo
+from epp.indexes.prefix_index import DEFAULT_CAPACITY, PrefixIndexParams, RequestMemo, Undo
 from epp.routing_text import routing_text
 from kvgate.wire.block_hash import text_block_hashes
 
@@ -123,7 +123,7 @@ class ApproximatePrefixCache:
         self.params = params
         self.index = ApproximatePrefixIndex()
         self._block_chars = params.block_size_tokens * params.chars_per_token
-        self._memo = KeyMemo()
+        self._memo = RequestMemo()
 
     @property
     def routing_limit(self) -> int:

@@ -8,7 +8,7 @@ from functools import partial
 
 from epp.framework import Endpoint, SchedulingRequest
 from epp.indexes.precise import PreciseIndex, block_keys
-from epp.indexes.prefix_index import KeyMemo, PrefixIndexParams, Undo
+from epp.indexes.prefix_index import PrefixIndexParams, RequestMemo, Undo
 from epp.kv_events import KVEventSubscriber
 from epp.tokenize import make_tokenizer, request_token_ids
 
@@ -29,8 +29,8 @@ class PrecisePrefixCache:
         self.index = PreciseIndex(params.speculative_ttl)
         self.events = KVEventSubscriber(self.index, endpoints, on_lag)
         self._tokenizer = make_tokenizer(params.tokenizer)
-        self._memo = KeyMemo()
-        self._tokens = KeyMemo()
+        self._memo = RequestMemo()
+        self._tokens = RequestMemo()
         self._started = False
 
     @property

@@ -83,8 +83,9 @@ def uncached_tokens(index: PrefixIndex, request: SchedulingRequest, endpoint: En
     return max(0, index.prompt_tokens(request) - matched * index.params.block_size_tokens)
 
 
-class KeyMemo:
-    """The last request's block keys, so scoring and learning hash a request once."""
+class RequestMemo:
+    """The last request's ids (its block keys, or its token ids), keyed by request id, so
+    scoring, learning and the prefill decision work a request out once."""
 
     __slots__ = ("_keys", "_request_id")
 
