@@ -77,7 +77,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
             max_model_len=args.max_model_len,
             enable_chunked_prefill=not args.no_chunked_prefill,
             max_loras=args.max_loras,
-            eos_token_id=tokenizer.eos_token_id,
+            eos_token_ids=(tokenizer.eos_token_id,),
         ),
         num_blocks=args.num_blocks,
         block_size=args.block_size,

@@ -46,7 +46,7 @@ def make_scheduler(
         max_model_len=max_model_len,
         enable_chunked_prefill=chunked,
         max_loras=max_loras,
-        eos_token_id=EOS,
+        eos_token_ids=(EOS,),
     )
     return Scheduler(config, blocks)
 

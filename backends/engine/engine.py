@@ -186,7 +186,7 @@ class AsyncEngine:
                 continue
             try:
                 step = build_step(out.scheduled, self.block_manager.block_size)
-                sampled = await self.runner.execute(step)
+                output = await self.runner.execute(step)
             except Exception:
                 log.exception("model runner failed; aborting the batch")
                 for item in out.scheduled:
@@ -196,7 +196,7 @@ class AsyncEngine:
                 continue
             self.num_steps += 1
             self.scheduler.kv_connector.after_step(step)
-            updated = self.scheduler.postprocess(out, sampled)
+            updated = self.scheduler.postprocess(out, output.tokens, output.logprobs)
             self._deliver(updated)
             if self.event_sink is not None:
                 events = self.block_manager.take_events()

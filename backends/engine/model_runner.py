@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from backends.engine.step import StepInput
+from backends.engine.step import StepInput, StepOutput
 
 
 class ModelRunner(Protocol):
@@ -13,7 +13,8 @@ class ModelRunner(Protocol):
     ``execute`` writes the KV of each sequence's ``input_ids`` into its ``slot_mapping`` slots,
     attends over its ``block_table``, and returns, aligned with ``step.seqs``, the sampled next
     token for sequences whose ``do_sample`` is true and None for the others (a prefill chunk
-    that is not the last). A runner never reads the engine's ``Sequence`` objects.
+    that is not the last), with the token's log-probability where ``sampling.logprobs`` asks.
+    A runner never reads the engine's ``Sequence`` objects.
     """
 
     def num_kv_blocks(self, block_size: int) -> int | None:
@@ -22,7 +23,7 @@ class ModelRunner(Protocol):
         block manager is built, so that the cache and the block manager agree."""
         ...
 
-    async def execute(self, step: StepInput) -> list[int | None]:
+    async def execute(self, step: StepInput) -> StepOutput:
         """Run one step; may take real (torch) or simulated (sleep) time."""
         ...
 

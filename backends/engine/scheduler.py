@@ -28,7 +28,7 @@ class SchedulerConfig:
     max_model_len: int = 8192  # prompt + output tokens of one sequence
     enable_chunked_prefill: bool = True  # split long prompts across steps
     max_loras: int = 1  # distinct LoRA adapters in one batch
-    eos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()  # the model's end-of-sequence tokens
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_loras"):
@@ -136,8 +136,13 @@ class Scheduler:
             self._admit_waiting(out, budget)
         return out
 
-    def postprocess(self, out: SchedulerOutput, sampled: list[int | None]) -> list[Sequence]:
-        """Apply a step's results; ``sampled`` is aligned with ``out.scheduled``.
+    def postprocess(
+        self,
+        out: SchedulerOutput,
+        sampled: list[int | None],
+        logprobs: list[float | None] | None = None,
+    ) -> list[Sequence]:
+        """Apply a step's results; ``sampled`` (and ``logprobs``) align with ``out.scheduled``.
 
         Returns the sequences that got a new token or finished in this step.
         """
@@ -145,7 +150,7 @@ class Scheduler:
         any_finished = False
         stats = self.stats
         running = SequenceStatus.RUNNING
-        for item, token in zip(out.scheduled, sampled, strict=True):
+        for index, (item, token) in enumerate(zip(out.scheduled, sampled, strict=True)):
             seq = item.seq
             if seq.status is not running:
                 continue  # aborted while the step ran
@@ -156,6 +161,8 @@ class Scheduler:
             if len(seq.token_ids) == num_prompt:
                 stats.prompt_tokens += num_prompt
             seq.token_ids.append(token)
+            if logprobs is not None and (logprob := logprobs[index]) is not None:
+                seq.output_logprobs.append(logprob)
             stats.generation_tokens += 1
             reason = self._finish_reason(seq, token)
             if reason is not None:
@@ -171,12 +178,14 @@ class Scheduler:
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         sampling = seq.sampling
-        if not sampling.ignore_eos and token == self.config.eos_token_id:
-            return FinishReason.STOP
-        if token in sampling.stop_token_ids:
-            return FinishReason.STOP
         num_tokens = len(seq.token_ids)
-        if num_tokens - len(seq.prompt_token_ids) >= sampling.max_tokens:
+        num_output = num_tokens - len(seq.prompt_token_ids)
+        if num_output > sampling.min_tokens:  # a stop token counts after min_tokens
+            if not sampling.ignore_eos and token in self.config.eos_token_ids:
+                return FinishReason.STOP
+            if token in sampling.stop_token_ids:
+                return FinishReason.STOP
+        if num_output >= sampling.max_tokens:
             return FinishReason.LENGTH
         if num_tokens >= self.config.max_model_len:
             return FinishReason.LENGTH

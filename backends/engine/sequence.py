@@ -28,14 +28,19 @@ class FinishReason(Enum):
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """What to generate: at most ``max_tokens`` tokens; stop early on EOS or a stop token."""
+    """What to generate: at most ``max_tokens`` tokens; stop early on EOS or a stop token, but
+    not before ``min_tokens``. ``temperature`` 0 is greedy; ``top_k`` 0 or -1 keeps every
+    token. ``logprobs`` asks for the chosen token's log-probability."""
 
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = -1
     seed: int | None = None
     ignore_eos: bool = False
+    min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    logprobs: bool = False
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -44,6 +49,16 @@ class SamplingParams:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (disabled) or at least 0, got {self.top_k}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
 
 
 _ids = itertools.count()
@@ -68,6 +83,7 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
+    output_logprobs: list[float] = field(default_factory=list)  # when sampling.logprobs
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

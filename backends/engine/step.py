@@ -76,6 +76,15 @@ class StepInput:
         return {s.lora_name for s in self.seqs if s.lora_name is not None}
 
 
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """A runner's result, aligned with ``StepInput.seqs``: the sampled token of each sequence
+    that samples (None for the others) and, where asked for, its log-probability."""
+
+    tokens: list[int | None]
+    logprobs: list[float | None] | None = None
+
+
 def build_step(scheduled: list[ScheduledSeq], block_size: int) -> StepInput:
     """The step input for the scheduler's output; raises ``ValueError`` if a sequence's block
     table does not cover the tokens it computes (a scheduler bug, never silently misplaced)."""

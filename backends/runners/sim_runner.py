@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from backends.engine.step import SeqStep, StepInput
+from backends.engine.step import SeqStep, StepInput, StepOutput
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +91,12 @@ class SimRunner:
     def num_kv_blocks(self, block_size: int) -> int | None:
         return None  # no KV is kept: the configured number of blocks is simulated
 
-    async def execute(self, step: StepInput) -> list[int | None]:
+    async def execute(self, step: StepInput) -> StepOutput:
         swaps = self._make_resident(step.lora_names)
         delay = self.cost.step_time(step, swaps)
         await asyncio.sleep(delay)
         sample = self._sample
-        return [sample(seq) if seq.do_sample else None for seq in step.seqs]
+        return StepOutput([sample(seq) if seq.do_sample else None for seq in step.seqs])
 
     def release(self, seq_id: int) -> None:
         self._seeds.pop(seq_id, None)

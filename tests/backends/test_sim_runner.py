@@ -58,9 +58,11 @@ async def test_tokens_are_deterministic_per_prompt_and_seed() -> None:
         seq = make_seq(tokens=prompt)
         tokens: list[int] = []
         for _ in range(12):
-            (token,) = await runner.execute(
-                step_input([ScheduledSeq(seq, seq.num_tokens - seq.num_computed_tokens)])
-            )
+            (token,) = (
+                await runner.execute(
+                    step_input([ScheduledSeq(seq, seq.num_tokens - seq.num_computed_tokens)])
+                )
+            ).tokens
             assert token is not None
             seq.num_computed_tokens = seq.num_tokens
             seq.token_ids.append(token)

@@ -1,0 +1,108 @@
+"""The Llama/Qwen2 decoder forward over a step's flattened tokens and a paged KV cache.
+
+Embedding, then per layer: RMSNorm, fused q/k/v (with Qwen2's biases), RoPE, GQA paged
+attention, output projection, residual, RMSNorm, SwiGLU MLP, residual; a final RMSNorm, and
+the LM head applied only to the rows whose next token is sampled. A LoRA batch, when given,
+adds each token's adapter delta to the projections it targets.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from backends.models.attention import AttentionMetadata, paged_attention
+from backends.models.config import ModelConfig
+from backends.models.rope import apply_rope, rope_table
+from backends.models.weights import ModelWeights
+
+
+class LoraDelta(Protocol):
+    def add(self, layer: int, module: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``y`` plus the adapters' delta for projection ``module`` of ``layer`` on ``x``."""
+        ...
+
+
+class KVCache:
+    """One preallocated K and V tensor per layer: ``[num_blocks * block_size, kv_heads, dim]``."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        shape = (num_blocks * block_size, config.num_key_value_heads, config.head_dim)
+        self.keys = [
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)
+        ]
+        self.values = [
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)
+        ]
+
+    @staticmethod
+    def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+        element = torch.empty((), dtype=dtype).element_size()
+        per_token = 2 * config.num_key_value_heads * config.head_dim * element
+        return per_token * block_size * config.num_hidden_layers
+
+
+class Decoder:
+    def __init__(self, config: ModelConfig, weights: ModelWeights, device: torch.device) -> None:
+        self.config = config
+        self.weights = weights
+        self.device = device
+        dtype = weights.embed.dtype
+        self.cos, self.sin = rope_table(config, device, dtype)
+        self.scale = config.head_dim**-0.5
+        self.q_size = config.num_attention_heads * config.head_dim
+        self.kv_size = config.num_key_value_heads * config.head_dim
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        cache: KVCache,
+        lora: LoraDelta | None = None,
+    ) -> torch.Tensor:
+        """The final-normed hidden state of every input token: ``[tokens, hidden]``."""
+        cfg, w = self.config, self.weights
+        eps = cfg.rms_norm_eps
+        cos, sin = self.cos[positions], self.sin[positions]
+        heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        hidden = F.embedding(input_ids, w.embed)
+        size = (cfg.hidden_size,)
+        for n, layer in enumerate(w.layers):
+            x = F.rms_norm(hidden, size, layer.input_norm, eps)
+            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            if lora is not None:
+                qkv = lora.add(n, "qkv", x, qkv)
+            q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+            q = apply_rope(q.view(-1, heads, dim), cos, sin)
+            k = apply_rope(k.view(-1, kv_heads, dim), cos, sin)
+            attended = paged_attention(
+                q, k, v.view(-1, kv_heads, dim), cache.keys[n], cache.values[n], meta, self.scale
+            )
+            out = F.linear(attended, layer.o_proj)
+            if lora is not None:
+                out = lora.add(n, "o_proj", attended, out)
+            hidden = hidden + out
+            x = F.rms_norm(hidden, size, layer.post_norm, eps)
+            gate_up = F.linear(x, layer.gate_up)
+            if lora is not None:
+                gate_up = lora.add(n, "gate_up", x, gate_up)
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate) * up
+            down = F.linear(act, layer.down)
+            if lora is not None:
+                down = lora.add(n, "down", act, down)
+            hidden = hidden + down
+        return F.rms_norm(hidden, size, w.norm, eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.weights.lm_head)

@@ -1,0 +1,90 @@
+"""Next-token sampling from a step's logits, as vLLM's sampler behaves.
+
+Per row: greedy when ``temperature`` is 0; otherwise logits / temperature, then top-k, then
+top-p (the smallest set of most likely tokens whose probability reaches ``top_p``), drawn from a
+generator seeded by the request's ``seed`` (so a seeded request is reproducible whatever else
+is in the batch) or from the runner's shared generator. End-of-sequence and stop tokens are
+masked until ``min_tokens`` tokens are out. The chosen token's log-probability is that of the
+unmodified distribution (vLLM's default ``logprobs_mode``, raw log-probabilities).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from backends.engine.sequence import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRow:
+    seq_id: int
+    sampling: SamplingParams
+    num_output_tokens: int  # tokens generated before this one
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: Sequence[int], seed: int = 0) -> None:
+        self.eos_token_ids = tuple(eos_token_ids)
+        self._shared = torch.Generator().manual_seed(seed)
+        self._generators: dict[int, torch.Generator] = {}
+
+    def release(self, seq_id: int) -> None:
+        self._generators.pop(seq_id, None)
+
+    def sample(
+        self, logits: torch.Tensor, rows: Sequence[SampleRow]
+    ) -> tuple[list[int], list[float | None] | None]:
+        """Tokens for each row of ``logits`` (``[rows, vocab]``), and their log-probs when any
+        row asks for them."""
+        logits = logits.float()
+        self._mask_early_stops(logits, rows)
+        tokens = logits.argmax(dim=-1)
+        random_rows = [i for i, row in enumerate(rows) if not row.sampling.is_greedy]
+        if random_rows:
+            tokens = tokens.clone()
+            for i in random_rows:
+                tokens[i] = self._draw(logits[i], rows[i])
+        chosen = tokens.tolist()
+        if not any(row.sampling.logprobs for row in rows):
+            return chosen, None
+        logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0].tolist()
+        return chosen, [
+            lp if row.sampling.logprobs else None for lp, row in zip(logprobs, rows, strict=True)
+        ]
+
+    def _mask_early_stops(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> None:
+        for i, row in enumerate(rows):
+            sampling = row.sampling
+            if row.num_output_tokens >= sampling.min_tokens:
+                continue
+            stops = list(sampling.stop_token_ids)
+            if not sampling.ignore_eos:
+                stops.extend(self.eos_token_ids)
+            if stops:
+                logits[i, stops] = float("-inf")
+
+    def _draw(self, logits: torch.Tensor, row: SampleRow) -> int:
+        sampling = row.sampling
+        scaled = logits / sampling.temperature
+        if 0 < sampling.top_k < scaled.shape[-1]:
+            kth = torch.topk(scaled, sampling.top_k).values[-1]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        probs = torch.softmax(scaled, dim=-1)
+        if sampling.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            before = sorted_probs.cumsum(-1) - sorted_probs  # mass of the more likely tokens
+            sorted_probs = sorted_probs.masked_fill(before >= sampling.top_p, 0.0)
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        return int(torch.multinomial(probs, 1, generator=self._generator(row)).item())
+
+    def _generator(self, row: SampleRow) -> torch.Generator:
+        if row.sampling.seed is None:
+            return self._shared
+        generator = self._generators.get(row.seq_id)
+        if generator is None:
+            generator = torch.Generator().manual_seed(row.sampling.seed & (2**63 - 1))
+            self._generators[row.seq_id] = generator
+        return generator

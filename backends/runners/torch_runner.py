@@ -1,0 +1,142 @@
+"""The torch model runner: a real Llama/Qwen2 decoder over a paged KV cache.
+
+Each step runs on one worker thread, never on the event loop that serves HTTP and streams
+tokens: torch releases the GIL inside its kernels, so the loop keeps answering while a forward
+pass runs (the measurements behind this choice are in docs/benchmarks.md). The runner owns the
+KV cache (sized from a memory budget through ``num_kv_blocks``) and the resident adapters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from backends.engine.step import StepInput, StepOutput
+from backends.models.attention import SeqAttention, build_metadata
+from backends.models.config import ModelConfig
+from backends.models.decoder import Decoder, KVCache
+from backends.models.weights import ModelWeights
+from backends.runners.lora_weights import LoraRegistry
+from backends.runners.sampler import Sampler, SampleRow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerOptions:
+    kv_cache_bytes: int  # memory for K and V of every layer
+    max_loras: int = 1  # adapters resident at once (the rest wait in CPU memory)
+    max_lora_rank: int = 64
+    seed: int = 0  # the shared sampling generator's seed (unseeded requests)
+
+
+class TorchRunner:
+    """A ``ModelRunner`` computing each step with the model's real forward pass."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: ModelWeights,
+        options: RunnerOptions,
+        *,
+        eos_token_ids: tuple[int, ...] = (),
+    ) -> None:
+        self.config = config
+        self.device = weights.embed.device
+        self.dtype = weights.embed.dtype
+        self.model = Decoder(config, weights, self.device)
+        self.options = options
+        self.sampler = Sampler(eos_token_ids or config.eos_token_ids, options.seed)
+        self.loras = LoraRegistry(
+            config, options.max_loras, options.max_lora_rank, self.dtype, self.device
+        )
+        self.cache: KVCache | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-runner")
+
+    def num_kv_blocks(self, block_size: int) -> int | None:
+        per_block = KVCache.bytes_per_block(self.config, block_size, self.dtype)
+        num_blocks = self.options.kv_cache_bytes // per_block
+        if num_blocks < 1:
+            raise ValueError(
+                f"the KV-cache budget of {self.options.kv_cache_bytes} bytes holds no block "
+                f"({per_block} bytes per block of {block_size} tokens)"
+            )
+        self.cache = KVCache(self.config, num_blocks, block_size, self.dtype, self.device)
+        log.info(
+            "KV cache: %d blocks of %d tokens (%d MiB)",
+            num_blocks,
+            block_size,
+            num_blocks * per_block >> 20,
+        )
+        return num_blocks
+
+    async def execute(self, step: StepInput) -> StepOutput:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.run_step, step)
+
+    def run_step(self, step: StepInput) -> StepOutput:
+        """One step, synchronously (the worker thread's body; tests call it directly)."""
+        if self.cache is None:
+            raise RuntimeError("num_kv_blocks must be called before the first step")
+        with torch.inference_mode():
+            return self._run(step, self.cache)
+
+    def _run(self, step: StepInput, cache: KVCache) -> StepOutput:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        attention: list[SeqAttention] = []
+        sample_rows: list[int] = []
+        rows: list[SampleRow] = []
+        for seq in step.seqs:
+            offset = len(input_ids)
+            input_ids.extend(seq.input_ids)
+            positions.extend(seq.positions)
+            slots.extend(seq.slot_mapping)
+            attention.append(
+                SeqAttention(seq.block_table, seq.num_context_tokens, offset, seq.num_new_tokens)
+            )
+            if seq.do_sample:
+                sample_rows.append(len(input_ids) - 1)
+                num_output = seq.num_context_tokens - len(seq.prompt_token_ids)
+                rows.append(SampleRow(seq.seq_id, seq.sampling, num_output))
+        device = self.device
+        meta = build_metadata(attention, slots, step.block_size, device)
+        lora = self.loras.batch(step.seqs) if step.lora_names else None
+        hidden = self.model.hidden_states(
+            torch.tensor(input_ids, dtype=torch.long, device=device),
+            torch.tensor(positions, dtype=torch.long, device=device),
+            meta,
+            cache,
+            lora,
+        )
+        tokens: list[int | None] = [None] * len(step.seqs)
+        logprobs: list[float | None] | None = None
+        if sample_rows:
+            logits = self.model.logits(hidden[torch.tensor(sample_rows, device=device)])
+            chosen, chosen_logprobs = self.sampler.sample(logits, rows)
+            targets = [i for i, seq in enumerate(step.seqs) if seq.do_sample]
+            for i, token in zip(targets, chosen, strict=True):
+                tokens[i] = token
+            if chosen_logprobs is not None:
+                logprobs = [None] * len(step.seqs)
+                for i, lp in zip(targets, chosen_logprobs, strict=True):
+                    logprobs[i] = lp
+        return StepOutput(tokens, logprobs)
+
+    def release(self, seq_id: int) -> None:
+        self.sampler.release(seq_id)
+
+    async def load_lora(self, name: str, path: str) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.loras.load, name, path)
+
+    def unload_lora(self, name: str) -> None:
+        self.loras.unload(name)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
