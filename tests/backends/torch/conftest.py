@@ -71,13 +71,15 @@ def hf_models(model_folders: dict[str, Path]) -> dict[str, object]:
 
 
 def hf_greedy(model: object, prompt: list[int], num_tokens: int) -> list[int]:
-    """transformers' own greedy continuation of ``prompt``."""
+    """transformers' greedy continuation of ``prompt`` through its own KV cache, never stopping
+    at EOS (as ``ignore_eos``; ``generate``'s ``min_new_tokens`` would mask EOS instead)."""
+    tokens: list[int] = []
     with torch.no_grad():
-        out = model.generate(  # type: ignore[attr-defined]
-            torch.tensor([prompt]),
-            max_new_tokens=num_tokens,
-            min_new_tokens=num_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return [int(t) for t in out[0, len(prompt) :]]
+        out = model(torch.tensor([prompt]), use_cache=True)  # type: ignore[operator]
+        for _ in range(num_tokens):
+            token = int(out.logits[0, -1].argmax())
+            tokens.append(token)
+            out = model(  # type: ignore[operator]
+                torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True
+            )
+    return tokens
