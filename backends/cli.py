@@ -1,4 +1,8 @@
-"""``kvgate backend``: run the reference model server (simulated runner for now)."""
+"""``kvgate backend``: run the reference model server, on the simulated or the torch runner.
+
+``--runner torch`` loads a local HF model folder (``--model-path``) or random weights of a size
+preset (``--preset``); torch is imported only then (the ``backend`` extra).
+"""
 
 from __future__ import annotations
 
@@ -10,11 +14,12 @@ from aiohttp import web
 from backends.engine.build import EngineConfig, build_engine
 from backends.engine.scheduler import SchedulerConfig
 from backends.kv_publisher import ZmqEventPublisher
+from backends.runner_parts import RunnerParts
 from backends.runners.sim_runner import CostModel, SimRunner
 from backends.server.app import create_app
 from backends.server.metrics import ServerMetrics
 from backends.server.state import ServerState
-from kvgate.wire.tokenizer import ByteTokenizer
+from kvgate.wire.request_tokenizer import ReferenceTokenizer
 
 log = logging.getLogger("kvgate.backend")
 
@@ -25,10 +30,31 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="run the reference vLLM-compatible model server",
         description="A vLLM-compatible OpenAI server on kvgate's paged-KV engine.",
     )
-    p.add_argument("--runner", choices=["sim"], default="sim", help="how steps are computed")
+    p.add_argument(
+        "--runner", choices=["sim", "torch"], default="sim", help="how steps are computed"
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--model", default="kvgate-sim", help="served model name")
+    p.add_argument(
+        "--model",
+        help="served model name (default: kvgate-sim, the --model-path, or kvgate-PRESET)",
+    )
+    torch_group = p.add_argument_group("torch runner")
+    torch_group.add_argument(
+        "--model-path", help="local HF model folder (config.json, *.safetensors)"
+    )
+    torch_group.add_argument("--preset", choices=["tiny", "small"], help="random weights of a size")
+    torch_group.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    torch_group.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda")
+    torch_group.add_argument(
+        "--kv-cache-memory",
+        default="0.1",
+        help="KV-cache memory: a size (512MiB, 2GB) or a fraction of free memory (0.1)",
+    )
+    torch_group.add_argument("--max-lora-rank", type=int, default=64)
+    torch_group.add_argument(
+        "--tokenizer", help="tokenizer folder (default: the model folder's, else bytes)"
+    )
     p.add_argument("--num-blocks", type=int, default=4096, help="KV-cache blocks")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -68,31 +94,31 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def build_state(args: argparse.Namespace) -> ServerState:
     """Everything the server needs, from parsed arguments (raises ValueError on bad values)."""
-    tokenizer = ByteTokenizer()
+    if args.runner == "torch":
+        from backends.torch_backend import build_torch_parts
+
+        parts = build_torch_parts(args)
+    else:
+        parts = _sim_parts(args)
     kv_events = args.kv_events_port is not None or args.kv_events_endpoint is not None
     config = EngineConfig(
         SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
-            max_model_len=args.max_model_len,
+            max_model_len=min(args.max_model_len, parts.max_model_len or args.max_model_len),
             enable_chunked_prefill=not args.no_chunked_prefill,
             max_loras=args.max_loras,
-            eos_token_ids=(tokenizer.eos_token_id,),
+            eos_token_ids=parts.eos_token_ids,
         ),
         num_blocks=args.num_blocks,
         block_size=args.block_size,
         enable_prefix_caching=not args.no_prefix_caching,
         record_events=kv_events,
     )
-    runner = SimRunner(
-        tokenizer.printable_ids(),
-        CostModel.parse(args.cost),
-        seed=args.seed,
-        max_loras=args.max_loras,
-    )
+    model_name = args.model or parts.model_name
     sink = None
     if kv_events:
-        topic = args.kv_events_topic or f"kv@{args.host}:{args.port}@{args.model}"
+        topic = args.kv_events_topic or f"kv@{args.host}:{args.port}@{model_name}"
         replay = args.kv_events_replay_port
         sink = ZmqEventPublisher(
             args.kv_events_endpoint or f"tcp://{args.host}:{args.kv_events_port}",
@@ -100,23 +126,36 @@ def build_state(args: argparse.Namespace) -> ServerState:
             replay_endpoint=None if replay is None else f"tcp://{args.host}:{replay}",
             bind=None if args.kv_events_endpoint else True,
         )
-    engine = build_engine(config, runner, event_sink=sink)
-    metrics = ServerMetrics(engine, args.model, args.max_loras)
+    engine = build_engine(config, parts.runner, event_sink=sink)
+    metrics = ServerMetrics(engine, model_name, args.max_loras)
     engine.observer = metrics
     state = ServerState(
         engine,
-        tokenizer,
-        args.model,
+        parts.tokenizer,
+        model_name,
         metrics,
         max_loras=args.max_loras,
         chat_max_tokens=args.default_max_tokens,
+        vocab_size=parts.vocab_size,
     )
     for module in args.lora_modules:
         name, sep, path = module.partition("=")
         if not sep or not name or not path:
             raise ValueError(f"--lora-modules {module!r}: expected NAME=PATH")
+        parts.load_lora(name, path)
         state.lora_adapters[name] = path
     return state
+
+
+def _sim_parts(args: argparse.Namespace) -> RunnerParts:
+    tokenizer = ReferenceTokenizer()
+    runner = SimRunner(
+        tokenizer.printable_ids(),
+        CostModel.parse(args.cost),
+        seed=args.seed,
+        max_loras=args.max_loras,
+    )
+    return RunnerParts(runner, tokenizer, "kvgate-sim", tokenizer.eos_token_ids)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,6 +164,9 @@ def run(args: argparse.Namespace) -> int:
         state = build_state(args)
     except ValueError as exc:
         log.error("invalid configuration: %s", exc)
+        return 2
+    except ImportError as exc:
+        log.error("--runner torch needs torch: pip install 'kvgate[backend]' (%s)", exc)
         return 2
     try:
         import uvloop

@@ -10,57 +10,12 @@ without a chat template renders chat with the reference template.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Mapping
 
-from kvgate.wire.model_tokenizer import ModelTokenizer
-from kvgate.wire.tokenizer import ByteTokenizer, ChatTemplateError, render_chat
+from kvgate.wire.request_tokenizer import RequestTokenizer, make_tokenizer
+from kvgate.wire.tokenizer import ChatTemplateError
 
-
-class RequestTokenizer(Protocol):
-    """Token ids of what a request asks the model server to compute."""
-
-    def prompt_ids(self, text: str) -> list[int]:
-        """A completion prompt's ids."""
-        ...
-
-    def chat_ids(self, messages: Sequence[Mapping[str, object]]) -> list[int]:
-        """A chat request's ids; ``ChatTemplateError`` when it cannot be rendered."""
-        ...
-
-
-class ReferenceTokenizer:
-    """kvgate's reference backend: bytes, and its ChatML-style template."""
-
-    def __init__(self) -> None:
-        self._bytes = ByteTokenizer()
-
-    def prompt_ids(self, text: str) -> list[int]:
-        return self._bytes.encode(text)
-
-    def chat_ids(self, messages: Sequence[Mapping[str, object]]) -> list[int]:
-        return self._bytes.encode(render_chat(messages))
-
-
-class _ModelWithReferenceChat:
-    """A model's tokenizer whose folder has no chat template: the reference template."""
-
-    def __init__(self, model: ModelTokenizer) -> None:
-        self._model = model
-
-    def prompt_ids(self, text: str) -> list[int]:
-        return self._model.prompt_ids(text)
-
-    def chat_ids(self, messages: Sequence[Mapping[str, object]]) -> list[int]:
-        return self._model.encode(render_chat(messages), add_special_tokens=False)
-
-
-def make_tokenizer(tokenizer: str) -> RequestTokenizer:
-    """``byte``, or a model folder (or its ``tokenizer.json``); ``ValueError`` if unusable."""
-    if tokenizer == "byte":
-        return ReferenceTokenizer()
-    model = ModelTokenizer(tokenizer)
-    return model if model.has_chat_template else _ModelWithReferenceChat(model)
+__all__ = ["RequestTokenizer", "make_tokenizer", "request_token_ids"]
 
 
 def request_token_ids(body: Mapping[str, object], tokenizer: RequestTokenizer) -> list[int]:

@@ -82,7 +82,7 @@ class Decoder:
             qkv = F.linear(x, layer.qkv, layer.qkv_bias)
             if lora is not None:
                 qkv = lora.add(n, "qkv", x, qkv)
-            q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+            q, k, v = torch.split(qkv, [self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = apply_rope(q.view(-1, heads, dim), cos, sin)
             k = apply_rope(k.view(-1, kv_heads, dim), cos, sin)
             attended = paged_attention(

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from backends.engine.engine import RequestStream
 from backends.engine.sequence import FinishReason
+from backends.server.choice_details import logprobs_field, token_id_fields
 from backends.server.errors import error_response
 from backends.server.protocol import GenerationRequest, RequestError, parse_request
 from backends.server.sse import DONE, ChunkFormatter
@@ -63,6 +64,7 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
             state.tokenizer,
             is_chat=is_chat,
             default_max_tokens=state.default_max_tokens(is_chat),
+            vocab_size=state.vocab_size,
         )
         lora = state.resolve_model(req.model)
     except RequestError as exc:
@@ -182,8 +184,9 @@ async def _complete(
             {
                 "index": i,
                 "message": {"role": "assistant", "content": t},
-                "logprobs": None,
+                "logprobs": logprobs_field(req, state.tokenizer, streams[i]),
                 "finish_reason": reasons[i],
+                **token_id_fields(req, streams[i]),
             }
             for i, t in enumerate(texts)
         ]
@@ -193,9 +196,10 @@ async def _complete(
             {
                 "index": i,
                 "text": t,
-                "logprobs": None,
+                "logprobs": logprobs_field(req, state.tokenizer, streams[i]),
                 "finish_reason": reasons[i],
                 "stop_reason": None,
+                **token_id_fields(req, streams[i]),
             }
             for i, t in enumerate(texts)
         ]
@@ -208,6 +212,8 @@ async def _complete(
         "choices": choices,
         "usage": _usage(streams),
     }
+    if req.is_chat and req.return_token_ids:
+        body["prompt_token_ids"] = list(streams[0].seq.prompt_token_ids)
     return web.json_response(body, headers={"x-request-id": request_id})
 
 

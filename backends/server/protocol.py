@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from backends.engine.sequence import SamplingParams
-from kvgate.wire.tokenizer import ChatTemplateError, Tokenizer, render_chat
+from kvgate.wire.request_tokenizer import RequestTokenizer
+from kvgate.wire.tokenizer import ChatTemplateError
 
 MAX_STOP_STRINGS = 16
 
@@ -37,6 +38,7 @@ class GenerationRequest:
     stop: tuple[str, ...]
     priority: int
     is_chat: bool
+    return_token_ids: bool = False
 
 
 def _get_int(body: Mapping[str, object], key: str, default: int | None) -> int | None:
@@ -88,7 +90,7 @@ def _token_list(value: list[object], vocab_size: int, where: str) -> list[int]:
     return [t for t in value if isinstance(t, int)]
 
 
-def parse_prompts(value: object, tokenizer: Tokenizer) -> list[list[int]]:
+def parse_prompts(value: object, tokenizer: RequestTokenizer, vocab_size: int) -> list[list[int]]:
     """``prompt`` as OpenAI allows it: a string, strings, token ids, or lists of token ids."""
     prompts: list[object]
     if isinstance(value, str):
@@ -103,9 +105,9 @@ def parse_prompts(value: object, tokenizer: Tokenizer) -> list[list[int]]:
     result: list[list[int]] = []
     for i, prompt in enumerate(prompts):
         if isinstance(prompt, str):
-            ids = tokenizer.encode(prompt)
+            ids = tokenizer.prompt_ids(prompt)
         elif isinstance(prompt, list):
-            ids = _token_list(prompt, tokenizer.vocab_size, f"prompt[{i}]")
+            ids = _token_list(prompt, vocab_size, f"prompt[{i}]")
         else:
             raise RequestError(f"prompt[{i}] must be a string or a list of token ids", "prompt")
         if not ids:
@@ -114,21 +116,27 @@ def parse_prompts(value: object, tokenizer: Tokenizer) -> list[list[int]]:
     return result
 
 
-def parse_messages(value: object, tokenizer: Tokenizer) -> list[list[int]]:
+def parse_messages(value: object, tokenizer: RequestTokenizer) -> list[list[int]]:
     if not isinstance(value, list) or not value:
         raise RequestError("messages must be a non-empty list", "messages")
     if not all(isinstance(m, Mapping) for m in value):
         raise RequestError("each message must be an object", "messages")
     try:
-        text = render_chat(value)
+        return [tokenizer.chat_ids(value)]
     except ChatTemplateError as exc:
         raise RequestError(str(exc), "messages") from exc
-    return [tokenizer.encode(text)]
 
 
 def parse_request(
-    body: object, tokenizer: Tokenizer, *, is_chat: bool, default_max_tokens: int
+    body: object,
+    tokenizer: RequestTokenizer,
+    *,
+    is_chat: bool,
+    default_max_tokens: int,
+    vocab_size: int | None = None,
 ) -> GenerationRequest:
+    """The request's prompts and sampling; ``vocab_size`` bounds given token ids (the model's
+    vocabulary, which may be larger than the tokenizer's)."""
     if not isinstance(body, Mapping):
         raise RequestError("the request body must be a JSON object")
     model = body.get("model")
@@ -142,7 +150,7 @@ def parse_request(
     else:
         if "prompt" not in body:
             raise RequestError("prompt is required", "prompt")
-        prompts = parse_prompts(body["prompt"], tokenizer)
+        prompts = parse_prompts(body["prompt"], tokenizer, vocab_size or tokenizer.vocab_size)
         max_tokens = _get_int(body, "max_tokens", default_max_tokens)
     if _get_int(body, "n", 1) != 1:
         raise RequestError("only n=1 is supported", "n")
@@ -159,8 +167,12 @@ def parse_request(
             max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
             temperature=temperature,
             top_p=top_p,
+            top_k=_get_int(body, "top_k", -1) or 0,
             seed=seed,
             ignore_eos=ignore_eos,
+            min_tokens=_get_int(body, "min_tokens", 0) or 0,
+            stop_token_ids=_stop_token_ids(body),
+            logprobs=_wants_logprobs(body, is_chat),
         )
     except ValueError as exc:
         raise RequestError(str(exc), str(exc).split(" ", 1)[0]) from exc
@@ -173,4 +185,33 @@ def parse_request(
         stop=_stop_strings(body),
         priority=_get_int(body, "priority", 0) or 0,
         is_chat=is_chat,
+        return_token_ids=_get_bool(body, "return_token_ids"),
     )
+
+
+def _stop_token_ids(body: Mapping[str, object]) -> tuple[int, ...]:
+    value = body.get("stop_token_ids")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
+    ):
+        raise RequestError("stop_token_ids must be a list of token ids", "stop_token_ids")
+    return tuple(t for t in value if isinstance(t, int))
+
+
+def _wants_logprobs(body: Mapping[str, object], is_chat: bool) -> bool:
+    """Chat: ``logprobs: true`` (``top_logprobs`` > 0 is not offered); completions:
+    ``logprobs: 0`` (the chosen token only; more alternatives are not offered)."""
+    value = body.get("logprobs")
+    if value is None or value is False:
+        return False
+    if is_chat:
+        if value is not True:
+            raise RequestError("logprobs must be a boolean", "logprobs")
+        if body.get("top_logprobs") not in (None, 0):
+            raise RequestError("top_logprobs is not supported; use 0", "top_logprobs")
+        return True
+    if isinstance(value, bool) or not isinstance(value, int) or value != 0:
+        raise RequestError("only logprobs=0 (the chosen token) is supported", "logprobs")
+    return True

@@ -9,13 +9,13 @@ from aiohttp import web
 from backends.engine.engine import AsyncEngine
 from backends.server.metrics import ServerMetrics
 from backends.server.protocol import RequestError
-from kvgate.wire.tokenizer import ByteTokenizer
+from kvgate.wire.request_tokenizer import RequestTokenizer
 
 
 @dataclass
 class ServerState:
     engine: AsyncEngine
-    tokenizer: ByteTokenizer
+    tokenizer: RequestTokenizer
     model_name: str
     metrics: ServerMetrics
     max_loras: int = 1
@@ -23,6 +23,7 @@ class ServerState:
     chat_max_tokens: int = 256  # default max_tokens for /v1/chat/completions
     lora_adapters: dict[str, str] = field(default_factory=dict)  # name -> path
     created: int = 0
+    vocab_size: int | None = None  # the model's (token ids above the tokenizer's are valid)
 
     def default_max_tokens(self, is_chat: bool) -> int:
         return self.chat_max_tokens if is_chat else self.completion_max_tokens

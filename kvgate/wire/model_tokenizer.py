@@ -51,6 +51,9 @@ class ModelTokenizer:
         }
         template = _template_text(root, config)
         self._template = _compile(template) if template else None
+        self.vocab_size: int = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        eos = self._tokenizer.token_to_id(self.special.get("eos_token", ""))
+        self.eos_token_ids: tuple[int, ...] = () if eos is None else (eos,)
 
     @property
     def has_chat_template(self) -> bool:
@@ -82,6 +85,14 @@ class ModelTokenizer:
             raise ChatTemplateError(f"the chat template failed: {exc}") from exc
         return rendered
 
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of ``token_ids``, special tokens skipped (as vLLM's default)."""
+        text: str = self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        return text
+
+    def decoder(self) -> StreamDecoder:
+        return StreamDecoder(self._tokenizer)
+
     def prompt_ids(self, text: str) -> list[int]:
         """A completion prompt's ids (with the special tokens the model adds, e.g. BOS)."""
         return self.encode(text, add_special_tokens=True)
@@ -89,6 +100,25 @@ class ModelTokenizer:
     def chat_ids(self, messages: Sequence[Mapping[str, object]]) -> list[int]:
         """A chat request's ids: the rendered template, encoded without special tokens."""
         return self.encode(self.render_chat(messages), add_special_tokens=False)
+
+
+class StreamDecoder:
+    """Incremental detokenization (the ``tokenizers`` library's ``DecodeStream``): a byte-level
+    character split across tokens comes out once complete."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        from tokenizers.decoders import DecodeStream
+
+        self._tokenizer = tokenizer
+        self._stream = DecodeStream(skip_special_tokens=True)
+
+    def decode(self, token_ids: Sequence[int], final: bool = False) -> str:
+        parts = []
+        for token in token_ids:
+            piece = self._stream.step(self._tokenizer, token)
+            if piece:
+                parts.append(piece)
+        return "".join(parts)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from backends.server.protocol import RequestError, parse_request
-from kvgate.wire.tokenizer import ByteTokenizer
+from kvgate.wire.request_tokenizer import ReferenceTokenizer
 
-TOK = ByteTokenizer()
+TOK = ReferenceTokenizer()
 
 
 def parse(body: object, chat: bool = False):  # type: ignore[no-untyped-def]

@@ -60,7 +60,9 @@ def test_logits_match_transformers_for_sequences_of_different_lengths_stacked_in
     runner.num_kv_blocks(16)
     prompts = [prompt(n, seed=n) for n in (5, 37, 130)]
     tables = [[3], [9, 4, 7], [20, 21, 22, 23, 24, 25, 26, 27, 28]]
-    ours = last_logits(runner, [prefill(i, p, t) for i, (p, t) in enumerate(zip(prompts, tables))])
+    ours = last_logits(
+        runner, [prefill(i, p, t) for i, (p, t) in enumerate(zip(prompts, tables, strict=True))]
+    )
     model = hf_models[family]
     for row, tokens in enumerate(prompts):
         with torch.no_grad():

@@ -1,0 +1,167 @@
+"""Multi-LoRA against transformers with the adapter merged; the sampler's contract."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from backends.engine.sequence import SamplingParams
+from backends.runners.sampler import Sampler, SampleRow
+from tests.backends.torch.conftest import hf_greedy
+from tests.backends.torch.helpers import collect, greedy, make_engine, make_runner
+
+peft = pytest.importorskip("peft")
+
+
+def save_adapter(base: Path, out: Path, seed: int, targets: list[str]) -> None:
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(base)
+    torch.manual_seed(seed)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False)
+    lora = peft.get_peft_model(model, config)
+    with torch.no_grad():
+        for name, param in lora.named_parameters():
+            if "lora_" in name:
+                param.normal_(0, 0.3)
+    lora.save_pretrained(out)
+
+
+def merged(base: Path, adapter: Path) -> object:
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(base)
+    return peft.PeftModel.from_pretrained(model, adapter).merge_and_unload().eval()
+
+
+@pytest.fixture(scope="module")
+def adapters(
+    model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("adapters")
+    base = model_folders["llama"]
+    found = {"attn": tmp / "attn", "mlp": tmp / "mlp"}
+    save_adapter(base, found["attn"], 1, ["q_proj", "k_proj", "v_proj", "o_proj"])
+    save_adapter(base, found["mlp"], 2, ["gate_proj", "up_proj", "down_proj"])
+    return found
+
+
+async def test_two_adapters_and_the_base_model_in_one_batch_match_merged_transformers(
+    model_folders: dict[str, Path], adapters: dict[str, Path], hf_models: dict[str, object]
+) -> None:
+    base = model_folders["llama"]
+    runner = make_runner(base, max_loras=2)
+    for name, path in adapters.items():
+        await runner.load_lora(name, str(path))
+    engine = make_engine(runner, max_loras=2)
+    prompt = list(range(40, 75))
+    engine.start()
+    try:
+        outs = await collect(
+            engine,
+            [(prompt, greedy(32), "attn"), (prompt, greedy(32), None), (prompt, greedy(32), "mlp")],
+        )
+    finally:
+        await engine.stop()
+    assert outs[0] == hf_greedy(merged(base, adapters["attn"]), prompt, 32)
+    assert outs[1] == hf_greedy(hf_models["llama"], prompt, 32)
+    assert outs[2] == hf_greedy(merged(base, adapters["mlp"]), prompt, 32)
+    assert outs[0] != outs[1] != outs[2]
+    assert sorted(runner.loras.resident) == ["attn", "mlp"]
+
+
+async def test_at_most_max_loras_are_resident_and_the_least_recently_used_is_swapped_out(
+    model_folders: dict[str, Path], adapters: dict[str, Path]
+) -> None:
+    runner = make_runner(model_folders["llama"], max_loras=1)
+    for name, path in adapters.items():
+        await runner.load_lora(name, str(path))
+    engine = make_engine(runner, max_loras=1)
+    engine.start()
+    try:
+        first = await collect(engine, [(list(range(9, 30)), greedy(8), "attn")])
+        await collect(engine, [(list(range(9, 30)), greedy(8), "mlp")])
+        again = await collect(engine, [(list(range(9, 30)), greedy(8), "attn")])
+    finally:
+        await engine.stop()
+    assert runner.loras.resident == ["attn"]
+    assert runner.loras.num_swaps == 3
+    assert again == first  # swapped out and back in, the adapter computes the same
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda d: (d / "adapter_config.json").unlink(), "adapter_config.json"),
+        (
+            lambda d: (d / "adapter_model.safetensors").write_bytes(b"not a tensor file"),
+            "adapter_model.safetensors",
+        ),
+        (
+            lambda d: (d / "adapter_config.json").write_text(
+                json.dumps({"r": 16, "lora_alpha": 8})
+            ),
+            "do not fit rank 16",
+        ),
+    ],
+)
+async def test_a_broken_adapter_is_refused_with_the_file_named(
+    model_folders: dict[str, Path],
+    adapters: dict[str, Path],
+    tmp_path: Path,
+    damage: object,
+    message: str,
+) -> None:
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(adapters["attn"], broken)
+    damage(broken)  # type: ignore[operator]
+    runner = make_runner(model_folders["llama"])
+    with pytest.raises(ValueError, match=message):
+        await runner.load_lora("broken", str(broken))
+
+
+def rows(*params: SamplingParams) -> list[SampleRow]:
+    return [SampleRow(seq_id=i, sampling=p, num_output_tokens=0) for i, p in enumerate(params)]
+
+
+def test_a_seeded_request_draws_the_same_tokens_whatever_else_is_in_the_batch() -> None:
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    seeded = SamplingParams(temperature=1.0, seed=42)
+    alone = [Sampler(()).sample(logits[:1], rows(seeded))[0][0] for _ in range(2)]
+    sampler = Sampler(())
+    mixed = sampler.sample(logits, rows(seeded, SamplingParams(), SamplingParams()))[0][0]
+    assert alone[0] == alone[1] == mixed
+
+
+def test_top_k_one_is_greedy_and_top_p_keeps_only_the_nucleus() -> None:
+    logits = torch.tensor([[0.0, 5.0, 4.9, -3.0]])
+    sampler = Sampler((), seed=1)
+    for _ in range(20):
+        assert sampler.sample(logits, rows(SamplingParams(top_k=1)))[0] == [1]
+        (token,), _ = sampler.sample(logits, rows(SamplingParams(top_p=0.9)))
+        assert token in (1, 2)
+
+
+def test_min_tokens_masks_eos_and_stop_tokens_until_reached() -> None:
+    logits = torch.tensor([[0.0, 0.0, 9.0, 8.0, 7.0]])
+    sampler = Sampler(eos_token_ids=(2,))
+    early = SampleRow(0, SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=(3,)), 1)
+    late = SampleRow(0, SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=(3,)), 3)
+    assert sampler.sample(logits.clone(), [early])[0] == [4]
+    assert sampler.sample(logits.clone(), [late])[0] == [2]
+
+
+def test_logprobs_are_those_of_the_unmodified_distribution() -> None:
+    logits = torch.randn(2, 30, generator=torch.Generator().manual_seed(5))
+    tokens, logprobs = Sampler(()).sample(
+        logits,
+        rows(SamplingParams(temperature=0.0, logprobs=True), SamplingParams(temperature=0.5)),
+    )
+    assert logprobs is not None and logprobs[1] is None
+    expected = torch.log_softmax(logits[0], -1)[tokens[0]].item()
+    assert logprobs[0] == pytest.approx(expected, abs=1e-6)
