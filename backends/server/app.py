@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from backends.server import lora, openai_api
+from backends.server import lora, openai_api, tokenize_api
 from backends.server.errors import error_middleware
 from backends.server.state import STATE, ServerState
 
@@ -44,6 +44,8 @@ def setup_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/load_lora_adapter", lora.load_lora_adapter)
     app.router.add_post("/v1/unload_lora_adapter", lora.unload_lora_adapter)
+    app.router.add_post("/tokenize", tokenize_api.tokenize)
+    app.router.add_post("/detokenize", tokenize_api.detokenize)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
 

@@ -107,13 +107,13 @@ class KvgateProcess:
 
 
 def backend_process(
-    port: int, *extra: str, model: str = "kvgate-sim", quiet: bool = True
+    port: int, *extra: str, model: str = "kvgate-sim", quiet: bool = True, runner: str = "sim"
 ) -> KvgateProcess:
-    """A simulated backend on 127.0.0.1:``port`` (not started yet)."""
+    """A reference backend (simulated unless ``runner``) on 127.0.0.1:``port``, not started."""
     args = [
         "backend",
         "--runner",
-        "sim",
+        runner,
         "--host",
         "127.0.0.1",
         "--port",

@@ -1,0 +1,170 @@
+"""``kvgate backend --runner torch`` on a transformers-saved model, driven by the openai client
+(a real subprocess on loopback), as the simulated runner's server tests drive it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from loadtest.harness.processes import backend_process, free_port
+from tests.backends.torch.conftest import hf_greedy
+from tests.backends.torch.test_lora_and_sampling import merged, save_adapter
+from tests.integration.metrics_util import scrape
+
+MODEL = "tiny-llama"
+
+
+class Reply:
+    def __init__(self, status_code: int, text: str) -> None:
+        self.status_code, self.text = status_code, text
+
+    def json(self) -> dict[str, object]:
+        body = json.loads(self.text)
+        assert isinstance(body, dict)
+        return body
+
+
+def post(url: str, body: object) -> Reply:
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return Reply(response.status, response.read().decode())
+    except urllib.error.HTTPError as exc:
+        return Reply(exc.code, exc.read().decode())
+
+
+@pytest.fixture(scope="module")
+def served(
+    model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Path, Path]]:
+    tmp = tmp_path_factory.mktemp("served")
+    adapter = tmp / "sql"
+    save_adapter(model_folders["llama"], adapter, 5, ["q_proj", "v_proj"])
+    port = free_port()
+    args = (
+        "--model-path",
+        str(model_folders["llama"]),
+        "--kv-cache-memory",
+        "32MiB",
+        "--max-model-len",
+        "1024",
+    )
+    with backend_process(port, *args, "--max-loras", "1", model=MODEL, runner="torch").start(
+        timeout=90
+    ):
+        yield f"http://127.0.0.1:{port}", model_folders["llama"], adapter
+
+
+def api(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_greedy_completion_is_transformers_own_with_usage_and_token_ids(
+    served: tuple[str, Path, Path], hf_models: dict[str, object]
+) -> None:
+    url, _, _ = served
+    tokens = post(f"{url}/tokenize", {"prompt": "hello world river"}).json()["tokens"]
+    result = api(url).completions.create(
+        model=MODEL,
+        prompt="hello world river",
+        max_tokens=16,
+        temperature=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    choice = result.choices[0]
+    expected = hf_greedy(hf_models["llama"], tokens, 16)
+    assert choice.model_extra is not None
+    assert choice.model_extra["token_ids"] == expected
+    assert choice.model_extra["prompt_token_ids"] == tokens
+    assert choice.text == post(f"{url}/detokenize", {"tokens": expected}).json()["prompt"]
+    assert result.usage is not None
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (len(tokens), 16)
+
+
+def test_chat_uses_the_models_template_and_streams_what_it_returns_whole(
+    served: tuple[str, Path, Path],
+) -> None:
+    url, _, _ = served
+    messages = [{"role": "user", "content": "where is the parcel"}]
+    rendered = post(f"{url}/tokenize", {"messages": messages}).json()["tokens"]
+    assert rendered[:2] == [0, 2]  # BOS then <|start_header_id|>, as the template writes them
+    client = api(url)
+    kwargs = {"model": MODEL, "messages": messages, "max_tokens": 12, "temperature": 0, "seed": 1}
+    whole = client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))  # type: ignore[call-overload]
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole.choices[0].message.content
+    assert whole.usage is not None and whole.usage.prompt_tokens == len(rendered)
+
+
+def test_logprobs_of_the_chosen_tokens_and_a_stop_string(served: tuple[str, Path, Path]) -> None:
+    url, _, _ = served
+    client = api(url)
+    base = {"model": MODEL, "prompt": "the gateway", "max_tokens": 20, "temperature": 0}
+    full = client.completions.create(**base, logprobs=0, extra_body={"ignore_eos": True})
+    logprobs = full.choices[0].logprobs
+    assert logprobs is not None and logprobs.token_logprobs is not None
+    assert len(logprobs.token_logprobs) == 20 and all(lp <= 0 for lp in logprobs.token_logprobs)
+    text = full.choices[0].text
+    stop = text[8:11]
+    cut = client.completions.create(**base, stop=[stop], extra_body={"ignore_eos": True})
+    assert cut.choices[0].text == text[: text.find(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_a_repeated_long_prompt_is_served_from_the_prefix_cache(
+    served: tuple[str, Path, Path],
+) -> None:
+    url, _, _ = served
+    prompt = "the depot order of the driver address " * 20
+    usages = [
+        api(url).completions.create(model=MODEL, prompt=prompt, max_tokens=1).usage
+        for _ in range(2)
+    ]
+    assert usages[0] is not None and usages[1] is not None
+    assert (
+        usages[0].prompt_tokens_details is not None and usages[1].prompt_tokens_details is not None
+    )
+    assert usages[0].prompt_tokens_details.cached_tokens == 0
+    assert usages[1].prompt_tokens_details.cached_tokens == (usages[1].prompt_tokens - 1) // 16 * 16
+    assert scrape(url)["vllm:prefix_cache_hits_total"][0].value > 0
+
+
+def test_lora_adapters_load_serve_and_unload_and_a_broken_one_is_refused(
+    served: tuple[str, Path, Path], tmp_path: Path
+) -> None:
+    url, base, adapter = served
+    broken = tmp_path / "broken"
+    shutil.copytree(adapter, broken)
+    (broken / "adapter_model.safetensors").write_bytes(b"garbage")
+    refused = post(f"{url}/v1/load_lora_adapter", {"lora_name": "bad", "lora_path": str(broken)})
+    assert refused.status_code == 400 and "adapter_model.safetensors" in refused.text
+    loaded = post(f"{url}/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": str(adapter)})
+    assert loaded.status_code == 200
+    tokens = post(f"{url}/tokenize", {"prompt": "select count"}).json()["tokens"]
+    result = api(url).completions.create(
+        model="sql",
+        prompt=tokens,
+        max_tokens=10,
+        temperature=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    assert result.choices[0].model_extra is not None
+    assert result.choices[0].model_extra["token_ids"] == hf_greedy(
+        merged(base, adapter), tokens, 10
+    )
+    info = scrape(url)["vllm:lora_requests_info"]
+    assert all(sample.labels["max_lora"] == "1" for sample in info)
+    assert post(f"{url}/v1/unload_lora_adapter", {"lora_name": "sql"}).status_code == 200
+    with pytest.raises(openai.NotFoundError):
+        api(url).completions.create(model="sql", prompt="x", max_tokens=1)
+    assert api(url).completions.create(model=MODEL, prompt="still serving", max_tokens=2).choices
