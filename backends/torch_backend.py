@@ -39,7 +39,7 @@ def build_torch_parts(args: argparse.Namespace) -> RunnerParts:
         eos_ids,
         max_model_len=config.max_position_embeddings,
         vocab_size=config.vocab_size,
-        load_lora=runner.loras.load,
+        load_lora=runner.load_lora_now,
     )
 
 

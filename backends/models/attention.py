@@ -31,10 +31,13 @@ class SeqAttention:
 @dataclass(frozen=True, slots=True)
 class AttentionGroup:
     query_index: torch.Tensor  # [batch, q_len] rows of the step's tokens (padded with row 0)
-    context_slots: torch.Tensor  # [batch, ctx_len] cache slots (padded with slot 0)
-    mask: torch.Tensor  # [batch, 1, q_len, ctx_len] True where a query may attend
+    context_blocks: torch.Tensor  # [batch * max_blocks] block tables (padded with block 0)
+    mask: (
+        torch.Tensor
+    )  # [batch, 1, q_len, max_blocks * block_size] 0 where a query attends, -inf not
     output_rows: torch.Tensor  # step rows of the valid queries, in query_index order
     valid: torch.Tensor | None  # [batch * q_len] which padded queries are real (None: all)
+    in_step_order: bool  # output_rows is 0, 1, 2, ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [tokens] the cache slot each new token's KV is written to
     groups: tuple[AttentionGroup, ...]
     num_tokens: int
+    block_size: int
 
 
 def build_metadata(
@@ -49,40 +53,99 @@ def build_metadata(
     slot_mapping: Sequence[int],
     block_size: int,
     device: torch.device,
+    num_query_groups: int = 1,
+    dtype: torch.dtype = torch.float32,
 ) -> AttentionMetadata:
+    """Per-step attention inputs; ``num_query_groups`` query heads share each KV head;
+    ``dtype`` is the model's (the additive masks')."""
     decodes = [s for s in seqs if s.num_new_tokens == 1]
     prefills = [s for s in seqs if s.num_new_tokens > 1]
-    groups = tuple(_group(g, block_size, device) for g in (decodes, prefills) if g)
+    buckets = [*split_by_context(decodes, block_size), prefills]
+    groups = tuple(_group(g, block_size, device, num_query_groups, dtype) for g in buckets if g)
     slots = torch.tensor(slot_mapping, dtype=torch.long, device=device)
-    return AttentionMetadata(slots, groups, len(slot_mapping))
+    return AttentionMetadata(slots, groups, len(slot_mapping), block_size)
 
 
-def _group(seqs: list[SeqAttention], block_size: int, device: torch.device) -> AttentionGroup:
+GROUP_COST_BLOCKS = 128  # a group's fixed cost (gathers, attention call), in padded blocks
+
+
+def split_by_context(seqs: list[SeqAttention], block_size: int) -> list[list[SeqAttention]]:
+    """Decodes split into groups of similar context length: each group is padded to its
+    longest context, so one group of short and long contexts gathers mostly padding. The
+    split minimises ``sum(groups) GROUP_COST_BLOCKS + size * padded blocks`` (exact, by
+    dynamic programming over the sequences sorted by context)."""
+    if len(seqs) < 2:
+        return [seqs]
+    ordered = sorted(seqs, key=lambda s: s.num_context_tokens)
+    blocks = [-(-s.num_context_tokens // block_size) for s in ordered]
+    best = [0] + [1 << 60] * len(ordered)  # best[i]: cost of the first i sequences
+    cut = [0] * (len(ordered) + 1)
+    for end in range(1, len(ordered) + 1):
+        for start in range(end):
+            cost = best[start] + GROUP_COST_BLOCKS + (end - start) * blocks[end - 1]
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    groups: list[list[SeqAttention]] = []
+    end = len(ordered)
+    while end > 0:
+        groups.append(ordered[cut[end] : end])
+        end = cut[end]
+    return groups
+
+
+def _group(
+    seqs: list[SeqAttention],
+    block_size: int,
+    device: torch.device,
+    num_query_groups: int,
+    dtype: torch.dtype,
+) -> AttentionGroup:
     q_len = max(s.num_new_tokens for s in seqs)
-    ctx_len = max(s.num_context_tokens for s in seqs)
+    max_blocks = max(-(-s.num_context_tokens // block_size) for s in seqs)
     query_index = torch.zeros(len(seqs), q_len, dtype=torch.long)
-    context = torch.zeros(len(seqs), ctx_len, dtype=torch.long)
+    blocks = torch.zeros(len(seqs), max_blocks, dtype=torch.long)
     query_pos = torch.full((len(seqs), q_len), -1, dtype=torch.long)
-    key_pos = torch.arange(ctx_len)
-    offsets = torch.arange(block_size)
     for row, seq in enumerate(seqs):
         n, ctx = seq.num_new_tokens, seq.num_context_tokens
         query_index[row, :n] = torch.arange(seq.token_offset, seq.token_offset + n)
         query_pos[row, :n] = torch.arange(ctx - n, ctx)
         num_blocks = -(-ctx // block_size)
-        table = torch.tensor(list(seq.block_table[:num_blocks]), dtype=torch.long)
-        context[row, :ctx] = (table[:, None] * block_size + offsets).reshape(-1)[:ctx]
-    mask = key_pos[None, None, :] <= query_pos[:, :, None]
+        blocks[row, :num_blocks] = torch.tensor(list(seq.block_table[:num_blocks]))
+    key_pos = torch.arange(max_blocks * block_size)
+    mask = key_pos[None, None, :] <= query_pos[:, :, None]  # also hides slots past the context
     mask[:, :, 0] |= query_pos < 0  # a padded query attends to one key: no all-masked row
+    if num_query_groups > 1:  # queries laid out [kv_head, group, q_len]: the mask per group
+        mask = mask.repeat(1, num_query_groups, 1)
     valid = (query_pos >= 0).reshape(-1)
     rows = query_index.reshape(-1)[valid]
+    additive = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))
     return AttentionGroup(
         query_index=query_index.to(device),
-        context_slots=context.to(device),
-        mask=mask.unsqueeze(1).to(device),
+        context_blocks=blocks.reshape(-1).to(device),
+        mask=additive.unsqueeze(1).to(device),
         output_rows=rows.to(device),
         valid=None if bool(valid.all()) else valid.to(device),
+        in_step_order=bool(torch.equal(rows, torch.arange(len(rows)))),
     )
+
+
+class GatherBuffers:
+    """Reused destinations of the context gathers: a fresh multi-megabyte tensor per layer
+    would be page-faulted in on every step."""
+
+    def __init__(self) -> None:
+        self._buffers: list[torch.Tensor] = []
+
+    def take(self, index: int, rows: int, like: torch.Tensor) -> torch.Tensor:
+        """``rows`` rows shaped as ``like``'s rows, valid until the next ``take(index)``."""
+        while len(self._buffers) <= index:
+            self._buffers.append(like.new_empty(0))
+        buffer = self._buffers[index]
+        row_shape = like.shape[1:]
+        if buffer.shape[1:] != row_shape or buffer.shape[0] < rows or buffer.device != like.device:
+            buffer = like.new_empty((max(rows, 2 * buffer.shape[0]), *row_shape))
+            self._buffers[index] = buffer
+        return buffer[:rows]
 
 
 def paged_attention(
@@ -93,27 +156,48 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    buffers: GatherBuffers,
 ) -> torch.Tensor:
     """``q``: ``[tokens, heads, dim]``, ``k``/``v``: ``[tokens, kv_heads, dim]``; caches are
-    ``[slots, kv_heads, dim]``. Writes the new KV, returns ``[tokens, heads * dim]``."""
+    ``[slots, kv_heads, dim]``. Writes the new KV, returns ``[tokens, heads * dim]``.
+
+    The query heads that share a KV head attend as one longer query block (GQA without
+    copying the keys per head); contexts are gathered a whole block at a time.
+    """
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
     num_heads, dim = q.shape[1], q.shape[2]
-    group_size = num_heads // k.shape[1]
+    kv_heads = k.shape[1]
+    groups_per_kv = num_heads // kv_heads
+    paged_k = k_cache.view(-1, meta.block_size, kv_heads, dim)
+    paged_v = v_cache.view(-1, meta.block_size, kv_heads, dim)
     out = q.new_empty(meta.num_tokens, num_heads, dim)
-    for group in meta.groups:
+    for number, group in enumerate(meta.groups):
         batch, q_len = group.query_index.shape
-        queries = q[group.query_index].transpose(1, 2)  # [batch, heads, q_len, dim]
-        keys = k_cache[group.context_slots].transpose(1, 2)  # [batch, kv_heads, ctx, dim]
-        values = v_cache[group.context_slots].transpose(1, 2)
-        if group_size > 1:
-            keys = keys.repeat_interleave(group_size, dim=1)
-            values = values.repeat_interleave(group_size, dim=1)
+        queries = (
+            q.index_select(0, group.query_index.reshape(-1))  # [batch * q_len, heads, dim]
+            .view(batch, q_len, kv_heads, groups_per_kv, dim)
+            .permute(0, 2, 3, 1, 4)
+            .reshape(batch, kv_heads, groups_per_kv * q_len, dim)
+        )
+        blocks = group.context_blocks
+        gathered_k = buffers.take(2 * number, len(blocks), paged_k)
+        gathered_v = buffers.take(2 * number + 1, len(blocks), paged_v)
+        torch.index_select(paged_k, 0, blocks, out=gathered_k)
+        torch.index_select(paged_v, 0, blocks, out=gathered_v)
+        keys = gathered_k.view(batch, -1, kv_heads, dim).transpose(1, 2)
+        values = gathered_v.view(batch, -1, kv_heads, dim).transpose(1, 2)
         attended = F.scaled_dot_product_attention(
             queries, keys, values, attn_mask=group.mask, scale=scale
         )
-        flat = attended.transpose(1, 2).reshape(batch * q_len, num_heads, dim)
+        flat = (
+            attended.view(batch, kv_heads, groups_per_kv, q_len, dim)
+            .permute(0, 3, 1, 2, 4)
+            .reshape(batch * q_len, num_heads, dim)
+        )
         if group.valid is not None:
             flat = flat[group.valid]
-        out[group.output_rows] = flat
+        if len(meta.groups) == 1 and group.valid is None and group.in_step_order:
+            return flat.reshape(meta.num_tokens, num_heads * dim)
+        out.index_copy_(0, group.output_rows, flat)
     return out.reshape(meta.num_tokens, num_heads * dim)

@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from backends.models.attention import AttentionMetadata, paged_attention
+from backends.models.attention import AttentionMetadata, GatherBuffers, paged_attention
 from backends.models.config import ModelConfig
 from backends.models.rope import apply_rope, rope_table
 from backends.models.weights import ModelWeights
@@ -61,6 +61,7 @@ class Decoder:
         self.scale = config.head_dim**-0.5
         self.q_size = config.num_attention_heads * config.head_dim
         self.kv_size = config.num_key_value_heads * config.head_dim
+        self.buffers = GatherBuffers()
 
     def hidden_states(
         self,
@@ -86,7 +87,14 @@ class Decoder:
             q = apply_rope(q.view(-1, heads, dim), cos, sin)
             k = apply_rope(k.view(-1, kv_heads, dim), cos, sin)
             attended = paged_attention(
-                q, k, v.view(-1, kv_heads, dim), cache.keys[n], cache.values[n], meta, self.scale
+                q,
+                k,
+                v.view(-1, kv_heads, dim),
+                cache.keys[n],
+                cache.values[n],
+                meta,
+                self.scale,
+                self.buffers,
             )
             out = F.linear(attended, layer.o_proj)
             if lora is not None:

@@ -1,16 +1,15 @@
 """The torch model runner: a real Llama/Qwen2 decoder over a paged KV cache.
 
-Each step runs on one worker thread, never on the event loop that serves HTTP and streams
-tokens: torch releases the GIL inside its kernels, so the loop keeps answering while a forward
-pass runs (the measurements behind this choice are in docs/benchmarks.md). The runner owns the
-KV cache (sized from a memory budget through ``num_kv_blocks``) and the resident adapters.
+Every torch operation, from building the cache to each step, runs on the runner's
+``TorchThread``, never on the event loop that serves HTTP and streams tokens: torch releases
+the GIL inside its kernels, so the loop keeps answering while a forward pass runs (the
+measurements behind this choice are in docs/benchmarks.md). The runner owns the KV cache
+(sized from a memory budget through ``num_kv_blocks``) and the resident adapters.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +21,7 @@ from backends.models.decoder import Decoder, KVCache
 from backends.models.weights import ModelWeights
 from backends.runners.lora_weights import LoraRegistry
 from backends.runners.sampler import Sampler, SampleRow
+from backends.runners.torch_thread import TorchThread
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,9 @@ class TorchRunner:
         options: RunnerOptions,
         *,
         eos_token_ids: tuple[int, ...] = (),
+        thread: TorchThread | None = None,
     ) -> None:
+        """``weights`` should have been made on ``thread`` (see ``build_torch_runner``)."""
         self.config = config
         self.device = weights.embed.device
         self.dtype = weights.embed.dtype
@@ -55,9 +57,12 @@ class TorchRunner:
             config, options.max_loras, options.max_lora_rank, self.dtype, self.device
         )
         self.cache: KVCache | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-runner")
+        self.thread = thread or TorchThread()
 
     def num_kv_blocks(self, block_size: int) -> int | None:
+        return self.thread.call(self._allocate_cache, block_size)
+
+    def _allocate_cache(self, block_size: int) -> int:
         per_block = KVCache.bytes_per_block(self.config, block_size, self.dtype)
         num_blocks = self.options.kv_cache_bytes // per_block
         if num_blocks < 1:
@@ -75,11 +80,13 @@ class TorchRunner:
         return num_blocks
 
     async def execute(self, step: StepInput) -> StepOutput:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.run_step, step)
+        return await self.thread.run(self._step, step)
 
     def run_step(self, step: StepInput) -> StepOutput:
-        """One step, synchronously (the worker thread's body; tests call it directly)."""
+        """One step, waited for (tests call it directly)."""
+        return self.thread.call(self._step, step)
+
+    def _step(self, step: StepInput) -> StepOutput:
         if self.cache is None:
             raise RuntimeError("num_kv_blocks must be called before the first step")
         with torch.inference_mode():
@@ -105,7 +112,8 @@ class TorchRunner:
                 num_output = seq.num_context_tokens - len(seq.prompt_token_ids)
                 rows.append(SampleRow(seq.seq_id, seq.sampling, num_output))
         device = self.device
-        meta = build_metadata(attention, slots, step.block_size, device)
+        groups = self.config.num_attention_heads // self.config.num_key_value_heads
+        meta = build_metadata(attention, slots, step.block_size, device, groups, self.dtype)
         lora = self.loras.batch(step.seqs) if step.lora_names else None
         hidden = self.model.hidden_states(
             torch.tensor(input_ids, dtype=torch.long, device=device),
@@ -132,11 +140,14 @@ class TorchRunner:
         self.sampler.release(seq_id)
 
     async def load_lora(self, name: str, path: str) -> None:
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.loras.load, name, path)
+        await self.thread.run(self.loras.load, name, path)
+
+    def load_lora_now(self, name: str, path: str) -> None:
+        """``load_lora`` at start-up, before the event loop runs."""
+        self.thread.call(self.loras.load, name, path)
 
     def unload_lora(self, name: str) -> None:
         self.loras.unload(name)
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        self.thread.close()

@@ -12,6 +12,7 @@ import torch
 from backends.models.config import PRESETS, ModelConfig, ModelConfigError, load_config
 from backends.models.weights import load_weights, random_weights
 from backends.runners.torch_runner import RunnerOptions, TorchRunner
+from backends.runners.torch_thread import TorchThread
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 UNITS = {
@@ -93,7 +94,19 @@ def choose_dtype(name: str, config: ModelConfig, device: torch.device) -> torch.
 
 
 def build_torch_runner(spec: TorchModelSpec, eos_token_ids: tuple[int, ...] = ()) -> TorchRunner:
-    """The runner for ``spec``; ``ValueError`` (``ModelConfigError``) on a bad folder or option."""
+    """The runner for ``spec``, built on its own torch thread; ``ValueError``
+    (``ModelConfigError``) on a bad folder or option."""
+    thread = TorchThread()
+    try:
+        return thread.call(_build, spec, eos_token_ids, thread)
+    except BaseException:
+        thread.close()
+        raise
+
+
+def _build(
+    spec: TorchModelSpec, eos_token_ids: tuple[int, ...], thread: TorchThread
+) -> TorchRunner:
     device = choose_device(spec.device)
     if spec.model_path is not None:
         config = load_config(spec.model_path)
@@ -115,4 +128,4 @@ def build_torch_runner(spec: TorchModelSpec, eos_token_ids: tuple[int, ...] = ()
         max_lora_rank=spec.max_lora_rank,
         seed=spec.seed,
     )
-    return TorchRunner(config, weights, options, eos_token_ids=eos_token_ids)
+    return TorchRunner(config, weights, options, eos_token_ids=eos_token_ids, thread=thread)

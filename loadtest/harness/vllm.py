@@ -42,6 +42,8 @@ class VllmServer:
     replay_port: int = field(default_factory=free_port)
     log: Path | None = None
     cpu: str | None = None  # VLLM_CPU_OMP_THREADS_BIND, e.g. "0"
+    features: bool = True  # KV events and LoRA on (the integration tier); off for benchmarks
+    max_model_len: int = 2048
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -60,7 +62,7 @@ class VllmServer:
             "replay_endpoint": f"tcp://*:{self.replay_port}",
             "topic": f"kv@{self.address}@{self.name}",
         }
-        return [
+        base = [
             self.python,
             "-m",
             "vllm.entrypoints.openai.api_server",
@@ -73,11 +75,17 @@ class VllmServer:
             "--port",
             str(self.port),
             "--max-model-len",
-            "2048",
+            str(self.max_model_len),
             "--dtype",
             "float32",
             "--enforce-eager",
             "--enable-prompt-tokens-details",
+            "--enable-prefix-caching",
+        ]
+        if not self.features:
+            return base
+        return [
+            *base,
             "--enable-lora",
             "--max-lora-rank",
             "8",

@@ -1,7 +1,8 @@
 """Build a tiny random-weight Llama, its tokenizer and two LoRA adapters, all locally.
 
 Run with the vLLM venv's Python (it has torch, transformers and, once installed, peft):
-``python tests/vllm/tiny_model.py OUT_DIR``. Nothing is downloaded: the weights come from a
+``python tests/vllm/tiny_model.py OUT_DIR``; ``--shape bench`` builds instead the ~5M-parameter
+Llama of ``make bench-engine`` (no adapters). Nothing is downloaded: the weights come from a
 seed, and the BPE tokenizer is trained on this repository's own docs. The chat template is
 Llama 3's shape (header tokens, ``<|eot_id|>``), rendered by transformers' jinja2 rules.
 """
@@ -82,18 +83,32 @@ def build_tokenizer(out: Path) -> None:
     fast.save_pretrained(out)
 
 
-def build_model(out: Path) -> None:
+SHAPES = {
+    "tiny": {
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+    },
+    "bench": {
+        "hidden_size": 256,
+        "intermediate_size": 768,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
+}
+
+
+def build_model(out: Path, shape: str = "tiny") -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=VOCAB,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+        **SHAPES[shape],
         max_position_embeddings=4096,
         bos_token_id=0,
         eos_token_id=4,
@@ -102,6 +117,8 @@ def build_model(out: Path) -> None:
     )
     model = LlamaForCausalLM(config)
     model.save_pretrained(out, safe_serialization=True)
+    if shape != "tiny":
+        return
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
@@ -119,9 +136,10 @@ def build_model(out: Path) -> None:
 
 def main() -> int:
     out = Path(sys.argv[1])
+    shape = sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--shape" else "tiny"
     out.mkdir(parents=True, exist_ok=True)
     build_tokenizer(out)
-    build_model(out)
+    build_model(out, shape)
     (out / "kvgate-built.json").write_text(json.dumps({"vocab": VOCAB, "adapters": ADAPTERS}))
     return 0
 
