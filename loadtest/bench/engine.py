@@ -1,0 +1,252 @@
+"""`make bench-engine`: kvgate's torch engine against vLLM's CPU build and HF transformers.
+
+One model (a ~5M-parameter random-weight Llama with a locally trained tokenizer, built by
+``tests/vllm/tiny_model.py --shape bench``), one workload: ``--requests`` token-id prompts of
+32-512 tokens, 64 output tokens each (``ignore_eos``), greedy, concurrency 16. Side by side in
+the same run, in interleaved rounds (kvgate, vLLM, kvgate, vLLM, ...):
+
+- kvgate's engine through its OpenAI server (``kvgate backend --runner torch``);
+- vLLM's CPU build on the same folder (its own venv, made by ``tests/vllm/prepare.sh``);
+
+then, each in a process of its own: HF ``generate`` one request at a time and in static
+batches of 8, HF's continuous batching (``generate_batch``), and a bare torch matmul loop (the
+physical limit). Then TTFT over a shared 1,024-token prefix, cold against cached, on both
+servers, and kvgate's RSS over ``--rss-requests`` short requests. Figures go to stdout as
+Markdown and to ``build/bench-engine.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from loadtest.bench.engine_load import make_prompts, run_round, shared_prefix_ttft
+from loadtest.harness.proc_stats import rss_mb
+from loadtest.harness.processes import KvgateProcess, backend_process, free_port
+from loadtest.harness.vllm import VllmServer
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate"))
+MODEL_NAME = "bench-llama"
+VOCAB = 1024
+PARAMETERS = 5_246_208  # of the bench shape: 2 x params FLOP per generated token
+
+
+def build_model() -> Path:
+    folder = CACHE / "bench-llama" / "model"
+    if not (folder / "kvgate-built.json").is_file():
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "tests/vllm/tiny_model.py"),
+                str(folder),
+                "--shape",
+                "bench",
+            ],
+            check=True,
+            capture_output=True,
+        )
+    return folder
+
+
+def vllm_python() -> tuple[str | None, str]:
+    """The vLLM venv's Python, or None and why it is unavailable."""
+    out = subprocess.run(
+        ["bash", str(ROOT / "tests/vllm/prepare.sh")], capture_output=True, text=True, check=False
+    ).stdout
+    paths = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    unavailable = Path(paths.get("KVGATE_VLLM_UNAVAILABLE", "/nonexistent"))
+    if unavailable.is_file():
+        return None, unavailable.read_text().strip()
+    return paths.get("KVGATE_VLLM_PYTHON"), ""
+
+
+def child_json(args: list[str]) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-m", *args], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
+    result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def start_kvgate(model: Path) -> KvgateProcess:
+    args = ("--model-path", str(model), "--max-model-len", "2048", "--kv-cache-memory", "1GiB")
+    proc = backend_process(free_port(), *args, model=MODEL_NAME, runner="torch")
+    return proc.start(timeout=120)
+
+
+def rss_over_requests(url: str, pid: int, total: int) -> list[tuple[int, float]]:
+    """kvgate's RSS after each tenth of ``total`` short requests."""
+    points = []
+    prompts = make_prompts(total, 16, 48, VOCAB, seed=99)
+    step = max(total // 10, 1)
+    for start in range(0, total, step):
+        asyncio.run(run_round(url, MODEL_NAME, prompts[start : start + step], 4, 16, "rss"))
+        points.append((start + step, rss_mb(pid)))
+    return points
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--output-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per server")
+    parser.add_argument("--rss-requests", type=int, default=10_000)
+    parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--no-hf", action="store_true")
+    args = parser.parse_args()
+    model = build_model()
+    results: dict[str, object] = {"machine": os.uname().nodename, "cpus": os.cpu_count()}
+    servers: dict[str, str] = {}
+    kvgate = start_kvgate(model)
+    assert kvgate.proc is not None
+    servers["kvgate"] = kvgate.health_url.rsplit("/", 1)[0]
+    vllm: VllmServer | None = None
+    if not args.no_vllm:
+        python, why = vllm_python()
+        if python is None:
+            print(f"vLLM peer unavailable: {why}")
+        else:
+            vllm = VllmServer(
+                python,
+                str(model),
+                name=MODEL_NAME,
+                features=False,
+                log=ROOT / "build" / "bench-engine-vllm.log",
+            )
+            (ROOT / "build").mkdir(exist_ok=True)
+            vllm.start().wait_ready()
+            servers["vllm"] = vllm.url
+    try:
+        rounds: dict[str, list[dict[str, float]]] = {name: [] for name in servers}
+        for number in range(args.rounds):
+            prompts = make_prompts(args.requests, 32, 512, VOCAB, seed=number)
+            order = list(servers) if number % 2 == 0 else list(reversed(servers))
+            for name in order:
+                salt = uuid.uuid4().hex
+                result = asyncio.run(
+                    run_round(
+                        servers[name],
+                        MODEL_NAME,
+                        prompts,
+                        args.output_tokens,
+                        args.concurrency,
+                        salt,
+                    )
+                )
+                if result.errors:
+                    raise RuntimeError(f"{name}: {len(result.errors)} errors, {result.errors[0]}")
+                rounds[name].append(
+                    {
+                        "tokens_per_s": result.tokens_per_s,
+                        "ttft_p50_ms": result.ttft_p50_ms,
+                        "seconds": result.seconds,
+                        "output_tokens": result.output_tokens,
+                    }
+                )
+                print(
+                    f"round {number} {name}: {result.tokens_per_s:.0f} output tok/s, "
+                    f"TTFT p50 {result.ttft_p50_ms:.0f} ms",
+                    flush=True,
+                )
+        results["rounds"] = rounds
+        prefix = make_prompts(1, 1024, 1024, VOCAB, seed=7)[0]
+        suffixes = make_prompts(9, 16, 16, VOCAB, seed=8)
+        shared = {}
+        for name, url in servers.items():
+            cold, warm = asyncio.run(
+                shared_prefix_ttft(url, MODEL_NAME, prefix, suffixes, uuid.uuid4().hex)
+            )
+            shared[name] = {"cold_ms": cold * 1000, "warm_ms": sorted(warm)[len(warm) // 2] * 1000}
+            print(
+                f"shared 1,024-token prefix, {name}: cold {cold * 1000:.0f} ms, "
+                f"cached {shared[name]['warm_ms']:.0f} ms",
+                flush=True,
+            )
+        results["shared_prefix"] = shared
+        if vllm is not None:
+            vllm.stop()
+            vllm = None
+        if args.rss_requests:
+            points = rss_over_requests(servers["kvgate"], kvgate.proc.pid, args.rss_requests)
+            results["kvgate_rss_mb"] = points
+            print("kvgate RSS (requests, MiB):", ", ".join(f"{n}: {m:.0f}" for n, m in points))
+    finally:
+        kvgate.stop()
+        if vllm is not None:
+            vllm.stop()
+    peers: dict[str, dict[str, float]] = {}
+    if not args.no_hf:
+        prompts_file = ROOT / "build" / "bench-engine-prompts.json"
+        prompts_file.parent.mkdir(exist_ok=True)
+        prompts_file.write_text(json.dumps(make_prompts(args.requests, 32, 512, VOCAB, seed=0)))
+        for mode in ("sequential", "static8", "continuous"):
+            peers[f"hf_{mode}"] = child_json(
+                [
+                    "loadtest.bench.hf_peers",
+                    str(model),
+                    mode,
+                    str(prompts_file),
+                    str(args.output_tokens),
+                ]
+            )
+            print(f"HF {mode}: {peers[f'hf_{mode}']['tokens_per_s']:.0f} output tok/s", flush=True)
+    results["hf"] = peers
+    results["matmul_floor"] = child_json(["loadtest.bench.matmul_floor", "256", "768"])
+    report(results)
+    out = ROOT / "build" / "bench-engine.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def best(values: list[dict[str, float]], key: str) -> float:
+    return max(v[key] for v in values)
+
+
+def report(results: dict[str, object]) -> None:
+    rounds = results["rounds"]
+    assert isinstance(rounds, dict)
+    hf = results["hf"]
+    assert isinstance(hf, dict)
+    floor = results["matmul_floor"]
+    assert isinstance(floor, dict)
+    kv = [r["tokens_per_s"] for r in rounds["kvgate"]]
+    print("\n| engine | output tok/s (per round) | median | kvgate / it |")
+    print("|---|---|---:|---:|")
+    med = sorted(kv)[len(kv) // 2]
+    print(f"| kvgate (torch runner) | {', '.join(f'{v:.0f}' for v in kv)} | {med:.0f} | 1.00 |")
+    if "vllm" in rounds:
+        vl = [r["tokens_per_s"] for r in rounds["vllm"]]
+        vmed = sorted(vl)[len(vl) // 2]
+        print(f"| vLLM CPU | {', '.join(f'{v:.0f}' for v in vl)} | {vmed:.0f} | {med / vmed:.2f} |")
+    for name, value in hf.items():
+        print(
+            f"| {name} | {value['tokens_per_s']:.0f} | {value['tokens_per_s']:.0f} | "
+            f"{med / value['tokens_per_s']:.2f} |"
+        )
+    achieved = 2 * PARAMETERS * med / 1e9
+    print(
+        f"\nmatmul floor: {floor['square_1024_gflops']:.0f} GFLOP/s (1024^3), "
+        f"{floor['decode16_mlp_gflops']:.0f} GFLOP/s (decode-shaped, batch 16); kvgate's "
+        f"weights-only FLOP/s at {med:.0f} tok/s: {achieved:.1f} GFLOP/s = "
+        f"{achieved / floor['decode16_mlp_gflops']:.1%} of the decode-shaped floor"
+    )
+    shared = results.get("shared_prefix")
+    if isinstance(shared, dict):
+        for name, value in shared.items():
+            print(
+                f"shared prefix, {name}: TTFT cold {value['cold_ms']:.0f} ms, cached "
+                f"{value['warm_ms']:.0f} ms ({value['cold_ms'] / value['warm_ms']:.1f}x)"
+            )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
