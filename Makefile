@@ -3,13 +3,16 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TORCH ?= torch==2.13.0
 
-.PHONY: demo test test-vllm test-compiled compiled lint format bench bench-proxy bench-epp bench-policy bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
+.PHONY: demo test test-vllm test-compiled compiled lint format bench bench-engine bench-proxy bench-epp bench-policy bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	# torch first, pinned: it is the CPU build on local disk here (a bare range pulls CUDA)
+	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet -e '.[dev,backend]'
 	touch $(STAMP)
 
 # Every .proto under proto/ compiles into the package its path names (proto/kvgate/api/x.proto
@@ -74,6 +77,11 @@ bench-proxy: $(STAMP) wrk nginx compiled
 
 bench-policy: $(STAMP) wrk redis
 	$(BIN)/python -m loadtest.bench.policy
+
+# kvgate's torch engine against vLLM's CPU build (its venv from tests/vllm/prepare.sh) and HF
+# transformers, on one random-weight model: docs/benchmarks.md, "Engine".
+bench-engine: $(STAMP)
+	$(BIN)/python -m loadtest.bench.engine
 
 bench-epp: $(STAMP)
 	$(BIN)/python -m loadtest.bench.epp

@@ -53,6 +53,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     torch_group.add_argument("--max-lora-rank", type=int, default=64)
     torch_group.add_argument(
+        "--engine-process",
+        action="store_true",
+        help="run the model in a child process (default: a thread of the server process)",
+    )
+    torch_group.add_argument(
         "--tokenizer", help="tokenizer folder (default: the model folder's, else bytes)"
     )
     p.add_argument("--num-blocks", type=int, default=4096, help="KV-cache blocks")

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 from backends.runner_parts import RunnerParts
+from backends.runners.process_runner import ProcessRunner
+from backends.runners.torch_runner import TorchRunner
 from backends.runners.torch_setup import TorchModelSpec, build_torch_runner
 from kvgate.wire.request_tokenizer import RequestTokenizer, make_tokenizer
 
@@ -29,7 +31,12 @@ def build_torch_parts(args: argparse.Namespace) -> RunnerParts:
     eos = tuple(tokenizer.eos_token_ids)
     if args.model_path is not None:
         eos += _generation_eos(Path(args.model_path))
-    runner = build_torch_runner(spec, eos_token_ids=tuple(dict.fromkeys(eos)))
+    eos = tuple(dict.fromkeys(eos))
+    runner: TorchRunner | ProcessRunner
+    if args.engine_process:
+        runner = ProcessRunner(spec, eos)
+    else:
+        runner = build_torch_runner(spec, eos_token_ids=eos)
     config = runner.config
     eos_ids = tuple(dict.fromkeys(eos + config.eos_token_ids))
     return RunnerParts(

@@ -93,10 +93,12 @@ def choose_dtype(name: str, config: ModelConfig, device: torch.device) -> torch.
     return torch.float32  # this CPU has no BF16 units: float32 is both exact and fastest
 
 
-def build_torch_runner(spec: TorchModelSpec, eos_token_ids: tuple[int, ...] = ()) -> TorchRunner:
-    """The runner for ``spec``, built on its own torch thread; ``ValueError``
-    (``ModelConfigError``) on a bad folder or option."""
-    thread = TorchThread()
+def build_torch_runner(
+    spec: TorchModelSpec, eos_token_ids: tuple[int, ...] = (), *, inline: bool = False
+) -> TorchRunner:
+    """The runner for ``spec``, built on its own torch thread (on the calling thread when
+    ``inline``); ``ValueError`` (``ModelConfigError``) on a bad folder or option."""
+    thread = TorchThread(inline=inline)
     try:
         return thread.call(_build, spec, eos_token_ids, thread)
     except BaseException:

@@ -18,11 +18,17 @@ T = TypeVar("T")
 
 
 class TorchThread:
-    def __init__(self) -> None:
+    """``inline``: run on the calling thread (an engine process's main thread, where torch
+    owns the process and no event loop runs)."""
+
+    def __init__(self, *, inline: bool = False) -> None:
+        self.inline = inline
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch")
 
     def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn`` on the torch thread and wait for it (start-up, tests)."""
+        if self.inline:
+            return fn(*args, **kwargs)
         return self._executor.submit(fn, *args, **kwargs).result()
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

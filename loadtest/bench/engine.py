@@ -75,8 +75,17 @@ def child_json(args: list[str]) -> dict[str, float]:
     return result
 
 
-def start_kvgate(model: Path) -> KvgateProcess:
-    args = ("--model-path", str(model), "--max-model-len", "2048", "--kv-cache-memory", "1GiB")
+def start_kvgate(model: Path, engine_process: bool = False) -> KvgateProcess:
+    args: tuple[str, ...] = (
+        "--model-path",
+        str(model),
+        "--max-model-len",
+        "2048",
+        "--kv-cache-memory",
+        "1GiB",
+    )
+    if engine_process:
+        args += ("--engine-process",)
     proc = backend_process(free_port(), *args, model=MODEL_NAME, runner="torch")
     return proc.start(timeout=120)
 
@@ -101,6 +110,11 @@ def main() -> int:
     parser.add_argument("--rss-requests", type=int, default=10_000)
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--no-hf", action="store_true")
+    parser.add_argument(
+        "--engine-process",
+        action="store_true",
+        help="also run kvgate with --engine-process (the model in a child process)",
+    )
     args = parser.parse_args()
     model = build_model()
     results: dict[str, object] = {"machine": os.uname().nodename, "cpus": os.cpu_count()}
@@ -108,6 +122,10 @@ def main() -> int:
     kvgate = start_kvgate(model)
     assert kvgate.proc is not None
     servers["kvgate"] = kvgate.health_url.rsplit("/", 1)[0]
+    kvgate_process: KvgateProcess | None = None
+    if args.engine_process:
+        kvgate_process = start_kvgate(model, engine_process=True)
+        servers["kvgate-process"] = kvgate_process.health_url.rsplit("/", 1)[0]
     vllm: VllmServer | None = None
     if not args.no_vllm:
         python, why = vllm_python()
@@ -174,12 +192,17 @@ def main() -> int:
         if vllm is not None:
             vllm.stop()
             vllm = None
+        if kvgate_process is not None:
+            kvgate_process.stop()
+            kvgate_process = None
         if args.rss_requests:
             points = rss_over_requests(servers["kvgate"], kvgate.proc.pid, args.rss_requests)
             results["kvgate_rss_mb"] = points
             print("kvgate RSS (requests, MiB):", ", ".join(f"{n}: {m:.0f}" for n, m in points))
     finally:
         kvgate.stop()
+        if kvgate_process is not None:
+            kvgate_process.stop()
         if vllm is not None:
             vllm.stop()
     peers: dict[str, dict[str, float]] = {}
@@ -223,10 +246,12 @@ def report(results: dict[str, object]) -> None:
     print("|---|---|---:|---:|")
     med = sorted(kv)[len(kv) // 2]
     print(f"| kvgate (torch runner) | {', '.join(f'{v:.0f}' for v in kv)} | {med:.0f} | 1.00 |")
-    if "vllm" in rounds:
-        vl = [r["tokens_per_s"] for r in rounds["vllm"]]
+    for name, label in (("kvgate-process", "kvgate, --engine-process"), ("vllm", "vLLM CPU")):
+        if name not in rounds:
+            continue
+        vl = [r["tokens_per_s"] for r in rounds[name]]
         vmed = sorted(vl)[len(vl) // 2]
-        print(f"| vLLM CPU | {', '.join(f'{v:.0f}' for v in vl)} | {vmed:.0f} | {med / vmed:.2f} |")
+        print(f"| {label} | {', '.join(f'{v:.0f}' for v in vl)} | {vmed:.0f} | {med / vmed:.2f} |")
     for name, value in hf.items():
         print(
             f"| {name} | {value['tokens_per_s']:.0f} | {value['tokens_per_s']:.0f} | "

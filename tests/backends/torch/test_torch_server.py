@@ -42,15 +42,17 @@ def post(url: str, body: object) -> Reply:
         return Reply(exc.code, exc.read().decode())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["thread", "engine-process"])
 def served(
-    model_folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    model_folders: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[str, Path, Path]]:
     tmp = tmp_path_factory.mktemp("served")
     adapter = tmp / "sql"
     save_adapter(model_folders["llama"], adapter, 5, ["q_proj", "v_proj"])
     port = free_port()
-    args = (
+    args: tuple[str, ...] = (
         "--model-path",
         str(model_folders["llama"]),
         "--kv-cache-memory",
@@ -58,6 +60,8 @@ def served(
         "--max-model-len",
         "1024",
     )
+    if request.param == "engine-process":
+        args += ("--engine-process",)
     with backend_process(port, *args, "--max-loras", "1", model=MODEL, runner="torch").start(
         timeout=90
     ):
