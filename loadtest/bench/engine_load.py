@@ -105,14 +105,18 @@ async def run_round(
 async def shared_prefix_ttft(
     url: str, model: str, prefix: list[int], suffixes: list[list[int]], salt: str
 ) -> tuple[float, list[float]]:
-    """TTFT of the first request over ``prefix`` (cold) and of the next ones (prefix cached)."""
+    """TTFT of the first request over ``prefix`` (cold) and of the next ones (prefix cached).
+
+    A request of the same length over other tokens runs first, so that the cold figure is a
+    prefill's, not a first long request's one-time costs (buffers, allocations)."""
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         ttfts = []
-        for suffix in suffixes:
+        warm_up = [(t + 1) % 1000 + 5 for t in prefix]
+        for suffix in [suffixes[0], *suffixes]:
             body = {
                 "model": model,
-                "prompt": prefix + suffix,
+                "prompt": (warm_up if not ttfts else prefix) + suffix,
                 "max_tokens": 4,
                 "temperature": 0,
                 "ignore_eos": True,
@@ -122,4 +126,4 @@ async def shared_prefix_ttft(
             if error:
                 raise RuntimeError(f"shared-prefix request failed: {error}")
             ttfts.append(ttft)
-    return ttfts[0], ttfts[1:]
+    return ttfts[1], ttfts[2:]
