@@ -60,7 +60,7 @@ def build_metadata(
     ``dtype`` is the model's (the additive masks')."""
     decodes = [s for s in seqs if s.num_new_tokens == 1]
     prefills = [s for s in seqs if s.num_new_tokens > 1]
-    buckets = [*split_by_context(decodes, block_size), prefills]
+    buckets = [*split_by_context(decodes, block_size), *split_by_context(prefills, block_size)]
     groups = tuple(_group(g, block_size, device, num_query_groups, dtype) for g in buckets if g)
     slots = torch.tensor(slot_mapping, dtype=torch.long, device=device)
     return AttentionMetadata(slots, groups, len(slot_mapping), block_size)
@@ -70,8 +70,9 @@ GROUP_COST_BLOCKS = 128  # a group's fixed cost (gathers, attention call), in pa
 
 
 def split_by_context(seqs: list[SeqAttention], block_size: int) -> list[list[SeqAttention]]:
-    """Decodes split into groups of similar context length: each group is padded to its
-    longest context, so one group of short and long contexts gathers mostly padding. The
+    """Sequences split into groups of similar context length: each group is padded to its
+    longest context (and prefill chunks to the longest chunk), so one group of short and long
+    contexts gathers and attends over mostly padding. The
     split minimises ``sum(groups) GROUP_COST_BLOCKS + size * padded blocks`` (exact, by
     dynamic programming over the sequences sorted by context)."""
     if len(seqs) < 2:
