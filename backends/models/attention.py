@@ -103,15 +103,19 @@ def _group(
 ) -> AttentionGroup:
     q_len = max(s.num_new_tokens for s in seqs)
     max_blocks = max(-(-s.num_context_tokens // block_size) for s in seqs)
-    query_index = torch.zeros(len(seqs), q_len, dtype=torch.long)
-    blocks = torch.zeros(len(seqs), max_blocks, dtype=torch.long)
-    query_pos = torch.full((len(seqs), q_len), -1, dtype=torch.long)
-    for row, seq in enumerate(seqs):
+    index_rows: list[list[int]] = []
+    pos_rows: list[list[int]] = []
+    block_rows: list[list[int]] = []
+    for seq in seqs:
         n, ctx = seq.num_new_tokens, seq.num_context_tokens
-        query_index[row, :n] = torch.arange(seq.token_offset, seq.token_offset + n)
-        query_pos[row, :n] = torch.arange(ctx - n, ctx)
-        num_blocks = -(-ctx // block_size)
-        blocks[row, :num_blocks] = torch.tensor(list(seq.block_table[:num_blocks]))
+        pad = q_len - n
+        index_rows.append([*range(seq.token_offset, seq.token_offset + n), *([0] * pad)])
+        pos_rows.append([*range(ctx - n, ctx), *([-1] * pad)])
+        table = list(seq.block_table[: -(-ctx // block_size)])
+        block_rows.append(table + [0] * (max_blocks - len(table)))
+    query_index = torch.tensor(index_rows, dtype=torch.long)
+    query_pos = torch.tensor(pos_rows, dtype=torch.long)
+    blocks = torch.tensor(block_rows, dtype=torch.long)
     key_pos = torch.arange(max_blocks * block_size)
     mask = key_pos[None, None, :] <= query_pos[:, :, None]  # also hides slots past the context
     mask[:, :, 0] |= query_pos < 0  # a padded query attends to one key: no all-masked row
@@ -153,25 +157,22 @@ def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
     buffers: GatherBuffers,
 ) -> torch.Tensor:
-    """``q``: ``[tokens, heads, dim]``, ``k``/``v``: ``[tokens, kv_heads, dim]``; caches are
-    ``[slots, kv_heads, dim]``. Writes the new KV, returns ``[tokens, heads * dim]``.
+    """``q``: ``[tokens, heads, dim]``, ``k``/``v``: ``[tokens, kv_heads, dim]``; the layer's
+    cache is ``[slots, 2, kv_heads, dim]``. Writes the new KV, returns ``[tokens, heads * dim]``.
 
     The query heads that share a KV head attend as one longer query block (GQA without
     copying the keys per head); contexts are gathered a whole block at a time.
     """
-    k_cache.index_copy_(0, meta.slot_mapping, k)
-    v_cache.index_copy_(0, meta.slot_mapping, v)
+    kv_cache.index_copy_(0, meta.slot_mapping, torch.stack((k, v), dim=1))
     num_heads, dim = q.shape[1], q.shape[2]
     kv_heads = k.shape[1]
     groups_per_kv = num_heads // kv_heads
-    paged_k = k_cache.view(-1, meta.block_size, kv_heads, dim)
-    paged_v = v_cache.view(-1, meta.block_size, kv_heads, dim)
+    paged = kv_cache.view(-1, meta.block_size, 2, kv_heads, dim)
     out = q.new_empty(meta.num_tokens, num_heads, dim)
     for number, group in enumerate(meta.groups):
         batch, q_len = group.query_index.shape
@@ -182,12 +183,11 @@ def paged_attention(
             .reshape(batch, kv_heads, groups_per_kv * q_len, dim)
         )
         blocks = group.context_blocks
-        gathered_k = buffers.take(2 * number, len(blocks), paged_k)
-        gathered_v = buffers.take(2 * number + 1, len(blocks), paged_v)
-        torch.index_select(paged_k, 0, blocks, out=gathered_k)
-        torch.index_select(paged_v, 0, blocks, out=gathered_v)
-        keys = gathered_k.view(batch, -1, kv_heads, dim).transpose(1, 2)
-        values = gathered_v.view(batch, -1, kv_heads, dim).transpose(1, 2)
+        gathered = buffers.take(number, len(blocks), paged)
+        torch.index_select(paged, 0, blocks, out=gathered)  # [blocks, block_size, 2, kv, dim]
+        context = gathered.view(batch, -1, 2, kv_heads, dim)
+        keys = context[:, :, 0].transpose(1, 2)
+        values = context[:, :, 1].transpose(1, 2)
         attended = F.scaled_dot_product_attention(
             queries, keys, values, attn_mask=group.mask, scale=scale
         )

@@ -26,7 +26,9 @@ class LoraDelta(Protocol):
 
 
 class KVCache:
-    """One preallocated K and V tensor per layer: ``[num_blocks * block_size, kv_heads, dim]``."""
+    """One preallocated tensor per layer holding its K and V:
+    ``[num_blocks * block_size, 2, kv_heads, dim]`` (a block's keys and values are adjacent, so
+    one gather reads both)."""
 
     def __init__(
         self,
@@ -36,11 +38,8 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        shape = (num_blocks * block_size, config.num_key_value_heads, config.head_dim)
-        self.keys = [
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)
-        ]
-        self.values = [
+        shape = (num_blocks * block_size, 2, config.num_key_value_heads, config.head_dim)
+        self.layers = [
             torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)
         ]
 
@@ -83,18 +82,12 @@ class Decoder:
             qkv = F.linear(x, layer.qkv, layer.qkv_bias)
             if lora is not None:
                 qkv = lora.add(n, "qkv", x, qkv)
-            q, k, v = torch.split(qkv, [self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = apply_rope(q.view(-1, heads, dim), cos, sin)
-            k = apply_rope(k.view(-1, kv_heads, dim), cos, sin)
+            qk = apply_rope(
+                qkv[:, : self.q_size + self.kv_size].view(-1, heads + kv_heads, dim), cos, sin
+            )
+            v = qkv[:, self.q_size + self.kv_size :].view(-1, kv_heads, dim)
             attended = paged_attention(
-                q,
-                k,
-                v.view(-1, kv_heads, dim),
-                cache.keys[n],
-                cache.values[n],
-                meta,
-                self.scale,
-                self.buffers,
+                qk[:, :heads], qk[:, heads:], v, cache.layers[n], meta, self.scale, self.buffers
             )
             out = F.linear(attended, layer.o_proj)
             if lora is not None:

@@ -1,8 +1,8 @@
 """The one thread that runs every torch operation of a runner, from loading to sampling.
 
 torch's OpenMP runtime keeps a pool of worker threads per calling thread: when weights are
-loaded on one thread and steps run on another, the two pools share the cores and each step
-is slower (1.9x in docs/benchmarks.md). Everything torch does for a runner therefore goes
+loaded on one thread and steps run on another, the two pools share the cores and every step
+is slower (docs/benchmarks.md, "Engine"). Everything torch does for a runner therefore goes
 through this thread, and the event loop that serves HTTP never runs a torch operation.
 """
 

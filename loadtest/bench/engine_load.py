@@ -111,7 +111,7 @@ async def shared_prefix_ttft(
     prefill's, not a first long request's one-time costs (buffers, allocations)."""
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        ttfts = []
+        ttfts: list[float] = []
         warm_up = [(t + 1) % 1000 + 5 for t in prefix]
         for suffix in [suffixes[0], *suffixes]:
             body = {

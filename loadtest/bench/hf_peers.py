@@ -35,9 +35,10 @@ def _generate(model: Any, torch: Any, prompts: list[list[int]], num_tokens: int)
 
 def run(model_path: str, mode: str, prompts: list[list[int]], num_tokens: int) -> dict[str, float]:
     import torch
-    from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, GenerationConfig
+    import transformers
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    auto: Any = transformers.AutoModelForCausalLM
+    model = auto.from_pretrained(model_path, dtype=torch.float32).eval()
     with torch.no_grad():
         _generate(model, torch, prompts[:1], 2)  # warm-up
         start = time.perf_counter()
@@ -49,14 +50,14 @@ def run(model_path: str, mode: str, prompts: list[list[int]], num_tokens: int) -
                 for i in range(0, len(prompts), 8)
             )
         elif mode == "continuous":
-            config = GenerationConfig(
+            config = getattr(transformers, "GenerationConfig")(  # noqa: B009 - untyped
                 max_new_tokens=num_tokens,
                 min_new_tokens=num_tokens,
                 do_sample=False,
                 eos_token_id=-1,
                 pad_token_id=0,
             )
-            batching = ContinuousBatchingConfig(
+            batching = transformers.ContinuousBatchingConfig(
                 num_blocks=256, max_batch_tokens=512, max_requests_per_batch=16
             )
             results = model.generate_batch(

@@ -76,7 +76,7 @@ def test_unwritten_slots_of_a_last_block_are_never_attended(
     runner = make_runner(model_folders["llama"])
     runner.num_kv_blocks(16)
     assert runner.cache is not None
-    for tensor in runner.cache.keys + runner.cache.values:  # stale KV of earlier requests
+    for tensor in runner.cache.layers:  # stale KV of earlier requests
         tensor.normal_(0, 50.0)
     tokens = prompt(21, seed=3)  # the second block holds 5 of 16 slots
     ours = last_logits(runner, [prefill(0, tokens, [6, 2])])

@@ -62,9 +62,7 @@ def served(
     )
     if request.param == "engine-process":
         args += ("--engine-process",)
-    with backend_process(port, *args, "--max-loras", "1", model=MODEL, runner="torch").start(
-        timeout=90
-    ):
+    with backend_process(port, *args, "--max-loras", "1", model=MODEL, runner="torch"):
         yield f"http://127.0.0.1:{port}", model_folders["llama"], adapter
 
 
