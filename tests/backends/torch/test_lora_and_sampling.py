@@ -12,6 +12,7 @@ from backends.engine.sequence import SamplingParams
 from backends.runners.sampler import Sampler, SampleRow
 from tests.backends.torch.conftest import hf_greedy
 from tests.backends.torch.helpers import collect, greedy, make_engine, make_runner
+from tests.backends.torch.test_model_exactness import last_logits, prefill
 
 peft = pytest.importorskip("peft")
 
@@ -71,6 +72,23 @@ async def test_two_adapters_and_the_base_model_in_one_batch_match_merged_transfo
     assert outs[2] == hf_greedy(merged(base, adapters["mlp"]), prompt, 32)
     assert outs[0] != outs[1] != outs[2]
     assert sorted(runner.loras.resident) == ["attn", "mlp"]
+
+
+async def test_adapter_logits_match_transformers_with_the_adapter_merged(
+    model_folders: dict[str, Path], adapters: dict[str, Path]
+) -> None:
+    base = model_folders["llama"]
+    runner = make_runner(base, max_loras=2)
+    runner.num_kv_blocks(16)
+    tokens = list(range(100, 141))
+    steps = [prefill(0, tokens, [0, 1, 2], lora="attn"), prefill(1, tokens, [5, 6, 7], lora="mlp")]
+    for name, path in adapters.items():
+        await runner.load_lora(name, str(path))
+    ours = last_logits(runner, steps)
+    for row, name in enumerate(("attn", "mlp")):
+        with torch.no_grad():
+            ref = merged(base, adapters[name])(torch.tensor([tokens])).logits[0, -1]  # type: ignore[operator]
+        assert (ours[row] - ref).abs().max().item() <= 1e-4
 
 
 async def test_at_most_max_loras_are_resident_and_the_least_recently_used_is_swapped_out(

@@ -21,7 +21,9 @@ def prompt(length: int, seed: int) -> list[int]:
     return torch.randint(5, 1000, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def prefill(seq_id: int, tokens: list[int], table: list[int], block_size: int = 16) -> SeqStep:
+def prefill(
+    seq_id: int, tokens: list[int], table: list[int], block_size: int = 16, lora: str | None = None
+) -> SeqStep:
     slots = [table[p // block_size] * block_size + p % block_size for p in range(len(tokens))]
     return SeqStep(
         seq_id=seq_id,
@@ -29,7 +31,7 @@ def prefill(seq_id: int, tokens: list[int], table: list[int], block_size: int = 
         start_position=0,
         slot_mapping=slots,
         block_table=table,
-        lora_name=None,
+        lora_name=lora,
         sampling=SamplingParams(temperature=0.0),
         do_sample=True,
         is_decode=False,
