@@ -11,26 +11,38 @@ from kvgate.wire.request_tokenizer import RequestTokenizer
 def logprobs_field(
     req: GenerationRequest, tokenizer: RequestTokenizer, stream: RequestStream
 ) -> dict[str, object] | None:
-    if not req.sampling.logprobs:
-        return None
+    """The whole choice's ``logprobs`` (None unless asked for)."""
     seq = stream.seq
     ids = seq.token_ids[seq.num_prompt_tokens :][: len(seq.output_logprobs)]
-    texts = [tokenizer.decode([token]) for token in ids]
+    return logprobs_of(req, tokenizer, ids, seq.output_logprobs)
+
+
+def logprobs_of(
+    req: GenerationRequest,
+    tokenizer: RequestTokenizer,
+    token_ids: list[int],
+    logprobs: list[float],
+    text_offset: int = 0,
+) -> dict[str, object] | None:
+    """``logprobs`` of ``token_ids`` in the request's shape (chat or completion)."""
+    if not req.sampling.logprobs:
+        return None
+    texts = [tokenizer.decode([token]) for token in token_ids]
     if req.is_chat:
         return {
             "content": [
                 {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                for t, lp in zip(texts, seq.output_logprobs, strict=False)
+                for t, lp in zip(texts, logprobs, strict=False)
             ]
         }
-    offsets, offset = [], 0
+    offsets, offset = [], text_offset
     for text in texts:
         offsets.append(offset)
         offset += len(text)
     return {
         "tokens": texts,
-        "token_logprobs": seq.output_logprobs[: len(texts)],
-        "top_logprobs": [{t: lp} for t, lp in zip(texts, seq.output_logprobs, strict=False)],
+        "token_logprobs": logprobs[: len(texts)],
+        "top_logprobs": [{t: lp} for t, lp in zip(texts, logprobs, strict=False)],
         "text_offset": offsets,
     }
 

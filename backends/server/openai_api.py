@@ -17,7 +17,7 @@ from aiohttp import web
 
 from backends.engine.engine import RequestStream
 from backends.engine.sequence import FinishReason
-from backends.server.choice_details import logprobs_field, token_id_fields
+from backends.server.choice_details import logprobs_field, logprobs_of, token_id_fields
 from backends.server.errors import error_response
 from backends.server.protocol import GenerationRequest, RequestError, parse_request
 from backends.server.sse import DONE, ChunkFormatter
@@ -26,7 +26,8 @@ from backends.server.text_stream import TextStream
 
 log = logging.getLogger(__name__)
 
-ChoiceEvent = tuple[int, str, str | None]  # (choice index, text delta, finish reason)
+# (choice index, text delta, finish reason, token ids of the delta)
+ChoiceEvent = tuple[int, str, str | None, list[int]]
 
 
 class EngineAborted(RuntimeError):
@@ -98,24 +99,30 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
 async def _choice_events(
     state: ServerState, req: GenerationRequest, index: int, stream: RequestStream
 ) -> AsyncIterator[ChoiceEvent]:
-    """Text deltas of one choice; the last event carries the finish reason."""
+    """Text deltas of one choice with their token ids; the last event carries the finish
+    reason. A delta of tokens without text yet is sent only when the request asked for token
+    ids or logprobs (else its tokens ride with the next text)."""
     text_stream = TextStream(state.tokenizer.decoder(), req.stop)
+    wants_tokens = req.return_token_ids or req.sampling.logprobs
+    pending: list[int] = []
     while True:
         tokens = await stream.next_tokens()
+        pending += tokens
         finished = stream.seq.is_finished
         text = text_stream.feed(tokens, final=finished)
         if text_stream.stopped:
             state.engine.abort(stream)
-            yield index, text, "stop"
+            yield index, text, "stop", pending
             return
         if finished:
             if stream.finish_reason is FinishReason.ABORT:
                 raise EngineAborted("the engine aborted the request")
             reason = stream.finish_reason.value if stream.finish_reason else "stop"
-            yield index, text, reason
+            yield index, text, reason, pending
             return
-        if text:
-            yield index, text, None
+        if text or (wants_tokens and pending):
+            yield index, text, None, pending
+            pending = []
 
 
 def _all_choice_events(
@@ -173,7 +180,7 @@ async def _complete(
     texts = [""] * len(streams)
     reasons: list[str | None] = [None] * len(streams)
     try:
-        async for index, text, reason in _all_choice_events(state, req, streams):
+        async for index, text, reason, _ in _all_choice_events(state, req, streams):
             texts[index] += text
             reasons[index] = reason or reasons[index]
     except EngineAborted as exc:
@@ -257,11 +264,23 @@ async def _write_deltas(
     streams: list[RequestStream],
 ) -> list[str]:
     """Write every delta but the last of a single choice, which is returned to send last."""
-    if opening := fmt.opening():
+    ids = req.return_token_ids
+    if opening := fmt.opening(list(streams[0].seq.prompt_token_ids) if ids else None):
         await response.write(opening.encode())
     tail: list[str] = []
-    async for index, text, reason in _all_choice_events(state, req, streams):
-        chunk = fmt.delta(index, text, reason)
+    emitted = [0] * len(streams)  # output tokens sent so far, per choice
+    async for index, text, reason, tokens in _all_choice_events(state, req, streams):
+        seq = streams[index].seq
+        logprobs = logprobs_of(
+            req,
+            state.tokenizer,
+            tokens,
+            seq.output_logprobs[emitted[index] : emitted[index] + len(tokens)],
+        )
+        first = emitted[index] == 0
+        emitted[index] += len(tokens)
+        prompt_ids = list(seq.prompt_token_ids) if ids and first and not req.is_chat else None
+        chunk = fmt.delta(index, text, reason, logprobs, tokens if ids else None, prompt_ids)
         if reason is not None and len(streams) == 1:
             tail.append(chunk)
         else:

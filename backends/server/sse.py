@@ -25,23 +25,44 @@ class ChunkFormatter:
             f'"choices":'
         )
 
-    def opening(self) -> str:
-        """The chat stream's first chunk (the assistant role); empty for completions."""
+    def opening(self, prompt_token_ids: list[int] | None = None) -> str:
+        """The chat stream's first chunk (the assistant role, and vLLM's ``prompt_token_ids``
+        when asked); empty for completions."""
         if not self.is_chat:
             return ""
+        prompt = (
+            ""
+            if prompt_token_ids is None
+            else f',"prompt_token_ids":{json.dumps(prompt_token_ids)}'
+        )
         return (
             self.head + '[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
-            '"finish_reason":null}]}\n\n'
+            f'"finish_reason":null}}]{prompt}}}\n\n'
         )
 
-    def delta(self, index: int, text: str, finish_reason: str | None) -> str:
+    def delta(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        logprobs: dict[str, object] | None = None,
+        token_ids: list[int] | None = None,
+        prompt_token_ids: list[int] | None = None,
+    ) -> str:
+        """One choice's chunk; ``logprobs`` and vLLM's ``token_ids`` of the delta when asked
+        (and, on a completion choice's first chunk, its ``prompt_token_ids``)."""
         finish = f'"{finish_reason}"' if finish_reason else "null"
         content = json.dumps(text)
         if self.is_chat:
             choice = f'{{"index":{index},"delta":{{"content":{content}}}'
         else:
             choice = f'{{"index":{index},"text":{content}'
-        return f'{self.head}[{choice},"logprobs":null,"finish_reason":{finish}}}]}}\n\n'
+        extra = "null" if logprobs is None else json.dumps(logprobs, separators=(",", ":"))
+        if token_ids is not None:
+            extra += f',"token_ids":{json.dumps(token_ids)}'
+        if prompt_token_ids is not None:
+            extra += f',"prompt_token_ids":{json.dumps(prompt_token_ids)}'
+        return f'{self.head}[{choice},"logprobs":{extra},"finish_reason":{finish}}}]}}\n\n'
 
     def usage(self, usage: dict[str, object]) -> str:
         return f'{self.head}[],"usage":{json.dumps(usage, separators=(",", ":"))}}}\n\n'

@@ -170,3 +170,35 @@ def test_lora_adapters_load_serve_and_unload_and_a_broken_one_is_refused(
     with pytest.raises(openai.NotFoundError):
         api(url).completions.create(model="sql", prompt="x", max_tokens=1)
     assert api(url).completions.create(model=MODEL, prompt="still serving", max_tokens=2).choices
+
+
+def test_a_stream_carries_the_token_ids_and_logprobs_of_each_delta(
+    served: tuple[str, Path, Path],
+) -> None:
+    url, _, _ = served
+    client = api(url)
+    body = {
+        "model": MODEL,
+        "prompt": "the river",
+        "max_tokens": 12,
+        "temperature": 0,
+        "logprobs": 0,
+    }
+    extra = {"ignore_eos": True, "return_token_ids": True}
+    whole = client.completions.create(**body, extra_body=extra).choices[0]  # type: ignore[call-overload]
+    chunks = [
+        c for c in client.completions.create(**body, stream=True, extra_body=extra) if c.choices
+    ]  # type: ignore[call-overload]
+    streamed_ids: list[int] = []
+    streamed_logprobs: list[float] = []
+    for chunk in chunks:
+        choice = chunk.choices[0]
+        assert choice.model_extra is not None
+        streamed_ids += choice.model_extra.get("token_ids") or []
+        if choice.logprobs is not None and choice.logprobs.token_logprobs:
+            streamed_logprobs += choice.logprobs.token_logprobs
+    assert whole.model_extra is not None and whole.logprobs is not None
+    assert streamed_ids == whole.model_extra["token_ids"]
+    assert streamed_logprobs == pytest.approx(whole.logprobs.token_logprobs)
+    first = chunks[0].choices[0].model_extra
+    assert first is not None and first["prompt_token_ids"] == whole.model_extra["prompt_token_ids"]
