@@ -32,6 +32,7 @@ class PrefixIndexParams:
     lru_capacity_per_endpoint: int = DEFAULT_CAPACITY  # approximate, when KV size is unknown
     tokenizer: str = "byte"  # precise: byte | a model folder (or its tokenizer.json)
     speculative_ttl: float = 2.0  # precise: how long a pick counts before its events arrive
+    min_match_blocks: int = 2  # scoring: fewer distinguishing blocks than this score nothing
 
 
 class PrefixIndex(Protocol):

@@ -1,4 +1,11 @@
-"""``prefix-cache-scorer``: matched leading blocks / total blocks of the request.
+"""``prefix-cache-scorer``: the leading blocks of the request an endpoint holds beyond what
+every candidate holds, as a share of the blocks not held by all.
+
+Blocks that every candidate holds distinguish none of them (a chat template's first block,
+say, which every endpoint that served anything has), and a match of fewer than
+``min_match_blocks`` distinguishing blocks scores nothing, so that a sliver of shared prefix
+never outweighs load: when no endpoint holds a useful part of the prefix, every score is 0 and
+the other scorers (queue, KV use) decide.
 
 Its parameters choose the prefix index it reads (``PrefixIndexParams``): ``mode: approximate``
 (default, GIE's) learns from the picker's own decisions; ``mode: precise`` reads the engines' KV
@@ -22,6 +29,7 @@ POSITIVE = (
     "max_prefix_blocks",
     "lru_capacity_per_endpoint",
     "speculative_ttl",
+    "min_match_blocks",
 )
 
 
@@ -56,4 +64,9 @@ class PrefixCacheScorer:
         if not keys:
             return {e.address: 0.0 for e in endpoints}
         matched = self.index.match(keys, [e.address for e in endpoints])
-        return {address: blocks / len(keys) for address, blocks in matched.items()}
+        common = min(matched.values(), default=0)
+        if max(matched.values(), default=0) - common < self.index.params.min_match_blocks:
+            return {e.address: 0.0 for e in endpoints}
+        return {
+            address: (blocks - common) / (len(keys) - common) for address, blocks in matched.items()
+        }

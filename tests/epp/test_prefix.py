@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -53,6 +54,71 @@ def test_scorer_reads_what_its_index_learned() -> None:
     scorer.index.learn(first, a)
     second = make_request("abcdefgh----", request_id="r2")
     assert scorer.score(second, [a, b]) == {A: 2 / 3, B: 0.0}
+
+
+class FixedIndex:
+    """An index whose matches are given (the scorer's arithmetic under test)."""
+
+    def __init__(self, matches: dict[str, int], num_keys: int, min_match_blocks: int) -> None:
+        from epp.indexes.prefix_index import PrefixIndexParams
+
+        self.matches, self.num_keys = matches, num_keys
+        self.params = PrefixIndexParams(min_match_blocks=min_match_blocks)
+
+    def keys(self, request: object) -> list[int]:
+        return list(range(self.num_keys))
+
+    def match(self, keys: list[int], addresses: list[str]) -> dict[str, int]:
+        return {a: self.matches.get(a, 0) for a in addresses}
+
+
+@pytest.mark.parametrize(
+    ("case", "matches", "num_keys", "min_blocks", "expected"),
+    [
+        (
+            "a template's first block held by the busy half",
+            {A: 1, B: 1},
+            8,
+            2,
+            {A: 0, B: 0, "c:1": 0},
+        ),
+        ("a useful match on one endpoint", {A: 6}, 8, 2, {A: 6 / 8, B: 0, "c:1": 0}),
+        (
+            "blocks every candidate holds count for none",
+            {A: 5, B: 2, "c:1": 2},
+            8,
+            2,
+            {A: 3 / 6, B: 0, "c:1": 0},
+        ),
+        (
+            "all hold the whole prefix: load decides",
+            {A: 8, B: 8, "c:1": 8},
+            8,
+            2,
+            {A: 0, B: 0, "c:1": 0},
+        ),
+        (
+            "one distinguishing block is below the minimum",
+            {A: 3, B: 2, "c:1": 2},
+            8,
+            2,
+            {A: 0, B: 0, "c:1": 0},
+        ),
+        (
+            "a minimum of 1 lets one block count",
+            {A: 3, B: 2, "c:1": 2},
+            8,
+            1,
+            {A: 1 / 6, B: 0, "c:1": 0},
+        ),
+    ],
+)
+def test_prefix_scores_count_only_distinguishing_blocks(
+    case: str, matches: dict[str, int], num_keys: int, min_blocks: int, expected: dict[str, float]
+) -> None:
+    scorer = PrefixCacheScorer("prefix", FixedIndex(matches, num_keys, min_blocks))  # type: ignore[arg-type]
+    endpoints = [make_endpoint(a) for a in (A, B, "c:1")]
+    assert scorer.score(make_request("x"), endpoints) == pytest.approx(expected), case
 
 
 def chain(path: list[int]) -> list[int]:
