@@ -1,11 +1,12 @@
 """Paged attention in plain torch: KV written through a slot mapping, read through block tables.
 
-A step's tokens are flattened (``[tokens, heads, head_dim]``). Their sequences are split into
-groups that share a query length shape: one group of decodes (one query each) and one of
-prefill chunks (padded to the longest chunk). For each group the context of every sequence is
-gathered from the cache by the slots of *its own* positions ``0 .. context-1`` (padded to the
-longest context), so keys of other sequences and unwritten slots of a last block are never
-read; the mask is causal from each query's position and hides the padding.
+A step's tokens are flattened (``[tokens, heads, head_dim]``). Decodes (one query each) and
+prefill chunks (padded to the longest chunk) go in separate groups, each split further by
+context length so that little is padding. For each group the context of every sequence is
+gathered from the cache through *its own* block table, a whole block at a time (padded to the
+group's longest context): keys of other sequences are never read, and the additive mask,
+causal from each query's position, hides both the padding and the unwritten slots of a
+sequence's last block.
 """
 
 from __future__ import annotations
@@ -32,9 +33,8 @@ class SeqAttention:
 class AttentionGroup:
     query_index: torch.Tensor  # [batch, q_len] rows of the step's tokens (padded with row 0)
     context_blocks: torch.Tensor  # [batch * max_blocks] block tables (padded with block 0)
-    mask: (
-        torch.Tensor
-    )  # [batch, 1, q_len, max_blocks * block_size] 0 where a query attends, -inf not
+    # [batch, 1, q_len, max_blocks * block_size]: 0 where a query attends, -inf elsewhere
+    mask: torch.Tensor
     output_rows: torch.Tensor  # step rows of the valid queries, in query_index order
     valid: torch.Tensor | None  # [batch * q_len] which padded queries are real (None: all)
     in_step_order: bool  # output_rows is 0, 1, 2, ...
