@@ -20,11 +20,19 @@ from kvgate.wire.block_hash import hash_block as chained_hash
 from kvgate.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 
-def hash_block(parent: int | None, token_ids: list[int], extra: str | None, seed: int) -> int:
+def hash_block(
+    parent: int | None,
+    token_ids: list[int],
+    extra: str | None,
+    seed: int,
+    cache_salt: str | None = None,
+) -> int:
     """Chained hash of one full block (``kvgate.wire.block_hash``); ``parent`` is None for the
-    first block, whose chain starts at the ``seed``."""
+    first block, whose chain starts at the ``seed`` and takes the request's ``cache_salt`` (as
+    vLLM salts only the first block: the chain carries it to the rest)."""
     root = ROOT ^ seed if parent is None else parent
-    return chained_hash(root, token_bytes(token_ids) + extra_key(extra))
+    salt = b"\x00salt:" + cache_salt.encode() if cache_salt and parent is None else b""
+    return chained_hash(root, token_bytes(token_ids) + extra_key(extra) + salt)
 
 
 @dataclass(slots=True)
@@ -204,7 +212,7 @@ class BlockManager:
             index = len(hashes)
             parent = hashes[-1] if hashes else None
             tokens = seq.block_tokens(index, self.block_size)
-            hashes.append(hash_block(parent, tokens, seq.lora_name, self.hash_seed))
+            hashes.append(hash_block(parent, tokens, seq.lora_name, self.hash_seed, seq.cache_salt))
 
     def _cache_full_blocks(self, seq: Sequence, num_full_blocks: int) -> None:
         start = self._num_hashed_blocks.get(seq.seq_id, 0)

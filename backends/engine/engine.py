@@ -140,6 +140,7 @@ class AsyncEngine:
         lora_name: str | None = None,
         priority: int = 0,
         request_id: str = "",
+        cache_salt: str | None = None,
     ) -> RequestStream:
         """Queue a request; raises ValueError if it cannot fit in the model's context."""
         max_len = self.config.max_model_len
@@ -153,6 +154,7 @@ class AsyncEngine:
             prompt_token_ids,
             sampling,
             lora_name=lora_name,
+            cache_salt=cache_salt,
             priority=priority,
             request_id=request_id,
         )

@@ -71,6 +71,7 @@ class Sequence:
     prompt_token_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     lora_name: str | None = None
+    cache_salt: str | None = None  # only requests with the same salt share cached blocks
     priority: int = 0
     request_id: str = ""
     arrival_time: float = field(default_factory=time.monotonic)

@@ -79,6 +79,7 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
                     prompt,
                     req.sampling,
                     lora_name=lora,
+                    cache_salt=req.cache_salt,
                     priority=req.priority,
                     request_id=request_id,
                 )

@@ -39,6 +39,7 @@ class GenerationRequest:
     priority: int
     is_chat: bool
     return_token_ids: bool = False
+    cache_salt: str | None = None  # vLLM's: prefix-cache sharing only within one salt
 
 
 def _get_int(body: Mapping[str, object], key: str, default: int | None) -> int | None:
@@ -162,6 +163,8 @@ def parse_request(
     top_p = _get_float(body, "top_p", 1.0)
     seed = _get_int(body, "seed", None)
     ignore_eos = _get_bool(body, "ignore_eos")
+    stop_token_ids = _stop_token_ids(body)
+    logprobs = _wants_logprobs(body, is_chat)
     try:
         sampling = SamplingParams(
             max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
@@ -171,8 +174,8 @@ def parse_request(
             seed=seed,
             ignore_eos=ignore_eos,
             min_tokens=_get_int(body, "min_tokens", 0) or 0,
-            stop_token_ids=_stop_token_ids(body),
-            logprobs=_wants_logprobs(body, is_chat),
+            stop_token_ids=stop_token_ids,
+            logprobs=logprobs,
         )
     except ValueError as exc:
         raise RequestError(str(exc), str(exc).split(" ", 1)[0]) from exc
@@ -186,7 +189,17 @@ def parse_request(
         priority=_get_int(body, "priority", 0) or 0,
         is_chat=is_chat,
         return_token_ids=_get_bool(body, "return_token_ids"),
+        cache_salt=_cache_salt(body),
     )
+
+
+def _cache_salt(body: Mapping[str, object]) -> str | None:
+    value = body.get("cache_salt")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise RequestError("cache_salt must be a non-empty string", "cache_salt")
+    return value
 
 
 def _stop_token_ids(body: Mapping[str, object]) -> tuple[int, ...]:

@@ -56,6 +56,26 @@ def test_lora_name_is_part_of_the_hash(
     assert (admit(bm, make_seq(9, lora=second_lora)) > 0) is expect_hit
 
 
+@pytest.mark.parametrize(
+    ("first_salt", "second_salt", "expect_hit"),
+    [(None, None, True), ("s1", "s1", True), ("s1", "s2", False), (None, "s1", False)],
+)
+def test_cache_salt_keeps_prefixes_apart(
+    first_salt: str | None, second_salt: str | None, expect_hit: bool
+) -> None:
+    bm = BlockManager(8, 4)
+    first, second = make_seq(9), make_seq(9)
+    first.cache_salt, second.cache_salt = first_salt, second_salt
+    admit(bm, first)
+    assert (admit(bm, second) > 0) is expect_hit
+
+
+def test_only_the_first_block_takes_the_salt() -> None:
+    tokens = [1, 2, 3, 4]
+    assert hash_block(None, tokens, None, 0, "s") != hash_block(None, tokens, None, 0)
+    assert hash_block(7, tokens, None, 0, "s") == hash_block(7, tokens, None, 0)
+
+
 def test_freed_blocks_stay_cached_until_evicted_tail_first() -> None:
     bm = BlockManager(4, 4)
     seq = make_seq(13)  # 3 full blocks + 1 token -> 4 blocks, 3 cached

@@ -48,6 +48,12 @@ def test_prompt_forms(prompt: object, expected: list[list[int]]) -> None:
         ({"model": "m", "prompt": "x", "stream": "yes"}, "stream"),
         ({"model": "m", "prompt": "x", "stop": [1]}, "stop"),
         ({"model": "m", "prompt": "x", "stream_options": 3}, "stream_options"),
+        ({"model": "m", "prompt": "x", "cache_salt": ""}, "cache_salt"),
+        ({"model": "m", "prompt": "x", "cache_salt": 7}, "cache_salt"),
+        ({"model": "m", "prompt": "x", "top_k": -2}, "top_k"),
+        ({"model": "m", "prompt": "x", "min_tokens": 99}, "min_tokens"),
+        ({"model": "m", "prompt": "x", "stop_token_ids": ["a"]}, "stop_token_ids"),
+        ({"model": "m", "prompt": "x", "logprobs": 3}, "logprobs"),
     ],
 )
 def test_bad_completion_requests(body: object, param: str | None) -> None:

@@ -158,3 +158,19 @@ def test_bad_requests_get_openai_errors(backend_url: str, call, status: int) -> 
     assert err.value.status_code == status
     body = err.value.body
     assert isinstance(body, dict) and {"message", "type", "param", "code"} <= set(body)
+
+
+def test_cache_salt_separates_prefix_caches(backend_url: str) -> None:
+    api = client(backend_url)
+    prompt = "Salted prompts share cached blocks only within one salt. " * 8
+
+    def cached(salt: str) -> int:
+        result = api.completions.create(
+            model="kvgate-sim", prompt=prompt, max_tokens=1, extra_body={"cache_salt": salt}
+        )
+        assert result.usage is not None and result.usage.prompt_tokens_details is not None
+        return result.usage.prompt_tokens_details.cached_tokens or 0
+
+    assert cached("tenant-a") == 0
+    assert cached("tenant-a") > 0
+    assert cached("tenant-b") == 0
