@@ -75,11 +75,14 @@ class LoraRegistry:
         adapter = self._read(Path(path))
         with self._lock:
             self._cpu[name] = adapter
+            self._resident.pop(name, None)  # a reload replaces what was resident
 
     def unload(self, name: str) -> None:
+        """Forget ``name``: no new step can make it resident. A resident copy stays until the
+        LRU needs its slot, so that requests already running on it finish (the server takes
+        no new request for it)."""
         with self._lock:
             self._cpu.pop(name, None)
-            self._resident.pop(name, None)
 
     def batch(self, seqs: Sequence[SeqStep]) -> LoraBatch:
         """The step's adapters made resident, with the token rows of each."""

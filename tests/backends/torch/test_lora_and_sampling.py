@@ -110,6 +110,30 @@ async def test_at_most_max_loras_are_resident_and_the_least_recently_used_is_swa
     assert again == first  # swapped out and back in, the adapter computes the same
 
 
+async def test_a_request_running_on_an_adapter_finishes_after_it_is_unloaded(
+    model_folders: dict[str, Path], adapters: dict[str, Path], hf_models: dict[str, object]
+) -> None:
+    base = model_folders["llama"]
+    runner = make_runner(base, max_loras=1)
+    await runner.load_lora("attn", str(adapters["attn"]))
+    engine = make_engine(runner, max_loras=1)
+    prompt = list(range(60, 90))
+    engine.start()
+    try:
+        stream = engine.add_request(prompt, greedy(24), lora_name="attn")
+        tokens = await stream.next_tokens()
+        runner.unload_lora("attn")
+        while batch := await stream.next_tokens():
+            tokens += batch
+        (base_out,) = await collect(engine, [(prompt, greedy(8), None)])
+    finally:
+        await engine.stop()
+    assert tokens == hf_greedy(merged(base, adapters["attn"]), prompt, 24)
+    assert base_out == hf_greedy(hf_models["llama"], prompt, 8)
+    with pytest.raises(ValueError, match="not loaded"):  # never loaded here
+        runner.loras.batch([prefill(0, prompt, [40, 41], lora="mlp")])
+
+
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
