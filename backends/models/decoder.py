@@ -79,7 +79,11 @@ class Decoder:
         size = (cfg.hidden_size,)
         for n, layer in enumerate(w.layers):
             x = F.rms_norm(hidden, size, layer.input_norm, eps)
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            qkv = (
+                x @ layer.qkv
+                if layer.qkv_bias is None
+                else torch.addmm(layer.qkv_bias, x, layer.qkv)
+            )
             if lora is not None:
                 qkv = lora.add(n, "qkv", x, qkv)
             qk = apply_rope(
@@ -89,21 +93,21 @@ class Decoder:
             attended = paged_attention(
                 qk[:, :heads], qk[:, heads:], v, cache.layers[n], meta, self.scale, self.buffers
             )
-            out = F.linear(attended, layer.o_proj)
+            out = attended @ layer.o_proj
             if lora is not None:
                 out = lora.add(n, "o_proj", attended, out)
             hidden = hidden + out
             x = F.rms_norm(hidden, size, layer.post_norm, eps)
-            gate_up = F.linear(x, layer.gate_up)
+            gate_up = x @ layer.gate_up
             if lora is not None:
                 gate_up = lora.add(n, "gate_up", x, gate_up)
             gate, up = gate_up.chunk(2, dim=-1)
             act = F.silu(gate) * up
-            down = F.linear(act, layer.down)
+            down = act @ layer.down
             if lora is not None:
                 down = lora.add(n, "down", act, down)
             hidden = hidden + down
         return F.rms_norm(hidden, size, w.norm, eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.weights.lm_head)
+        return hidden @ self.weights.lm_head

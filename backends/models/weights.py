@@ -1,7 +1,9 @@
 """A decoder's weights: loaded from a local HF folder's safetensors, or random from a seed.
 
 Projections that read the same input are fused at load time (q/k/v into one matrix, gate/up
-into another) so a layer runs four matmuls. Every tensor is checked against the config: a
+into another) so a layer runs four matmuls, and every projection is stored transposed,
+``[in, out]`` and contiguous, for ``x @ W`` (the faster layout for MKL at decode batch sizes:
+docs/benchmarks.md, "Engine"). Every tensor is checked against the config: a
 missing tensor or a wrong shape fails at start with the file and tensor named.
 """
 
@@ -18,12 +20,12 @@ from backends.models.config import ModelConfig, ModelConfigError
 @dataclass(slots=True)
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
-    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    qkv: torch.Tensor  # [hidden, (heads + 2 * kv_heads) * head_dim]
     qkv_bias: torch.Tensor | None
-    o_proj: torch.Tensor  # [hidden, heads * head_dim]
+    o_proj: torch.Tensor  # [heads * head_dim, hidden]
     post_norm: torch.Tensor  # [hidden]
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor  # [hidden, intermediate]
+    gate_up: torch.Tensor  # [hidden, 2 * intermediate]
+    down: torch.Tensor  # [intermediate, hidden]
 
 
 @dataclass(slots=True)
@@ -31,7 +33,7 @@ class ModelWeights:
     embed: torch.Tensor  # [vocab, hidden]
     layers: list[LayerWeights]
     norm: torch.Tensor  # [hidden]
-    lm_head: torch.Tensor  # [vocab, hidden] (the embedding itself when tied)
+    lm_head: torch.Tensor  # [hidden, vocab] (a transposed copy of the embedding when tied)
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -131,16 +133,23 @@ def fuse(tensors: dict[str, torch.Tensor], config: ModelConfig) -> ModelWeights:
         layers.append(
             LayerWeights(
                 input_norm=tensors[p + "input_layernorm.weight"],
-                qkv=torch.cat([tensors[name + ".weight"] for name in qkv_names]).contiguous(),
+                qkv=_transposed(torch.cat([tensors[name + ".weight"] for name in qkv_names])),
                 qkv_bias=bias,
-                o_proj=tensors[p + "self_attn.o_proj.weight"],
+                o_proj=_transposed(tensors[p + "self_attn.o_proj.weight"]),
                 post_norm=tensors[p + "post_attention_layernorm.weight"],
-                gate_up=torch.cat(
-                    [tensors[p + "mlp.gate_proj.weight"], tensors[p + "mlp.up_proj.weight"]]
-                ).contiguous(),
-                down=tensors[p + "mlp.down_proj.weight"],
+                gate_up=_transposed(
+                    torch.cat(
+                        [tensors[p + "mlp.gate_proj.weight"], tensors[p + "mlp.up_proj.weight"]]
+                    )
+                ),
+                down=_transposed(tensors[p + "mlp.down_proj.weight"]),
             )
         )
     embed = tensors["model.embed_tokens.weight"]
     lm_head = embed if config.tie_word_embeddings else tensors["lm_head.weight"]
-    return ModelWeights(embed, layers, tensors["model.norm.weight"], lm_head)
+    return ModelWeights(embed, layers, tensors["model.norm.weight"], _transposed(lm_head))
+
+
+def _transposed(weight: torch.Tensor) -> torch.Tensor:
+    """An HF ``[out, in]`` weight as a contiguous ``[in, out]`` matrix."""
+    return weight.t().contiguous()
