@@ -27,6 +27,11 @@ class ModelRunner(Protocol):
         """Run one step; may take real (torch) or simulated (sleep) time."""
         ...
 
+    def is_alive(self) -> bool:
+        """False once the runner can compute no more steps (its engine process died): the
+        server's ``/health`` then fails, so that an orchestrator restarts it."""
+        ...
+
     def release(self, seq_id: int) -> None:
         """Forget any per-sequence state; called once when the sequence finishes or aborts."""
         ...

@@ -83,6 +83,9 @@ class ProcessRunner:
         output: StepOutput = await loop.run_in_executor(self._io, self._call, "step", step)
         return output
 
+    def is_alive(self) -> bool:
+        return self._process.is_alive()
+
     def release(self, seq_id: int) -> None:
         self._io.submit(self._call, "release", seq_id)
 

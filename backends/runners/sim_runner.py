@@ -98,6 +98,9 @@ class SimRunner:
         sample = self._sample
         return StepOutput([sample(seq) if seq.do_sample else None for seq in step.seqs])
 
+    def is_alive(self) -> bool:
+        return True
+
     def release(self, seq_id: int) -> None:
         self._seeds.pop(seq_id, None)
 

@@ -136,6 +136,9 @@ class TorchRunner:
                     logprobs[i] = lp
         return StepOutput(tokens, logprobs)
 
+    def is_alive(self) -> bool:
+        return True
+
     def release(self, seq_id: int) -> None:
         self.sampler.release(seq_id)
 

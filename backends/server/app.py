@@ -9,7 +9,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from backends.server import lora, openai_api, tokenize_api
-from backends.server.errors import error_middleware
+from backends.server.errors import error_middleware, error_response
 from backends.server.state import STATE, ServerState
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -30,6 +30,10 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
+    """200 while the engine can compute; 503 once its runner is dead (an engine process that
+    exited), as vLLM's ``/health`` fails when its engine core is gone."""
+    if not request.app[STATE].engine.runner.is_alive():
+        return error_response(503, "the model runner is not running", code="engine_dead")
     return web.Response()
 
 

@@ -202,3 +202,45 @@ def test_a_stream_carries_the_token_ids_and_logprobs_of_each_delta(
     assert streamed_logprobs == pytest.approx(whole.logprobs.token_logprobs)
     first = chunks[0].choices[0].model_extra
     assert first is not None and first["prompt_token_ids"] == whole.model_extra["prompt_token_ids"]
+
+
+def test_health_fails_once_the_engine_process_is_gone() -> None:
+    import os
+    import signal
+    import time
+    import urllib.request
+
+    from loadtest.harness.proc_stats import children
+
+    port = free_port()
+    args = (
+        "--preset",
+        "tiny",
+        "--kv-cache-memory",
+        "16MiB",
+        "--max-model-len",
+        "512",
+        "--engine-process",
+    )
+    with backend_process(port, *args, model=MODEL, runner="torch") as server:
+        assert server.proc is not None
+        url = f"http://127.0.0.1:{port}"
+        with urllib.request.urlopen(f"{url}/health", timeout=10) as response:
+            assert response.status == 200
+        engines = children(server.proc.pid)  # the engine (and multiprocessing's tracker)
+        assert engines, "the engine process runs as a child of the server"
+        for pid in engines:
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        reply = Reply(200, "")
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=10) as response:
+                    status = response.status
+            except urllib.error.HTTPError as exc:
+                status = exc.code
+                reply = Reply(status, exc.read().decode())
+            if status == 503:
+                break
+            time.sleep(0.2)
+        assert reply.status_code == 503 and "not running" in reply.text
