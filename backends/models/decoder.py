@@ -45,8 +45,7 @@ class KVCache:
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-        element = torch.empty((), dtype=dtype).element_size()
-        per_token = 2 * config.num_key_value_heads * config.head_dim * element
+        per_token = 2 * config.num_key_value_heads * config.head_dim * dtype.itemsize
         return per_token * block_size * config.num_hidden_layers
 
 

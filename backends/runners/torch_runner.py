@@ -97,9 +97,10 @@ class TorchRunner:
         positions: list[int] = []
         slots: list[int] = []
         attention: list[SeqAttention] = []
-        sample_rows: list[int] = []
+        sample_rows: list[int] = []  # the step row of each sampled token's logits
+        targets: list[int] = []  # the sequence each of them is for
         rows: list[SampleRow] = []
-        for seq in step.seqs:
+        for number, seq in enumerate(step.seqs):
             offset = len(input_ids)
             input_ids.extend(seq.input_ids)
             positions.extend(seq.positions)
@@ -109,6 +110,7 @@ class TorchRunner:
             )
             if seq.do_sample:
                 sample_rows.append(len(input_ids) - 1)
+                targets.append(number)
                 num_output = seq.num_context_tokens - len(seq.prompt_token_ids)
                 rows.append(SampleRow(seq.seq_id, seq.sampling, num_output))
         device = self.device
@@ -127,7 +129,6 @@ class TorchRunner:
         if sample_rows:
             logits = self.model.logits(hidden[torch.tensor(sample_rows, device=device)])
             chosen, chosen_logprobs = self.sampler.sample(logits, rows)
-            targets = [i for i, seq in enumerate(step.seqs) if seq.do_sample]
             for i, token in zip(targets, chosen, strict=True):
                 tokens[i] = token
             if chosen_logprobs is not None:

@@ -135,19 +135,19 @@ async def test_lora_requests_prefer_the_backend_running_the_adapter(
     assert gained[2] == sum(gained) and gained[2] > 0, gained
 
 
-async def test_precise_mode_learns_from_kv_events(
-    start_gateway: Callable[..., tuple[str, KvgateProcess]],
-) -> None:
-    """A prefix cached on a backend behind the gateway's back is found through KV events."""
-    with ExitStack() as stack:
-        addresses = []
-        for _ in range(3):
-            port, events = free_port(), free_port()
-            stack.enter_context(
-                backend_process(port, "--cost", "zero", "--kv-events-port", str(events))
-            )
-            addresses.append(f"{{address: 127.0.0.1:{port}, kv_events_port: {events}}}")
-        url, _ = start_gateway(f"""
+async def precise_gateway(
+    stack: ExitStack, start_gateway: Callable[..., tuple[str, KvgateProcess]], count: int
+) -> tuple[str, list[str]]:
+    """``count`` zero-cost backends publishing KV events, behind a gateway whose picker runs
+    precise prefix mode (prefix x3, queue x1); returns its URL and the backends' addresses."""
+    addresses = []
+    for _ in range(count):
+        port, events = free_port(), free_port()
+        stack.enter_context(
+            backend_process(port, "--cost", "zero", "--kv-events-port", str(events))
+        )
+        addresses.append(f"{{address: 127.0.0.1:{port}, kv_events_port: {events}}}")
+    url, _ = start_gateway(f"""
 pools: {{p: {{endpoints: [{", ".join(addresses)}]}}}}
 routes: [{{model: kvgate-sim, pool: p}}]
 epp:
@@ -157,8 +157,16 @@ epp:
     - {{name: pick, type: max-score-picker}}
   profiles: [{{name: default, plugins: [{{ref: prefix, weight: 3}}, {{ref: queue, weight: 1}}, {{ref: pick}}]}}]
 """)
-        backends = [a.split("address: ")[1].split(",")[0] for a in addresses]
-        await asyncio.sleep(0.5)  # let the subscriptions connect
+    await asyncio.sleep(0.5)  # let the subscriptions connect
+    return url, [a.split("address: ")[1].split(",")[0] for a in addresses]
+
+
+async def test_precise_mode_learns_from_kv_events(
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+) -> None:
+    """A prefix cached on a backend behind the gateway's back is found through KV events."""
+    with ExitStack() as stack:
+        url, backends = await precise_gateway(stack, start_gateway, 3)
         async with aiohttp.ClientSession() as session:
             for i, backend in enumerate(backends):
                 prompt = f"{i} {PREFIX}"
@@ -182,25 +190,7 @@ async def test_precise_mode_spreads_distinct_chats_that_share_only_the_template(
     time to 6 idle backends: that sliver (which every backend that served anything holds)
     must not pull them all onto the first backends used (issue 19, defect 1)."""
     with ExitStack() as stack:
-        addresses = []
-        for _ in range(6):
-            port, events = free_port(), free_port()
-            stack.enter_context(
-                backend_process(port, "--cost", "zero", "--kv-events-port", str(events))
-            )
-            addresses.append(f"{{address: 127.0.0.1:{port}, kv_events_port: {events}}}")
-        url, _ = start_gateway(f"""
-pools: {{p: {{endpoints: [{", ".join(addresses)}]}}}}
-routes: [{{model: kvgate-sim, pool: p}}]
-epp:
-  plugins:
-    - {{name: prefix, type: prefix-cache-scorer, params: {{mode: precise, block_size_tokens: 16}}}}
-    - {{name: queue, type: queue-scorer}}
-    - {{name: pick, type: max-score-picker}}
-  profiles: [{{name: default, plugins: [{{ref: prefix, weight: 3}}, {{ref: queue, weight: 1}}, {{ref: pick}}]}}]
-""")
-        backends = [a.split("address: ")[1].split(",")[0] for a in addresses]
-        await asyncio.sleep(0.5)  # let the subscriptions connect
+        url, backends = await precise_gateway(stack, start_gateway, 6)
         before = [value(f"http://{b}", "vllm:prompt_tokens_total") for b in backends]
         async with aiohttp.ClientSession() as session:
             for i in range(18):
