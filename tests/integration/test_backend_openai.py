@@ -1,102 +1,166 @@
-"""The reference backend driven by the official openai client, as a user would."""
+"""The reference backend driven by the official openai client, as a user would: the same
+tests against the simulated runner and against the torch runner on a transformers-saved
+Llama with a locally trained BPE tokenizer (real subprocesses on loopback)."""
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import openai
 import pytest
 
+from loadtest.harness.processes import backend_process, free_port
 from tests.integration.metrics_util import scrape, value
 
 LONG_PROMPT = "The quarterly logistics report covers parcels, pallets and containers. " * 30
+MAX_MODEL_LEN = 4096
 
 
-def client(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=30)
+@dataclass(frozen=True)
+class Served:
+    url: str
+    model: str
+    num_blocks: int
+
+    def tokens(self, prompt: str) -> list[int]:
+        """The prompt's token ids, from the server's own ``/tokenize``."""
+        body = json.dumps({"prompt": prompt}).encode()
+        request = urllib.request.Request(
+            f"{self.url}/tokenize", body, {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            tokens = json.loads(response.read())["tokens"]
+        assert isinstance(tokens, list)
+        return tokens
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
-def test_completion_and_usage(backend_url: str) -> None:
-    result = client(backend_url).completions.create(
-        model="kvgate-sim", prompt="Hello", max_tokens=5
+def _torch_model(folder: Path) -> list[str]:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tests.vllm.tiny_model import build_model, build_tokenizer
+
+    build_tokenizer(folder)
+    build_model(folder)
+    return ["--model-path", str(folder), "--kv-cache-memory", "16MiB"]
+
+
+@pytest.fixture(scope="module", params=["sim", "torch"])
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
+    runner = str(request.param)
+    common = ["--max-model-len", str(MAX_MODEL_LEN), "--max-loras", "2"]
+    if runner == "sim":
+        args, model = ["--num-blocks", "512"], "kvgate-sim"
+    else:
+        args, model = _torch_model(tmp_path_factory.mktemp("llama")), "tiny-llama"
+    port = free_port()
+    with backend_process(port, *args, *common, model=model, runner=runner):
+        url = f"http://127.0.0.1:{port}"
+        info = scrape(url)["vllm:cache_config_info"][0]
+        yield Served(url, model, int(info.labels["num_gpu_blocks"]))
+
+
+def test_completion_and_usage(served: Served) -> None:
+    result = served.client().completions.create(
+        model=served.model,
+        prompt="Hello",
+        max_tokens=5,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
     )
+    choice = result.choices[0]
     assert result.object == "text_completion"
-    assert result.choices[0].finish_reason == "length"
-    assert len(result.choices[0].text) == 5  # one byte token per character
+    assert choice.finish_reason == "length"
+    assert choice.model_extra is not None and len(choice.model_extra["token_ids"]) == 5
+    assert choice.model_extra["prompt_token_ids"] == served.tokens("Hello")
     assert result.usage is not None
-    assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (5, 5)
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (
+        len(served.tokens("Hello")),
+        5,
+    )
 
 
-def test_completion_batch_of_prompts(backend_url: str) -> None:
-    result = client(backend_url).completions.create(
-        model="kvgate-sim", prompt=["one", "two", "three"], max_tokens=3
+def test_completion_batch_of_prompts(served: Served) -> None:
+    result = served.client().completions.create(
+        model=served.model,
+        prompt=["one", "two", "three"],
+        max_tokens=3,
+        extra_body={"ignore_eos": True},
     )
     assert sorted(c.index for c in result.choices) == [0, 1, 2]
     assert result.usage is not None and result.usage.completion_tokens == 9
 
 
-def test_streamed_completion_with_usage(backend_url: str) -> None:
+def test_streamed_completion_with_usage_is_the_whole_completion(served: Served) -> None:
+    api = served.client()
+    kwargs = {"model": served.model, "prompt": "Stream me", "max_tokens": 8, "temperature": 0}
+    extra = {"ignore_eos": True}
     chunks = list(
-        client(backend_url).completions.create(
-            model="kvgate-sim",
-            prompt="Stream me",
-            max_tokens=8,
-            stream=True,
-            stream_options={"include_usage": True},
+        api.completions.create(  # type: ignore[call-overload]
+            **kwargs, stream=True, stream_options={"include_usage": True}, extra_body=extra
         )
     )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
-    assert len(text) == 8
+    whole = api.completions.create(**kwargs, extra_body=extra)  # type: ignore[call-overload]
+    assert text == whole.choices[0].text
     assert chunks[-2].choices[0].finish_reason == "length"
     usage = chunks[-1].usage
     assert usage is not None and usage.completion_tokens == 8 and chunks[-1].choices == []
 
 
-def test_chat_stream_and_determinism(backend_url: str) -> None:
+def test_chat_stream_and_determinism(served: Served) -> None:
     messages = [{"role": "user", "content": "Tell me a story"}]
-    api = client(backend_url)
-    stream = api.chat.completions.create(
-        model="kvgate-sim",
-        messages=messages,
-        max_tokens=10,
-        stream=True,  # type: ignore[arg-type]
-    )
-    chunks = list(stream)
+    api = served.client()
+    kwargs = {"model": served.model, "messages": messages, "max_tokens": 10, "temperature": 0}
+    chunks = list(api.chat.completions.create(stream=True, **kwargs))  # type: ignore[call-overload]
     assert chunks[0].choices[0].delta.role == "assistant"
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    whole = api.chat.completions.create(model="kvgate-sim", messages=messages, max_tokens=10)  # type: ignore[arg-type]
+    whole = api.chat.completions.create(**kwargs)  # type: ignore[call-overload]
     assert whole.choices[0].message.content == streamed
     assert whole.object == "chat.completion"
 
 
-def test_stop_string_ends_generation(backend_url: str) -> None:
-    api = client(backend_url)
-    full = api.completions.create(model="kvgate-sim", prompt="stop test", max_tokens=40)
+def test_stop_string_ends_generation(served: Served) -> None:
+    api = served.client()
+    # a seeded sample: varied text to cut, the same each time
+    kwargs = {"model": served.model, "prompt": "stop test", "max_tokens": 40, "seed": 3}
+    extra = {"ignore_eos": True}
+    full = api.completions.create(**kwargs, extra_body=extra)  # type: ignore[call-overload]
     text = full.choices[0].text
     stop = text[10:13]
-    cut = api.completions.create(model="kvgate-sim", prompt="stop test", max_tokens=40, stop=[stop])
+    assert "\ufffd" not in stop and len(stop) == 3
+    cut = api.completions.create(**kwargs, stop=[stop], extra_body=extra)  # type: ignore[call-overload]
     assert cut.choices[0].text == text[: text.find(stop)]
     assert cut.choices[0].finish_reason == "stop"
 
 
-def test_models_list(backend_url: str) -> None:
-    models = client(backend_url).models.list()
-    assert models.data[0].id == "kvgate-sim"
+def test_models_list(served: Served) -> None:
+    models = served.client().models.list()
+    assert models.data[0].id == served.model
 
 
-def test_repeated_prompt_hits_the_prefix_cache(backend_url: str) -> None:
-    api = client(backend_url)
-    hits_before = value(backend_url, "vllm:prefix_cache_hits_total")
+def test_repeated_prompt_hits_the_prefix_cache(served: Served) -> None:
+    api = served.client()
+    hits_before = value(served.url, "vllm:prefix_cache_hits_total")
     timings = []
     usages = []
     for _ in range(2):
         start = time.perf_counter()
         stream = api.completions.create(
-            model="kvgate-sim",
+            model=served.model,
             prompt=LONG_PROMPT,
             max_tokens=2,
             stream=True,
             stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
         )
         first = None
         for chunk in stream:
@@ -105,21 +169,22 @@ def test_repeated_prompt_hits_the_prefix_cache(backend_url: str) -> None:
             if chunk.usage:
                 usages.append(chunk.usage)
         timings.append(first)
-    prompt_len = len(LONG_PROMPT)
+    prompt_len = len(served.tokens(LONG_PROMPT))
+    assert usages[0].prompt_tokens == prompt_len
     assert usages[0].prompt_tokens_details.cached_tokens == 0
     assert usages[1].prompt_tokens_details.cached_tokens == (prompt_len - 1) // 16 * 16
     assert (
-        value(backend_url, "vllm:prefix_cache_hits_total") - hits_before
+        value(served.url, "vllm:prefix_cache_hits_total") - hits_before
         == (prompt_len - 1) // 16 * 16
     )
-    # ~2,100 uncached prompt tokens cost ~105 ms in the default cost model; cached ones ~nothing.
+    # the cached prompt skips its prefill (sim: the cost model's; torch: the real forward pass)
     assert timings[1] is not None and timings[0] is not None
     assert timings[1] < timings[0] / 2
 
 
-def test_metrics_have_vllm_names_and_labels(backend_url: str) -> None:
-    client(backend_url).completions.create(model="kvgate-sim", prompt="metrics", max_tokens=2)
-    samples = scrape(backend_url)
+def test_metrics_have_vllm_names_and_labels(served: Served) -> None:
+    served.client().completions.create(model=served.model, prompt="metrics", max_tokens=2)
+    samples = scrape(served.url)
     for name in (
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
@@ -135,38 +200,49 @@ def test_metrics_have_vllm_names_and_labels(backend_url: str) -> None:
         "vllm:request_success_total",
     ):
         assert name in samples, name
-        assert samples[name][0].labels.get("model_name") == "kvgate-sim"
+        assert samples[name][0].labels.get("model_name") == served.model
         assert samples[name][0].labels.get("engine") == "0"
     info = samples["vllm:cache_config_info"][0]
-    assert info.labels["block_size"] == "16" and info.labels["num_gpu_blocks"] == "512"
-    assert samples["vllm:generation_tokens_total"][0].value >= 2
+    assert info.labels["block_size"] == "16"
+    # torch: 16 MiB over 16 tokens x K and V x 1 KV head of 64 floats x 2 layers per block
+    expected_blocks = 512 if served.model == "kvgate-sim" else 16 * 2**20 // (16 * 2 * 64 * 4 * 2)
+    assert info.labels["num_gpu_blocks"] == str(expected_blocks)
+    assert samples["vllm:generation_tokens_total"][0].value >= 1
 
 
 @pytest.mark.parametrize(
     ("call", "status"),
     [
-        (lambda api: api.completions.create(model="nope", prompt="x"), 404),
-        (lambda api: api.completions.create(model="kvgate-sim", prompt="x", max_tokens=0), 400),
-        (lambda api: api.completions.create(model="kvgate-sim", prompt="x" * 9000), 400),
-        (lambda api: api.completions.create(model="kvgate-sim", prompt="x", max_tokens=9000), 400),
-        (lambda api: api.chat.completions.create(model="kvgate-sim", messages=[]), 400),
+        (lambda api, model: api.completions.create(model="nope", prompt="x"), 404),
+        (lambda api, model: api.completions.create(model=model, prompt="x", max_tokens=0), 400),
+        (
+            lambda api, model: api.completions.create(model=model, prompt="x " * MAX_MODEL_LEN),
+            400,
+        ),
+        (
+            lambda api, model: api.completions.create(
+                model=model, prompt="x", max_tokens=MAX_MODEL_LEN + 1
+            ),
+            400,
+        ),
+        (lambda api, model: api.chat.completions.create(model=model, messages=[]), 400),
     ],
 )
-def test_bad_requests_get_openai_errors(backend_url: str, call, status: int) -> None:  # type: ignore[no-untyped-def]
+def test_bad_requests_get_openai_errors(served: Served, call, status: int) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(openai.APIStatusError) as err:
-        call(client(backend_url))
+        call(served.client(), served.model)
     assert err.value.status_code == status
     body = err.value.body
     assert isinstance(body, dict) and {"message", "type", "param", "code"} <= set(body)
 
 
-def test_cache_salt_separates_prefix_caches(backend_url: str) -> None:
-    api = client(backend_url)
+def test_cache_salt_separates_prefix_caches(served: Served) -> None:
+    api = served.client()
     prompt = "Salted prompts share cached blocks only within one salt. " * 8
 
     def cached(salt: str) -> int:
         result = api.completions.create(
-            model="kvgate-sim", prompt=prompt, max_tokens=1, extra_body={"cache_salt": salt}
+            model=served.model, prompt=prompt, max_tokens=1, extra_body={"cache_salt": salt}
         )
         assert result.usage is not None and result.usage.prompt_tokens_details is not None
         return result.usage.prompt_tokens_details.cached_tokens or 0

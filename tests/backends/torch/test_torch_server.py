@@ -123,24 +123,6 @@ def test_logprobs_of_the_chosen_tokens_and_a_stop_string(served: tuple[str, Path
     assert cut.choices[0].finish_reason == "stop"
 
 
-def test_a_repeated_long_prompt_is_served_from_the_prefix_cache(
-    served: tuple[str, Path, Path],
-) -> None:
-    url, _, _ = served
-    prompt = "the depot order of the driver address " * 20
-    usages = [
-        api(url).completions.create(model=MODEL, prompt=prompt, max_tokens=1).usage
-        for _ in range(2)
-    ]
-    assert usages[0] is not None and usages[1] is not None
-    assert (
-        usages[0].prompt_tokens_details is not None and usages[1].prompt_tokens_details is not None
-    )
-    assert usages[0].prompt_tokens_details.cached_tokens == 0
-    assert usages[1].prompt_tokens_details.cached_tokens == (usages[1].prompt_tokens - 1) // 16 * 16
-    assert scrape(url)["vllm:prefix_cache_hits_total"][0].value > 0
-
-
 def test_lora_adapters_load_serve_and_unload_and_a_broken_one_is_refused(
     served: tuple[str, Path, Path], tmp_path: Path
 ) -> None:
