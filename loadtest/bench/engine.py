@@ -9,10 +9,11 @@ the same run, in interleaved rounds (kvgate, vLLM, kvgate, vLLM, ...):
 - vLLM's CPU build on the same folder (its own venv, made by ``tests/vllm/prepare.sh``);
 
 then, each in a process of its own: HF ``generate`` one request at a time and in static
-batches of 8, HF's continuous batching (``generate_batch``), and a bare torch matmul loop (the
-physical limit). Then TTFT over a shared 1,024-token prefix, cold against cached, on both
-servers, and kvgate's RSS over ``--rss-requests`` short requests. Figures go to stdout as
-Markdown and to ``build/bench-engine.json``.
+batches of 8, HF's continuous batching (``generate_batch``), a bare torch matmul loop (the
+physical limit), and the same workload computed by the least eager torch can do (the
+plain-torch ceiling, ``loadtest.bench.torch_floor``). Then TTFT over a shared 1,024-token
+prefix, cold against cached, on both servers, and kvgate's RSS over ``--rss-requests`` short
+requests. Figures go to stdout as Markdown and to ``build/bench-engine.json``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import uuid
 from pathlib import Path
 
 from loadtest.bench.engine_load import make_prompts, run_round, shared_prefix_ttft
+from loadtest.bench.engine_report import report
 from loadtest.harness.proc_stats import rss_mb
 from loadtest.harness.processes import KvgateProcess, backend_process, free_port
 from loadtest.harness.vllm import VllmServer
@@ -35,7 +37,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate"))
 MODEL_NAME = "bench-llama"
 VOCAB = 1024
-PARAMETERS = 5_246_208  # of the bench shape: 2 x params FLOP per generated token
 
 
 def build_model() -> Path:
@@ -206,10 +207,10 @@ def main() -> int:
         if vllm is not None:
             vllm.stop()
     peers: dict[str, dict[str, float]] = {}
+    prompts_file = ROOT / "build" / "bench-engine-prompts.json"  # round 0's, for the peers
+    prompts_file.parent.mkdir(exist_ok=True)
+    prompts_file.write_text(json.dumps(make_prompts(args.requests, 32, 512, VOCAB, seed=0)))
     if not args.no_hf:
-        prompts_file = ROOT / "build" / "bench-engine-prompts.json"
-        prompts_file.parent.mkdir(exist_ok=True)
-        prompts_file.write_text(json.dumps(make_prompts(args.requests, 32, 512, VOCAB, seed=0)))
         for mode in ("sequential", "static8", "continuous"):
             peers[f"hf_{mode}"] = child_json(
                 [
@@ -223,54 +224,14 @@ def main() -> int:
             print(f"HF {mode}: {peers[f'hf_{mode}']['tokens_per_s']:.0f} output tok/s", flush=True)
     results["hf"] = peers
     results["matmul_floor"] = child_json(["loadtest.bench.matmul_floor", "256", "768"])
+    results["torch_floor"] = child_json(
+        ["loadtest.bench.torch_floor", str(model), str(prompts_file), str(args.output_tokens)]
+    )
     report(results)
     out = ROOT / "build" / "bench-engine.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     return 0
-
-
-def best(values: list[dict[str, float]], key: str) -> float:
-    return max(v[key] for v in values)
-
-
-def report(results: dict[str, object]) -> None:
-    rounds = results["rounds"]
-    assert isinstance(rounds, dict)
-    hf = results["hf"]
-    assert isinstance(hf, dict)
-    floor = results["matmul_floor"]
-    assert isinstance(floor, dict)
-    kv = [r["tokens_per_s"] for r in rounds["kvgate"]]
-    print("\n| engine | output tok/s (per round) | median | kvgate / it |")
-    print("|---|---|---:|---:|")
-    med = sorted(kv)[len(kv) // 2]
-    print(f"| kvgate (torch runner) | {', '.join(f'{v:.0f}' for v in kv)} | {med:.0f} | 1.00 |")
-    for name, label in (("kvgate-process", "kvgate, --engine-process"), ("vllm", "vLLM CPU")):
-        if name not in rounds:
-            continue
-        vl = [r["tokens_per_s"] for r in rounds[name]]
-        vmed = sorted(vl)[len(vl) // 2]
-        print(f"| {label} | {', '.join(f'{v:.0f}' for v in vl)} | {vmed:.0f} | {med / vmed:.2f} |")
-    for name, value in hf.items():
-        print(
-            f"| {name} | {value['tokens_per_s']:.0f} | {value['tokens_per_s']:.0f} | "
-            f"{med / value['tokens_per_s']:.2f} |"
-        )
-    achieved = 2 * PARAMETERS * med / 1e9
-    print(
-        f"\nmatmul floor: {floor['square_1024_gflops']:.0f} GFLOP/s (1024^3), "
-        f"{floor['decode16_mlp_gflops']:.0f} GFLOP/s (decode-shaped, batch 16); kvgate's "
-        f"weights-only FLOP/s at {med:.0f} tok/s: {achieved:.1f} GFLOP/s = "
-        f"{achieved / floor['decode16_mlp_gflops']:.1%} of the decode-shaped floor"
-    )
-    shared = results.get("shared_prefix")
-    if isinstance(shared, dict):
-        for name, value in shared.items():
-            print(
-                f"shared prefix, {name}: TTFT cold {value['cold_ms']:.0f} ms, cached "
-                f"{value['warm_ms']:.0f} ms ({value['cold_ms'] / value['warm_ms']:.1f}x)"
-            )
 
 
 if __name__ == "__main__":

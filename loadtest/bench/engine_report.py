@@ -1,0 +1,64 @@
+"""The engine benchmark's Markdown summary of ``build/bench-engine.json``'s results."""
+
+from __future__ import annotations
+
+PARAMETERS = 5_246_208  # of the bench shape: 2 x params FLOP per generated token
+
+
+def best(values: list[dict[str, float]], key: str) -> float:
+    return max(v[key] for v in values)
+
+
+def report(results: dict[str, object]) -> None:
+    rounds = results["rounds"]
+    assert isinstance(rounds, dict)
+    hf = results["hf"]
+    assert isinstance(hf, dict)
+    floor = results["matmul_floor"]
+    assert isinstance(floor, dict)
+    kv = [r["tokens_per_s"] for r in rounds["kvgate"]]
+    print("\n| engine | output tok/s (per round) | median | kvgate / it |")
+    print("|---|---|---:|---:|")
+    med = sorted(kv)[len(kv) // 2]
+    print(f"| kvgate (torch runner) | {', '.join(f'{v:.0f}' for v in kv)} | {med:.0f} | 1.00 |")
+    for name, label in (("kvgate-process", "kvgate, --engine-process"), ("vllm", "vLLM CPU")):
+        if name not in rounds:
+            continue
+        vl = [r["tokens_per_s"] for r in rounds[name]]
+        vmed = sorted(vl)[len(vl) // 2]
+        print(f"| {label} | {', '.join(f'{v:.0f}' for v in vl)} | {vmed:.0f} | {med / vmed:.2f} |")
+    for name, value in hf.items():
+        print(
+            f"| {name} | {value['tokens_per_s']:.0f} | {value['tokens_per_s']:.0f} | "
+            f"{med / value['tokens_per_s']:.2f} |"
+        )
+    achieved = 2 * PARAMETERS * med / 1e9
+    print(
+        f"\nmatmul floor: {floor['square_1024_gflops']:.0f} GFLOP/s (1024^3), "
+        f"{floor['decode16_mlp_gflops']:.0f} GFLOP/s (decode-shaped, batch 16); kvgate's "
+        f"weights-only FLOP/s at {med:.0f} tok/s: {achieved:.1f} GFLOP/s = "
+        f"{achieved / floor['decode16_mlp_gflops']:.1%} of the decode-shaped floor"
+    )
+    ceiling = results.get("torch_floor")
+    if isinstance(ceiling, dict):
+        sequential = hf.get("hf_sequential", {}).get("tokens_per_s")
+        versus = (
+            f" = {ceiling['ceiling_tokens_per_s'] / sequential:.1f}x HF sequential"
+            if sequential
+            else ""
+        )
+        print(
+            f"plain-torch ceiling of this workload: {ceiling['ceiling_tokens_per_s']:.0f} tok/s"
+            f"{versus} (decode step of {ceiling['batch']} at context "
+            f"{ceiling['mean_decode_context']}: {ceiling['decode_step_ms']:.2f} ms, "
+            f"{ceiling['decode_step_without_attention_ms']:.2f} ms without attention; prefill "
+            f"{ceiling['prefill_tokens_per_s']:.0f} tok/s); kvgate reaches "
+            f"{med / ceiling['ceiling_tokens_per_s']:.0%} of it"
+        )
+    shared = results.get("shared_prefix")
+    if isinstance(shared, dict):
+        for name, value in shared.items():
+            print(
+                f"shared prefix, {name}: TTFT cold {value['cold_ms']:.0f} ms, cached "
+                f"{value['warm_ms']:.0f} ms ({value['cold_ms'] / value['warm_ms']:.1f}x)"
+            )
