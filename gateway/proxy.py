@@ -26,6 +26,7 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
+from gateway.forwarded import forwarded_chain
 from gateway.keys import ADMISSION, METRICS, RUNTIME, SHADOW
 from gateway.metrics import GatewayMetrics
 from gateway.relay import body_response, read_body, relay_stream
@@ -200,7 +201,13 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
         add_usage = ctx.stream and not forward.client_wants_usage
         if pool.model or add_usage:
             payload = _payload(payload, forward.pick.body, pool, ctx.model, add_usage)
-        headers = upstream_headers(request.raw_headers, ctx.request_id, pool)
+        client_headers = request.headers
+        forwarded = runtime.client_address.upstream_lines(
+            request.peer,
+            forwarded_chain(client_headers),
+            client_headers.get("x-forwarded-proto"),
+        )
+        headers = upstream_headers(request.raw_headers, ctx.request_id, pool, forwarded)
         attempt = await open_upstream(
             runtime.calls[pool.name], ctx, pool, forward.path, payload, headers, forward.pick
         )

@@ -21,6 +21,7 @@ from opentelemetry.propagate import extract
 from opentelemetry.trace import Span, Tracer
 
 from gateway.context import RequestContext
+from gateway.forwarded import ClientAddress, forwarded_chain
 from kvgate.wire.http.messages import Request
 from kvgate.wire.request_id import new_request_id
 
@@ -62,8 +63,9 @@ def end_server_span(started: ServerSpan, ctx: RequestContext) -> None:
     context.detach(token)
 
 
-def log_access(request: Request, ctx: RequestContext) -> None:
-    """One JSON line per request, at INFO on ``kvgate.access``."""
+def log_access(request: Request, ctx: RequestContext, clients: ClientAddress) -> None:
+    """One JSON line per request, at INFO on ``kvgate.access``; ``client`` is the address
+    ``clients`` resolves (the peer, or through trusted proxies ``X-Forwarded-For``'s)."""
     if not access_log.isEnabledFor(logging.INFO):
         return
     access_log.info(
@@ -71,6 +73,7 @@ def log_access(request: Request, ctx: RequestContext) -> None:
             {
                 "ts": round(time.time(), 3),
                 "request_id": ctx.request_id,
+                "client": clients.client(request.peer, forwarded_chain(request.headers)),
                 "method": request.method,
                 "path": ctx.route,
                 "status": ctx.status,

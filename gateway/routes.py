@@ -171,11 +171,12 @@ async def handle(request: Request) -> AnyResponse:
 
 def _finish(request: Request, ctx: RequestContext) -> None:
     """Count and log the finished request (probes and scrapes are not)."""
-    observability = request.app[RUNTIME].current.policy.observability
+    runtime = request.app[RUNTIME].current
+    observability = runtime.policy.observability
     path = request.path
     if path in QUIET_PATHS or path == observability.metrics_path:
         return
     ctx.elapsed = time.perf_counter() - ctx.start
     request.app[METRICS].finished(ctx)
     if observability.access_log == "json":
-        log_access(request, ctx)
+        log_access(request, ctx, runtime.client_address)

@@ -24,6 +24,7 @@ from gateway.endpoint_picker import (
     LeastInFlightPicker,
     endpoint_states,
 )
+from gateway.forwarded import ClientAddress
 from gateway.limits.limiter import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.upstream import UpstreamCall
@@ -43,6 +44,7 @@ class Runtime:
     budgets: dict[str, RetryBudget]
     embedded: EmbeddedEpp | None
     calls: dict[str, UpstreamCall]  # per pool: what sending to it needs
+    client_address: ClientAddress
     loaded_at: float = field(default_factory=time.time)
 
 
@@ -130,7 +132,15 @@ def build_runtime(
         for name in policy.pools
     }
     return Runtime(
-        policy, Authenticator(policy), endpoints, chosen, limiter, budgets, embedded, calls
+        policy,
+        Authenticator(policy),
+        endpoints,
+        chosen,
+        limiter,
+        budgets,
+        embedded,
+        calls,
+        ClientAddress(policy.listen.trusted_proxies),
     )
 
 

@@ -40,9 +40,14 @@ HOP_BY_HOP = frozenset(
     }
 )
 # Never forwarded upstream: hop-by-hop headers, the body framing the pool sets itself, the
-# client's gateway credentials, and compression (the gateway must read the stream; a request
-# body is forwarded decoded).
+# client's gateway credentials, compression (the gateway must read the stream; a request body
+# is forwarded decoded), and what the gateway's own server answered (``Expect``: it sent the
+# 100 Continue itself and has the whole body; an upgrade it did not perform).
 DROP_REQUEST_HEADERS = HOP_BY_HOP | {
+    "expect",
+    "http2-settings",
+    "x-forwarded-for",  # replaced: the chain with this hop's peer appended
+    "x-forwarded-proto",
     "host",
     "content-length",
     "content-encoding",
@@ -93,11 +98,16 @@ _FORWARDED = HeaderFilter(DROP_REQUEST_HEADERS | {"content-type"})  # the gatewa
 _RETURNED = HeaderFilter(DROP_RESPONSE_HEADERS)
 
 
-def upstream_headers(client: list[tuple[bytes, bytes]], request_id: str, pool: Pool) -> bytes:
+def upstream_headers(
+    client: list[tuple[bytes, bytes]], request_id: str, pool: Pool, forwarded: bytes = b""
+) -> bytes:
     """The header lines sent upstream: the client's (as sent, less ``DROP_REQUEST_HEADERS``),
-    the request id, the content type and the pool's own credentials."""
+    ``forwarded`` (the ``X-Forwarded-*`` lines), the request id, the content type and the
+    pool's own credentials."""
     lines: list[bytes] = []
     _FORWARDED.lines(client, lines)
+    if forwarded:
+        lines.append(forwarded)
     lines.append(header_line(b"x-request-id", request_id))
     lines.append(_JSON)
     if pool.api_key:

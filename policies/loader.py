@@ -6,6 +6,7 @@ the field path and, where known, the YAML line: ``routes[2].pool (line 14): unkn
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 
@@ -113,6 +114,7 @@ def _listen(top: Fields) -> Listen:
             "shutdown_grace",
             "header_timeout",
             "body_timeout",
+            "trusted_proxies",
             "admin",
             "ready_with_dead_pools",
         },
@@ -126,6 +128,12 @@ def _listen(top: Fields) -> Listen:
         admin = Admin(
             a.text("host", "127.0.0.1"), a.integer("port", 8081, low=0, high=65535), token
         )
+    trusted = f.str_list("trusted_proxies") or ()
+    for number, value in enumerate(trusted):
+        try:
+            ipaddress.ip_network(value.strip(), strict=False)
+        except ValueError:
+            f.error(f"listen.trusted_proxies[{number}]", f"{value!r} is not an address or network")
     d = Listen()
     return Listen(
         host=f.text("host", d.host),
@@ -136,6 +144,7 @@ def _listen(top: Fields) -> Listen:
         shutdown_grace=f.duration("shutdown_grace", d.shutdown_grace),
         header_timeout=f.duration("header_timeout", d.header_timeout),
         body_timeout=f.duration("body_timeout", d.body_timeout),
+        trusted_proxies=trusted,
         admin=admin,
         ready_with_dead_pools=f.flag("ready_with_dead_pools", d.ready_with_dead_pools),
     )

@@ -50,6 +50,9 @@ class Listen:
     shutdown_grace: float = 30.0  # seconds in-flight streams may finish after SIGTERM
     header_timeout: float = 30.0  # seconds a client may take to send a request's head (408)
     body_timeout: float = 60.0  # seconds a client may take to send a request's body (408)
+    # proxies whose X-Forwarded-For is believed (addresses or CIDR networks): the client address
+    # in logs is then the chain's last untrusted entry instead of the connection's peer
+    trusted_proxies: tuple[str, ...] = ()
     admin: Admin | None = None  # no admin API unless configured
     ready_with_dead_pools: bool = True  # /readyz: 200 "degraded" (True) or 503 (False)
 

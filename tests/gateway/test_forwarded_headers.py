@@ -3,6 +3,10 @@ back to the client."""
 
 from __future__ import annotations
 
+import pytest
+from multidict import CIMultiDict
+
+from gateway.forwarded import ClientAddress, forwarded_chain
 from gateway.upstream import REMEMBERED_NAMES, HeaderFilter, response_headers, upstream_headers
 from policies.schema import Pool
 
@@ -83,3 +87,51 @@ def test_the_filter_remembers_a_bounded_number_of_names() -> None:
     out.clear()
     drop.lines([(b"Connection", b"close"), (b"x-h5", b"w")], out)  # a new spelling is still checked
     assert out == [b"x-h5: w\r\n"]
+
+
+def test_expect_upgrades_and_the_clients_forwarded_headers_are_not_passed_on() -> None:
+    client = [
+        (b"Expect", b"100-continue"),
+        (b"Upgrade", b"h2c"),
+        (b"HTTP2-Settings", b"AAMAAABkAAQAoAAA"),
+        (b"X-Forwarded-For", b"6.6.6.6"),
+        (b"X-Forwarded-Proto", b"https"),
+    ]
+    forwarded = ClientAddress().upstream_lines("192.0.2.1", "6.6.6.6", "https")
+    sent = upstream_headers(client, "id", Pool("p", ()), forwarded)
+    assert sent.split(b"\r\n") == [
+        b"x-forwarded-for: 6.6.6.6, 192.0.2.1",
+        b"x-forwarded-proto: http",  # the peer is not a trusted proxy: its claim is replaced
+        b"x-request-id: id",
+        b"content-type: application/json",
+        b"",
+    ]
+
+
+TRUSTED = ClientAddress(("10.0.0.0/8", "2001:db8::/32"))
+
+
+@pytest.mark.parametrize(
+    ("clients", "peer", "chain", "expected"),
+    [
+        (ClientAddress(), "192.0.2.1", "6.6.6.6", "192.0.2.1"),  # nothing trusted
+        (TRUSTED, "192.0.2.1", "6.6.6.6", "192.0.2.1"),  # an untrusted peer's chain is not read
+        (TRUSTED, "10.1.1.1", None, "10.1.1.1"),
+        (TRUSTED, "10.1.1.1", "6.6.6.6", "6.6.6.6"),
+        (TRUSTED, "10.1.1.1", "1.1.1.1, 6.6.6.6, 10.2.2.2", "6.6.6.6"),  # rightmost untrusted
+        (TRUSTED, "10.1.1.1", "10.3.3.3, 10.2.2.2", "10.3.3.3"),  # all trusted: the first
+        (TRUSTED, "2001:db8::5", "2001:db9::1", "2001:db9::1"),
+        (TRUSTED, "10.1.1.1", "not-an-address, 6.6.6.6", "6.6.6.6"),
+        (TRUSTED, "10.1.1.1", "6.6.6.6, garbage", "garbage"),  # untrusted, reported as sent
+    ],
+)
+def test_client_address(
+    clients: ClientAddress, peer: str, chain: str | None, expected: str
+) -> None:
+    assert clients.client(peer, chain) == expected
+
+
+def test_several_forwarded_for_headers_make_one_chain() -> None:
+    headers = CIMultiDict([("X-Forwarded-For", "1.1.1.1"), ("x-forwarded-for", "2.2.2.2")])
+    assert forwarded_chain(headers) == "1.1.1.1, 2.2.2.2"
+    assert forwarded_chain(CIMultiDict()) is None

@@ -221,3 +221,24 @@ async def test_a_connection_paused_by_a_large_body_is_reused_unpaused() -> None:
         response.close()
     pool.close()
     server.close()
+
+
+@pytest.mark.parametrize(
+    "interim",
+    [b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n" * 2],
+    ids=["100 Continue", "two 103 Early Hints"],
+)
+async def test_interim_1xx_responses_are_skipped_for_the_final_one(interim: bytes) -> None:
+    up, server = await started(lambda n: interim + OK)
+    pool = ConnectionPool(connect_timeout=1)
+    response = await pool.request(f"127.0.0.1:{up.port}", "POST", "/v1/x", b"", b"{}")
+    try:
+        assert response.status == 200
+        assert all(name.lower() != b"link" for name, _ in response.raw_headers)
+        assert await response.read(idle=2) == b"{}"
+    finally:
+        response.close()
+    assert await call(pool, up) == b"{}"  # the connection is still in step
+    assert up.connections == 1
+    pool.close()
+    server.close()

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import AsyncIterator
+from email.utils import parsedate_to_datetime
 
 import pytest
 from aiohttp import web
@@ -35,6 +37,9 @@ async def handler(request: Request) -> AnyResponse:
         except asyncio.CancelledError:
             cancelled.append(request.path)
             raise
+    if request.path == "/headers":  # the header names the handler sees, then the body
+        names = b",".join(name.lower() for name, _ in request.raw_headers)
+        return Response(names + b"|" + request.body)
     if request.path == "/boom":
         raise RuntimeError("handler bug")
     return json_response({"path": request.path}, status=404)
@@ -129,6 +134,51 @@ async def test_expect_continue(server: HttpServer) -> None:
     )
     assert raw.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK")
     assert raw.endswith(b"ok")
+
+
+H2C = "connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\nhttp2-settings: AAMAAABkAAQAoAAA\r\n"
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+async def test_an_upgrade_the_server_does_not_make_is_ignored(
+    server: HttpServer, method: str
+) -> None:
+    # Java's HttpClient and curl --http2 ask for h2c on http:// URLs; HTTP/1.1 lets a server
+    # ignore it: the request is answered as a plain one, and so is the one pipelined after it
+    body = b"payload" if method == "POST" else b""
+    head = f"{method} /headers HTTP/1.1\r\nhost: x\r\ncontent-length: {len(body)}\r\n{H2C}\r\n"
+    raw = await exchange(
+        server.port,
+        head.encode() + body + b"GET /echo HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", raw) == [b"200", b"200"], raw
+    assert b"101" not in raw
+    assert b"host,content-length|" + body in raw  # no upgrade headers reach it
+    assert b"x-method: GET" in raw
+
+
+async def test_a_websocket_upgrade_gets_a_plain_http_answer(server: HttpServer) -> None:
+    head = (
+        b"GET /v1/realtime HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: websocket\r\n"
+        b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
+    )
+    after = b"GET /echo HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    raw = await exchange(server.port, head + after)
+    # the route's own answer (no 101), and the connection goes on as HTTP/1.1
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", raw) == [b"404", b"200"], raw
+
+
+async def test_connect_is_405(server: HttpServer) -> None:
+    raw = await exchange(server.port, b"CONNECT example.com:443 HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert raw.startswith(b"HTTP/1.1 405 ")
+
+
+async def test_every_response_has_a_date(server: HttpServer) -> None:
+    raw = await exchange(server.port, post("/echo", b"ok", "connection: close\r\n"))
+    date = re.search(rb"\r\ndate: ([^\r]+)\r\n", raw)
+    assert date is not None, raw
+    sent = parsedate_to_datetime(date.group(1).decode())
+    assert abs(sent.timestamp() - time.time()) < 5
 
 
 async def test_http10_stream_is_close_delimited(server: HttpServer) -> None:

@@ -31,6 +31,9 @@ def test_defaults() -> None:
     assert policy.listen.port == 8080 and policy.listen.workers == 1
     assert policy.listen.header_timeout == 30.0
     assert load_policy_text(BASE + "listen: {header_timeout: 5s}").listen.header_timeout == 5.0
+    assert policy.listen.trusted_proxies == ()
+    trusted = load_policy_text(BASE + "listen: {trusted_proxies: [10.0.0.0/8, '::1']}")
+    assert trusted.listen.trusted_proxies == ("10.0.0.0/8", "::1")
     assert policy.auth.allow_anonymous
     assert policy.timeouts.first_byte == 60.0
     assert policy.route_for("m") is not None and policy.route_for("x") is None
@@ -44,6 +47,10 @@ def test_defaults() -> None:
         ("timeouts: {idle: soon}", "timeouts.idle (line 6): must be a duration"),
         ("listen: {header_timeout: slow}", "listen.header_timeout (line 6): must be a duration"),
         ("listen: {max_body: lots}", "listen.max_body (line 6): must be a size"),
+        (
+            "listen: {trusted_proxies: [10.0.0.0/8, proxy.local]}",
+            "listen.trusted_proxies[1] (line 6): 'proxy.local' is not an address or network",
+        ),
         ("observability: {access_log: xml}", "observability.access_log (line 6): must be one of"),
         ("auth: {api_keys: [{sha256: abc, tenant: t}]}", "auth.api_keys[0].sha256 (line 6)"),
         ("auth: {jwt: [{issuer: i, jwks_file: /missing.json}]}", "auth.jwt[0].algorithms"),

@@ -95,6 +95,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.complete = False
         self._received = False
         self._in_head = False  # reading a response's status line and headers
+        self._interim = False  # the message being read is a 1xx interim response (skipped)
         self._head_size = 0
         self._until_close = False  # the body ends when the connection does (no length given)
         self._keep_alive = False
@@ -151,8 +152,14 @@ class UpstreamConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         if self._head_size > MAX_UPSTREAM_HEAD and header_size(self._headers) > MAX_UPSTREAM_HEAD:
             return  # still "in the head": data_received fails the request
-        self._in_head = False
         status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            # an interim response (100 Continue, 103 Early Hints): the final one follows
+            self._interim = True
+            self._headers = []
+            self._framing = []
+            return
+        self._in_head = False
         content_type, sized, chunked = "", False, False
         for name, value in self._framing:
             if name == b"content-type":
@@ -178,6 +185,9 @@ class UpstreamConnection(asyncio.Protocol):
             self._wake()
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
         self.complete = True
         if self._waiter is not None:
             self._wake()
@@ -195,6 +205,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.complete = False
         self._received = False
         self._in_head = True
+        self._interim = False
         self._head_size = 0
         self._until_close = False
         loop = self._loop

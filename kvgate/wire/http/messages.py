@@ -7,7 +7,9 @@ with a content-length) or a ``StreamResponse`` it has already written itself (ch
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
+from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, Protocol
 
@@ -18,6 +20,8 @@ from multidict import CIMultiDict
 
 class Connection(Protocol):
     """What a response writes to: the server's connection (``server.Connection``)."""
+
+    peer: str  # the client's address ("" when unknown)
 
     def write(self, data: bytes) -> None:
         """Queue ``data`` on the transport (never blocks)."""
@@ -37,6 +41,27 @@ _STATUS_LINES = {
 }
 
 
+class _DateLine:
+    """The ``date:`` header line (RFC 9110 wants one on every response from a server with a
+    clock), formatted once a second."""
+
+    __slots__ = ("line", "second")
+
+    def __init__(self) -> None:
+        self.second = -1
+        self.line = b""
+
+    def current(self) -> bytes:
+        now = int(time.time())
+        if now != self.second:
+            self.second = now
+            self.line = b"date: " + formatdate(now, usegmt=True).encode("latin-1") + b"\r\n"
+        return self.line
+
+
+_DATE = _DateLine()
+
+
 def _status_line(status: int) -> bytes:
     return _STATUS_LINES.get(status) or f"HTTP/1.1 {status} Unknown\r\n".encode("latin-1")
 
@@ -54,10 +79,10 @@ def header_line(name: bytes, value: str) -> bytes:
 def head_bytes(
     status: int, headers: list[tuple[str, str]], framing: bytes, block: bytes = b""
 ) -> bytes:
-    """The status line, ``block`` (header lines already encoded), ``headers``, then
+    """The status line, the date, ``block`` (header lines already encoded), ``headers``, then
     ``framing`` (content-length or transfer-encoding) and the blank line."""
     lines = header_block(headers) if headers else b""
-    return b"".join([_status_line(status), block, lines, framing, b"\r\n"])
+    return b"".join([_status_line(status), _DATE.current(), block, lines, framing, b"\r\n"])
 
 
 def header_size(headers: list[tuple[bytes, bytes]]) -> int:
@@ -104,6 +129,11 @@ class Request:
         self.keep_alive = keep_alive
         self.app = app
         self._connection = connection
+
+    @property
+    def peer(self) -> str:
+        """The connection's peer address ("" for a request not read from a socket)."""
+        return self._connection.peer if self._connection is not None else ""
 
     @property
     def connection(self) -> Connection:

@@ -8,7 +8,10 @@ and response machinery alone costs about as much CPU as the whole proxy may spen
 - a head limit (``MAX_HEAD``: request line and headers; 431) and a body limit: a request that
   declares or sends more than ``max_body`` bytes gets a 413 and the connection closes once it
   is written;
-- ``Expect: 100-continue``; malformed requests answered 400 and the connection closed;
+- ``Expect: 100-continue`` answered by the server itself; an ``Upgrade`` it does not perform
+  (h2c from Java's client or ``curl --http2``, a WebSocket) is ignored, as HTTP/1.1 allows:
+  the request is served as a plain one; ``CONNECT`` gets a 405;
+- malformed requests answered 400 and the connection closed;
 - a client that goes away cancels its handler task (so the upstream call is cancelled too);
 - TCP_NODELAY on every connection; idle keep-alive connections closed after ``keepalive``;
 - a request head that takes longer than ``header_timeout`` gets a 408 (slow-header clients),
@@ -45,6 +48,7 @@ HeadCheck = Callable[[bytes, CIMultiDict[str]], Response | None]
 EARLY_CHECK_BYTES = 64 * 1024  # bodies larger than this are checked from the head first
 
 
+_UPGRADE_HEADERS = (b"upgrade", b"http2-settings")  # dropped from a head whose upgrade is ignored
 _METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
 
 
@@ -59,6 +63,7 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, server: HttpServer) -> None:
         self._server = server
+        self.peer = ""  # the client's address, once connected
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._url = b""
@@ -68,6 +73,7 @@ class Connection(asyncio.Protocol):
         self._size = 0
         self._too_large = False
         self._in_head = True  # reading a request line and headers
+        self._upgrade_ignored = False  # the head asked for an upgrade: it is parsed again without
         self._head_size = 0
         self._pending: deque[Request] = deque()
         self._worker: asyncio.Task[None] | None = None  # serves this connection's requests
@@ -85,6 +91,8 @@ class Connection(asyncio.Protocol):
     # --- asyncio protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        peer = transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -110,19 +118,50 @@ class Connection(asyncio.Protocol):
             if not self._head_size:
                 self.head_started = self.last_active  # a request's head begins
             self._head_size += len(data)
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._reject(400, "protocol upgrades are not supported")
-            return
-        except httptools.HttpParserError:
-            self._reject(400, "malformed HTTP request")
+        if not self._feed(data):
             return
         # httptools buffers a request line and headers whole: bound what is still unfinished
         # (a chunk that completed the head may carry body bytes too: it does not count; a head
         # refused while parsing has had its answer)
         if self._in_head and self._head_size > MAX_HEAD and not self._closing:
             self._reject(431, f"request line and headers exceed {MAX_HEAD} bytes")
+
+    def _feed(self, data: bytes) -> bool:
+        """Parse ``data``; False when the connection is being refused."""
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade as upgrade:
+            if self._parser.get_method() == b"CONNECT":
+                self._reject(405, "CONNECT is not supported")
+                return False
+            # the parser stopped after the head (not reading a body): parse it again without
+            # the upgrade, then what followed it
+            head = self._head_without_upgrade()
+            self._parser = httptools.HttpRequestParser(self)
+            self._upgrade_ignored = False
+            self._url = b""
+            self._headers = []
+            return self._feed(head + data[upgrade.args[0] :])
+        except httptools.HttpParserError:
+            self._reject(400, "malformed HTTP request")
+            return False
+        return True
+
+    def _head_without_upgrade(self) -> bytes:
+        parser = self._parser
+        version = parser.get_http_version().encode()
+        lines = [parser.get_method() + b" " + self._url + b" HTTP/" + version + b"\r\n"]
+        for name, value in self._headers:
+            lower = name.lower()
+            if lower in _UPGRADE_HEADERS:
+                continue
+            if lower == b"connection":  # keep its other options (close, keep-alive)
+                options = [o.strip() for o in value.split(b",")]
+                value = b", ".join(o for o in options if o and o.lower() not in _UPGRADE_HEADERS)
+                if not value:
+                    continue
+            lines.append(name + b": " + value + b"\r\n")
+        return b"".join(lines) + b"\r\n"
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -144,6 +183,9 @@ class Connection(asyncio.Protocol):
         if self._head_size > MAX_HEAD and header_size(self._headers) > MAX_HEAD:
             # a whole head that came in one read (data_received only bounds unfinished ones)
             self._reject(431, f"request line and headers exceed {MAX_HEAD} bytes")
+            return
+        if self._parser.should_upgrade():  # llhttp ends the message here: see _feed
+            self._upgrade_ignored = True
             return
         self._in_head = False
         self.body_started = self.last_active  # set by data_received for this chunk
@@ -177,6 +219,8 @@ class Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        if self._upgrade_ignored:
+            return
         parts, url, headers, raw_headers = self._body, self._url, self._mapping, self._headers
         self._in_head = True  # what follows is the next request's head
         self.body_started = 0.0
