@@ -13,6 +13,7 @@ class RequestContext:
     __slots__ = (
         "attempts",
         "completion_tokens",
+        "cors",
         "elapsed",
         "endpoint",
         "error",
@@ -52,6 +53,7 @@ class RequestContext:
         self.priority_class = ""  # the admission class, once queued
         self.queue_wait: float | None = None  # seconds waited for capacity, once admitted
         self.extra_headers: dict[str, str] | None = None  # added to the client's response
+        self.cors = b""  # the response's CORS header lines (policy cors:, allowed origins)
 
     @property
     def tenant(self) -> str:

@@ -54,7 +54,7 @@ async def relay_stream(
 ) -> StreamResponse:
     response = StreamResponse(
         status=upstream.status,
-        block=response_headers(upstream.raw_headers, ctx.request_id, ctx.extra_headers),
+        block=response_headers(upstream.raw_headers, ctx.request_id, ctx.extra_headers) + ctx.cors,
     )
     await response.prepare(request)
     ctx.status = upstream.status

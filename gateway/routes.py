@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -17,8 +18,15 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import proxy
 from gateway.context import RequestContext
+from gateway.cors import is_preflight, preflight, response_lines
 from gateway.error_responses import response_for
-from gateway.errors import GatewayError, MethodNotAllowed, NotFound, Unauthorized
+from gateway.errors import (
+    GatewayError,
+    MethodNotAllowed,
+    ModelNotFound,
+    NotFound,
+    Unauthorized,
+)
 from gateway.keys import METRICS, RUNTIME, SHUTTING_DOWN, TRACER
 from gateway.request_context import (
     QUIET_PATHS,
@@ -33,16 +41,32 @@ from kvgate.wire.http.messages import AnyResponse, Request, Response, header_lin
 RouteHandler = Callable[[Request, RequestContext], Awaitable[AnyResponse]]
 
 
+def _model_entry(model: str, created: int) -> dict[str, object]:
+    return {"id": model, "object": "model", "created": created, "owned_by": "kvgate"}
+
+
 async def models(request: Request, ctx: RequestContext) -> Response:
     """The public models this caller may use."""
     identity = ctx.identity
     created = int(time.time())
     data = [
-        {"id": model, "object": "model", "created": created, "owned_by": "kvgate"}
+        _model_entry(model, created)
         for model in request.app[RUNTIME].current.policy.public_models
         if identity is None or identity.may_use(model)
     ]
     return json_response({"object": "list", "data": data})
+
+
+async def model(request: Request, ctx: RequestContext) -> Response:
+    """``GET /v1/models/{id}`` (the id may hold slashes): one public model this caller may
+    use, else 404 ``model_not_found`` (a model the caller may not use is not revealed)."""
+    name = urllib.parse.unquote(request.path[len(MODEL_PREFIX) :])
+    identity = ctx.identity
+    if name in request.app[RUNTIME].current.policy.public_models and (
+        identity is None or identity.may_use(name)
+    ):
+        return json_response(_model_entry(name, int(time.time())))
+    raise ModelNotFound(f"The model '{name}' does not exist", param="model")
 
 
 async def healthz(request: Request, ctx: RequestContext) -> Response:
@@ -101,17 +125,29 @@ ROUTES: dict[str, dict[str, RouteHandler]] = {
 }
 
 
+MODEL_PREFIX = "/v1/models/"
+MODEL_ROUTE: dict[str, RouteHandler] = {"GET": model}
+METRICS_ROUTE: dict[str, RouteHandler] = {"GET": metrics}
+
+
 def _route(request: Request) -> RouteHandler:
-    methods = ROUTES.get(request.path)
+    """The path's handler for the method; HEAD is served wherever GET is (the server sends
+    the head only)."""
+    path = request.path
+    methods = ROUTES.get(path)
     if methods is None:
-        if request.path != request.app[RUNTIME].current.policy.observability.metrics_path:
-            raise NotFound(f"no route for {request.path}")
-        methods = {"GET": metrics}
-    handler = methods.get(request.method)
+        if path.startswith(MODEL_PREFIX) and len(path) > len(MODEL_PREFIX):
+            methods = MODEL_ROUTE
+        elif path == request.app[RUNTIME].current.policy.observability.metrics_path:
+            methods = METRICS_ROUTE
+        else:
+            raise NotFound(f"no route for {path}")
+    method = request.method
+    handler = methods.get("GET" if method == "HEAD" else method)
     if handler is None:
         raise MethodNotAllowed(
             f"{request.method} is not allowed on {request.path}",
-            headers={"allow": ", ".join(methods)},
+            headers={"allow": ", ".join([*methods, "HEAD"] if "GET" in methods else methods)},
         )
     return handler
 
@@ -142,14 +178,21 @@ async def handle(request: Request) -> AnyResponse:
     span = None if tracer is None else start_server_span(tracer, request)
     try:
         try:
-            if request.path.startswith("/v1/"):
-                authenticator = app[RUNTIME].current.authenticator
-                if tracer is None:
-                    ctx.identity = authenticator.authenticate(request.headers)
-                else:
-                    with tracer.start_as_current_span("auth"):
+            runtime = app[RUNTIME].current
+            cors = runtime.policy.cors
+            if cors is not None and is_preflight(request.method, request.headers):
+                response: AnyResponse = preflight(cors, request.headers)  # before auth
+            else:
+                if cors is not None:
+                    ctx.cors = response_lines(cors, request.headers.get("origin"))
+                if request.path.startswith("/v1/"):
+                    authenticator = runtime.authenticator
+                    if tracer is None:
                         ctx.identity = authenticator.authenticate(request.headers)
-            response = await _route(request)(request, ctx)
+                    else:
+                        with tracer.start_as_current_span("auth"):
+                            ctx.identity = authenticator.authenticate(request.headers)
+                response = await _route(request)(request, ctx)
         except asyncio.CancelledError:
             ctx.status, ctx.error = 499, ctx.error or "client_disconnected"
             _finish(request, ctx)
@@ -160,7 +203,7 @@ async def handle(request: Request) -> AnyResponse:
                 ctx.error = ctx.error or exc.code or type(exc).__name__
         if not response.prepared:
             # no handler sets it; as an encoded line (headers as pairs are formatted per line)
-            response.block += header_line(b"x-request-id", ctx.request_id)
+            response.block += header_line(b"x-request-id", ctx.request_id) + ctx.cors
         ctx.status = ctx.status or response.status
         _finish(request, ctx)
     finally:

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from policies.auth_section import check_classes, load_auth, load_classes, load_tenants
+from policies.cors_section import load_cors
 from policies.epp_section import load_epp
 from policies.errors import PolicyError
 from policies.fields import Fields
@@ -32,6 +33,7 @@ from policies.yaml_source import Source, parse_yaml
 
 TOP_LEVEL = {
     "version",
+    "cors",
     "listen",
     "auth",
     "tenants",
@@ -96,6 +98,7 @@ def _build(src: Source, source: str, base_dir: Path, plugins: PluginCatalog | No
         breakers=_breakers(top),
         classes=classes,
         observability=_observability(top),
+        cors=load_cors(top),
         epp=load_epp(top, plugins),
         limits=load_limits(top),
         source=source,

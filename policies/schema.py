@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from policies.cors_section import Cors
+
 DEFAULT_CLASS = "standard"
 ROLES = ("both", "prefill", "decode")
 ENGINES = ("vllm", "sglang", "kvgate")
@@ -335,6 +337,7 @@ class Policy:
     epp: Epp = field(default_factory=Epp)
     limits: Limits = field(default_factory=Limits)
     classes: Mapping[str, PriorityClass] = field(default_factory=lambda: dict(DEFAULT_CLASSES))
+    cors: Cors | None = None  # browsers' cross-origin calls: refused unless configured
     source: str = "<policy>"
 
     def route_for(self, model: str) -> Route | None:

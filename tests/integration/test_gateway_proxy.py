@@ -135,6 +135,26 @@ def test_models_are_filtered_by_caller(stack: Stack) -> None:
         client(stack, OTHER_KEY).completions.create(model="public-alias", prompt="x", max_tokens=1)
 
 
+def test_one_model_is_retrieved_as_the_openai_client_asks(stack: Stack) -> None:
+    found = client(stack).models.retrieve("public-alias")
+    assert (found.id, found.object, found.owned_by) == ("public-alias", "model", "kvgate")
+    for caller, name in ((API_KEY, "no-such-model"), (OTHER_KEY, "public-alias")):
+        # a model the caller may not use is as absent as one that does not exist
+        with pytest.raises(openai.NotFoundError) as err:
+            client(stack, caller).models.retrieve(name)
+        assert isinstance(err.value.body, dict) and err.value.body["code"] == "model_not_found"
+
+
+async def test_head_is_answered_wherever_get_is(stack: Stack) -> None:
+    async with aiohttp.ClientSession() as session:
+        for path in ("/healthz", "/readyz"):
+            async with session.head(f"{stack.url}{path}") as response:
+                assert response.status == 200 and int(response.headers["content-length"]) > 0
+                assert await response.read() == b""
+        async with session.delete(f"{stack.url}/healthz") as response:
+            assert response.status == 405 and response.headers["allow"] == "GET, HEAD"
+
+
 @pytest.mark.parametrize(
     ("data", "status", "code"),
     [

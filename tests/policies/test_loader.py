@@ -31,7 +31,7 @@ def test_defaults() -> None:
     assert policy.listen.port == 8080 and policy.listen.workers == 1
     assert policy.listen.header_timeout == 30.0
     assert load_policy_text(BASE + "listen: {header_timeout: 5s}").listen.header_timeout == 5.0
-    assert policy.listen.trusted_proxies == ()
+    assert policy.listen.trusted_proxies == () and policy.cors is None
     trusted = load_policy_text(BASE + "listen: {trusted_proxies: [10.0.0.0/8, '::1']}")
     assert trusted.listen.trusted_proxies == ("10.0.0.0/8", "::1")
     assert policy.auth.allow_anonymous
@@ -47,6 +47,9 @@ def test_defaults() -> None:
         ("timeouts: {idle: soon}", "timeouts.idle (line 6): must be a duration"),
         ("listen: {header_timeout: slow}", "listen.header_timeout (line 6): must be a duration"),
         ("listen: {max_body: lots}", "listen.max_body (line 6): must be a size"),
+        ("cors: {credentials: true}", "cors.origins (line 6): is required"),
+        ("cors: {origins: [app.example.com]}", "cors.origins[0] (line 6): 'app.example.com'"),
+        ("cors: {origins: ['*'], credentials: true}", "cors.credentials (line 6): cannot be"),
         (
             "listen: {trusted_proxies: [10.0.0.0/8, proxy.local]}",
             "listen.trusted_proxies[1] (line 6): 'proxy.local' is not an address or network",

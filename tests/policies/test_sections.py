@@ -31,7 +31,7 @@ CASES = [
         "unknown section",
         with_base("colour: blue"),
         [
-            "colour (line 5): unknown field (expected one of: auth, breakers, classes, epp,"
+            "colour (line 5): unknown field (expected one of: auth, breakers, classes, cors, epp,"
             " limits, listen, observability, pools, retries, routes, tenants, timeouts, version)"
         ],
     ),

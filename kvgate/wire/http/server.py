@@ -295,9 +295,9 @@ class Connection(asyncio.Protocol):
                     response = server.error_response(500, "internal gateway error")
                     request.keep_alive = False
                 if isinstance(response, Response):
-                    self.write(
-                        response.head(request.keep_alive and not server.stopping) + response.body
-                    )
+                    head = response.head(request.keep_alive and not server.stopping)
+                    # a HEAD answer is the GET's head (its content-length too), with no body
+                    self.write(head if request.method == "HEAD" else head + response.body)
                 elif not response.finished:  # a stream the handler left open
                     await response.write_eof()
             finally:
