@@ -117,11 +117,21 @@ def parse_prompts(value: object, tokenizer: RequestTokenizer, vocab_size: int) -
     return result
 
 
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
 def parse_messages(value: object, tokenizer: RequestTokenizer) -> list[list[int]]:
     if not isinstance(value, list) or not value:
         raise RequestError("messages must be a non-empty list", "messages")
     if not all(isinstance(m, Mapping) for m in value):
         raise RequestError("each message must be an object", "messages")
+    for number, message in enumerate(value):
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            raise RequestError(
+                f"messages[{number}].role must be one of {', '.join(CHAT_ROLES)}; got {role!r}",
+                f"messages[{number}].role",
+            )
     try:
         return [tokenizer.chat_ids(value)]
     except ChatTemplateError as exc:

@@ -72,6 +72,14 @@ def test_bad_chat_messages(messages: object) -> None:
         parse({"model": "m", "messages": messages}, chat=True)
 
 
+def test_an_unknown_role_is_refused_naming_the_message() -> None:
+    messages = [{"role": "user", "content": "hi"}, {"role": "wizard", "content": "abracadabra"}]
+    with pytest.raises(RequestError) as err:
+        parse({"model": "m", "messages": messages}, chat=True)
+    assert err.value.status == 400 and err.value.param == "messages[1].role"
+    assert "'wizard'" in str(err.value)
+
+
 def test_chat_renders_all_messages_and_prefers_max_completion_tokens() -> None:
     body = {
         "model": "m",

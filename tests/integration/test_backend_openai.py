@@ -226,6 +226,12 @@ def test_metrics_have_vllm_names_and_labels(served: Served) -> None:
             400,
         ),
         (lambda api, model: api.chat.completions.create(model=model, messages=[]), 400),
+        (
+            lambda api, model: api.chat.completions.create(
+                model=model, messages=[{"role": "wizard", "content": "x"}]
+            ),
+            400,
+        ),
     ],
 )
 def test_bad_requests_get_openai_errors(served: Served, call, status: int) -> None:  # type: ignore[no-untyped-def]
