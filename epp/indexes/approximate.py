@@ -130,13 +130,13 @@ class ApproximatePrefixCache:
         return self._block_chars * self.params.max_prefix_blocks
 
     def keys(self, request: SchedulingRequest) -> list[int]:
-        keys = self._memo.get(request.request_id)
+        keys = self._memo.get(request)
         if keys is None:
             text = request.routing_text
             keys = prefix_hashes(
                 request.model, text, self._block_chars, self.params.max_prefix_blocks
             )
-            keys = self._memo.put(request.request_id, keys)
+            keys = self._memo.put(request, keys)
         return keys
 
     def match(self, keys: list[int], addresses: Iterable[str]) -> dict[str, int]:

@@ -38,15 +38,13 @@ class PrecisePrefixCache:
         return 0  # the body is tokenized; no routing text is read
 
     def _token_ids(self, request: SchedulingRequest) -> list[int]:
-        tokens = self._tokens.get(request.request_id)
+        tokens = self._tokens.get(request)
         if tokens is None:
-            tokens = self._tokens.put(
-                request.request_id, request_token_ids(request.body, self._tokenizer)
-            )
+            tokens = self._tokens.put(request, request_token_ids(request.body, self._tokenizer))
         return tokens
 
     def keys(self, request: SchedulingRequest) -> list[int]:
-        keys = self._memo.get(request.request_id)
+        keys = self._memo.get(request)
         if keys is None:
             p = self.params
             salt = request.body.get("cache_salt")
@@ -57,7 +55,7 @@ class PrecisePrefixCache:
                 max_blocks=p.max_prefix_blocks,
                 cache_salt=salt if isinstance(salt, str) else None,
             )
-            keys = self._memo.put(request.request_id, keys)
+            keys = self._memo.put(request, keys)
         return keys
 
     def match(self, keys: list[int], addresses: Iterable[str]) -> dict[str, int]:

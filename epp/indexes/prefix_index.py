@@ -46,7 +46,7 @@ class PrefixIndex(Protocol):
         ...
 
     def keys(self, request: SchedulingRequest) -> list[int]:
-        """The request's chained block keys (computed once per request id)."""
+        """The request's chained block keys (computed once per request)."""
         ...
 
     def match(self, keys: list[int], addresses: Iterable[str]) -> dict[str, int]:
@@ -85,18 +85,19 @@ def uncached_tokens(index: PrefixIndex, request: SchedulingRequest, endpoint: En
 
 
 class RequestMemo:
-    """The last request's ids (its block keys, or its token ids), keyed by request id, so
-    scoring, learning and the prefill decision work a request out once."""
+    """The last request's ids (its block keys, or its token ids), so scoring, learning and the
+    prefill decision work a request out once. Keyed by the request object itself, never by its
+    id: a client may send any ``x-request-id``, twice, with different prompts."""
 
-    __slots__ = ("_keys", "_request_id")
+    __slots__ = ("_keys", "_request")
 
     def __init__(self) -> None:
-        self._request_id = ""
+        self._request: SchedulingRequest | None = None
         self._keys: list[int] = []
 
-    def get(self, request_id: str) -> list[int] | None:
-        return self._keys if request_id and request_id == self._request_id else None
+    def get(self, request: SchedulingRequest) -> list[int] | None:
+        return self._keys if request is self._request else None
 
-    def put(self, request_id: str, keys: list[int]) -> list[int]:
-        self._request_id, self._keys = request_id, keys
+    def put(self, request: SchedulingRequest, keys: list[int]) -> list[int]:
+        self._request, self._keys = request, keys
         return keys

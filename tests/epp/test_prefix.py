@@ -56,6 +56,20 @@ def test_scorer_reads_what_its_index_learned() -> None:
     assert scorer.score(second, [a, b]) == {A: 2 / 3, B: 0.0}
 
 
+def test_a_reused_request_id_does_not_reuse_the_earlier_prompts_blocks() -> None:
+    # over ext_proc the id is the client's x-request-id: any client can send one twice
+    params = {"block_size_tokens": 4, "chars_per_token": 1}
+    scorer = PrefixCacheScorer.from_config("prefix", params, PluginHandle())
+    a, b = make_endpoint(A), make_endpoint(B)
+    first = make_request("abcdefghijkl", request_id="same")
+    scorer.score(first, [a, b])
+    scorer.index.learn(first, a)
+    unrelated = make_request("zyxwvutsrqpo", request_id="same")
+    assert scorer.score(unrelated, [a, b]) == {A: 0.0, B: 0.0}
+    scorer.index.learn(unrelated, b)
+    assert scorer.score(make_request("zyxwvutsrqpo", request_id="x"), [a, b]) == {A: 0.0, B: 1.0}
+
+
 class FixedIndex:
     """An index whose matches are given (the scorer's arithmetic under test)."""
 
