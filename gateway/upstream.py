@@ -48,6 +48,11 @@ DROP_REQUEST_HEADERS = HOP_BY_HOP | {
     "http2-settings",
     "x-forwarded-for",  # replaced: the chain with this hop's peer appended
     "x-forwarded-proto",
+    # routing decisions are the picker's: a client's would choose its own endpoint
+    "x-gateway-destination-endpoint",
+    "x-gateway-destination-endpoint-served",
+    "x-gateway-destination-endpoint-subset",
+    "x-prefiller-host-port",
     "host",
     "content-length",
     "content-encoding",
@@ -56,6 +61,7 @@ DROP_REQUEST_HEADERS = HOP_BY_HOP | {
     "accept-encoding",
     "x-request-id",
 }
+DROP_REQUEST_PREFIXES = ("x-llm-d-",)  # llm-d's routing headers (prefill targets, ...)
 # Never passed back: hop-by-hop headers, and the framing the server sets for the client.
 DROP_RESPONSE_HEADERS = HOP_BY_HOP | {
     "content-length",
@@ -73,12 +79,13 @@ REMEMBERED_NAMES = 1024  # header name spellings a HeaderFilter remembers (a mod
 
 
 class HeaderFilter:
-    """Header lines passed on as sent, less the ``drop`` names (any case). Whether a name
-    passes is worked out once per distinct spelling (names repeat from request to request;
-    up to ``REMEMBERED_NAMES`` of them are kept)."""
+    """Header lines passed on as sent, less the ``drop`` names and those starting with a
+    ``drop_prefixes`` entry (any case). Whether a name passes is worked out once per distinct
+    spelling (names repeat from request to request; up to ``REMEMBERED_NAMES`` are kept)."""
 
-    def __init__(self, drop: frozenset[str]) -> None:
+    def __init__(self, drop: frozenset[str], drop_prefixes: tuple[str, ...] = ()) -> None:
         self._drop = frozenset(name.encode() for name in drop)
+        self._prefixes = tuple(prefix.encode() for prefix in drop_prefixes)
         self._passes: dict[bytes, bool] = {}
 
     def lines(self, headers: list[tuple[bytes, bytes]], out: list[bytes]) -> None:
@@ -87,14 +94,17 @@ class HeaderFilter:
         for name, value in headers:
             ok = passes.get(name)
             if ok is None:
-                ok = name.lower() not in self._drop
+                lower = name.lower()
+                ok = lower not in self._drop and not lower.startswith(self._prefixes)
                 if len(passes) < REMEMBERED_NAMES:
                     passes[name] = ok
             if ok:
                 out.append(b"%b: %b\r\n" % (name, value))
 
 
-_FORWARDED = HeaderFilter(DROP_REQUEST_HEADERS | {"content-type"})  # the gateway sets its own
+_FORWARDED = HeaderFilter(  # content-type: the gateway sets its own
+    DROP_REQUEST_HEADERS | {"content-type"}, DROP_REQUEST_PREFIXES
+)
 _RETURNED = HeaderFilter(DROP_RESPONSE_HEADERS)
 
 

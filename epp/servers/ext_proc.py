@@ -43,6 +43,10 @@ OBJECTIVE, FAIRNESS, REWRITE = (
 SYSTEM_OWNED = frozenset(
     {DESTINATION, SERVED, SUBSET_KEY, OBJECTIVE, FAIRNESS, REWRITE, "content-length", "host"}
 )
+# Routing headers only the picker may set: a client's are removed from the request (else a
+# client could choose its own endpoint or prefiller)
+CLIENT_ROUTING = frozenset({DESTINATION, SERVED, SUBSET_KEY, "x-prefiller-host-port"})
+CLIENT_ROUTING_PREFIX = "x-llm-d-"
 REQUIRED_FIELD = {"/chat/completions": "messages", "/completions": "prompt", "/embeddings": "input"}
 
 
@@ -60,6 +64,8 @@ class StreamState:
     target_model: str = ""
     endpoint: str = ""
     served: str = ""
+    routed: bool = False  # the request-headers reply has been sent
+    stream_requested: bool = False  # the body says "stream": true
     streaming: bool = False
     subset: set[str] | None = None
     response_body: bytearray = field(default_factory=bytearray)
@@ -67,7 +73,12 @@ class StreamState:
 
 
 def _header_option(key: str, value: str) -> core.HeaderValueOption:
-    return core.HeaderValueOption(header=core.HeaderValue(key=key, raw_value=value.encode()))
+    """A header set on the request, replacing any value the client sent (Envoy's default
+    action would append to it)."""
+    return core.HeaderValueOption(
+        header=core.HeaderValue(key=key, raw_value=value.encode()),
+        append_action=core.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+    )
 
 
 def immediate(status: int, message: str, code: str) -> ep.ProcessingResponse:
@@ -125,6 +136,10 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
                     for reply in self._route(state, has_body=True):
                         yield reply
             elif kind == "request_trailers":
+                # trailers end the body (HTTP/2, gRPC): route first, reply in Envoy's order
+                if not state.routed:
+                    for reply in self._route(state, has_body=bool(state.body)):
+                        yield reply
                 yield ep.ProcessingResponse(request_trailers=ep.TrailersResponse())
             elif kind == "response_headers":
                 yield self._response_headers(state, request)
@@ -135,6 +150,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 yield ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
 
     def _route(self, state: StreamState, *, has_body: bool) -> Iterator[ep.ProcessingResponse]:
+        state.routed = True
         try:
             body = self._parse(state) if has_body else {}
             endpoint = self._pick(state, body, state.subset)
@@ -155,15 +171,18 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         set_headers += [
             _header_option(k, v)
             for k, v in state.headers.items()
-            if not k.startswith(":") and k.lower() not in SYSTEM_OWNED
+            if not k.startswith(":") and k not in SYSTEM_OWNED and not _client_routing(k)
         ]
+        removed = [k for k in state.headers if _client_routing(k) and k != DESTINATION]
         metadata = struct_pb2.Struct()
         metadata.update({"envoy.lb": {DESTINATION: endpoint}})
         yield ep.ProcessingResponse(
             request_headers=ep.HeadersResponse(
                 response=ep.CommonResponse(
                     clear_route_cache=True,
-                    header_mutation=ep.HeaderMutation(set_headers=set_headers),
+                    header_mutation=ep.HeaderMutation(
+                        set_headers=set_headers, remove_headers=removed
+                    ),
                 )
             ),
             dynamic_metadata=metadata,
@@ -181,6 +200,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise PickError(400, "model not found in request body", "bad_request")
+        state.stream_requested = body.get("stream") is True
         path = state.headers.get(":path", "/v1/completions").split("?")[0]
         needed = next((f for suffix, f in REQUIRED_FIELD.items() if path.endswith(suffix)), None)
         if needed and not body.get(needed):
@@ -223,7 +243,12 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self, state: StreamState, request: ep.ProcessingRequest
     ) -> ep.ProcessingResponse:
         headers = _read_headers(request.response_headers.headers)
-        state.streaming = "text/event-stream" in headers.get("content-type", "")
+        # streamed as the response says, or as the request asked when the response does not
+        # say it is whole JSON (GIE reads the request's "stream" too)
+        content_type = headers.get("content-type", "")
+        state.streaming = "text/event-stream" in content_type or (
+            state.stream_requested and "json" not in content_type
+        )
         served = request.metadata_context.filter_metadata.get("envoy.lb")
         if served is not None and SERVED in served.fields:
             state.served = served.fields[SERVED].string_value
@@ -252,8 +277,8 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         yield from body_chunks(self._restore_model(state, data), "response_body")
 
     def _restore_model(self, state: StreamState, data: bytes) -> bytes:
-        if not state.target_model or state.target_model == state.incoming_model:
-            return data
+        if not state.incoming_model or state.target_model == state.incoming_model:
+            return data  # no body came in (a GET), or nothing was rewritten
         for separator in (":", ": "):
             old = f'"model"{separator}{json.dumps(state.target_model)}'.encode()
             new = f'"model"{separator}{json.dumps(state.incoming_model)}'.encode()
@@ -265,6 +290,10 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
             value = usage.get(key)
             if isinstance(value, int):
                 self.service.metrics.tokens.labels(direction).inc(value)
+
+
+def _client_routing(name: str) -> bool:
+    return name in CLIENT_ROUTING or name.startswith(CLIENT_ROUTING_PREFIX)
 
 
 def _read_headers(header_map: core.HeaderMap) -> dict[str, str]:

@@ -89,13 +89,16 @@ def test_the_filter_remembers_a_bounded_number_of_names() -> None:
     assert out == [b"x-h5: w\r\n"]
 
 
-def test_expect_upgrades_and_the_clients_forwarded_headers_are_not_passed_on() -> None:
+def test_expect_upgrades_routing_and_the_clients_forwarded_headers_are_not_passed_on() -> None:
     client = [
         (b"Expect", b"100-continue"),
         (b"Upgrade", b"h2c"),
         (b"HTTP2-Settings", b"AAMAAABkAAQAoAAA"),
         (b"X-Forwarded-For", b"6.6.6.6"),
         (b"X-Forwarded-Proto", b"https"),
+        (b"x-gateway-destination-endpoint", b"6.6.6.6:1"),
+        (b"X-Prefiller-Host-Port", b"6.6.6.6:2"),
+        (b"X-LLM-D-Prefill-Target", b"6.6.6.6:3"),
     ]
     forwarded = ClientAddress().upstream_lines("192.0.2.1", "6.6.6.6", "https")
     sent = upstream_headers(client, "id", Pool("p", ()), forwarded)

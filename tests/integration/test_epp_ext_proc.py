@@ -236,3 +236,88 @@ def test_pick_api(epp: tuple[str, int]) -> None:
         with pytest.raises(grpc.RpcError) as err:
             stub.Pick(epp_pb2.PickRequest(model="nope", routing_text="x"), timeout=5)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_body_ended_by_trailers_is_routed_and_replies_keep_envoys_order(
+    epp: tuple[str, int],
+) -> None:
+    target, _ = epp
+    body = chat_body()
+    messages = [
+        headers_message(REQUEST_HEADERS),
+        ep.ProcessingRequest(request_body=ep.HttpBody(body=body[:20])),
+        ep.ProcessingRequest(request_body=ep.HttpBody(body=body[20:])),  # no end_of_stream
+        ep.ProcessingRequest(request_trailers=ep.HttpTrailers()),
+    ]
+    replies = exchange(target, messages)
+    kinds = [r.WhichOneof("response") for r in replies]
+    assert kinds == ["request_headers", "request_body", "request_trailers"]
+    assert set_headers(replies[0])["x-gateway-destination-endpoint"].startswith("127.0.0.")
+    sent = replies[1].request_body.response.body_mutation.streamed_response.body
+    assert json.loads(sent)["model"] == "upstream-model"
+
+
+def test_client_routing_headers_are_removed_and_the_destination_overwritten(
+    epp: tuple[str, int],
+) -> None:
+    target, _ = epp
+    forged = {
+        **REQUEST_HEADERS,
+        "x-gateway-destination-endpoint": "6.6.6.6:1",
+        "x-prefiller-host-port": "6.6.6.6:2",
+        "x-llm-d-prefill-target": "6.6.6.6:3",
+    }
+    replies = exchange(target, [headers_message(forged), *body_msgs(chat_body())])
+    mutation = replies[0].request_headers.response.header_mutation
+    destination = [
+        h for h in mutation.set_headers if h.header.key == "x-gateway-destination-endpoint"
+    ]
+    assert len(destination) == 1 and destination[0].header.raw_value.startswith(b"127.0.0.")
+    assert destination[0].append_action == core.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+    assert set(mutation.remove_headers) == {"x-prefiller-host-port", "x-llm-d-prefill-target"}
+    assert not {"x-prefiller-host-port", "x-llm-d-prefill-target"} & set(set_headers(replies[0]))
+
+
+def response_headers_message(content_type: str | None) -> ep.ProcessingRequest:
+    headers = [core.HeaderValue(key=":status", raw_value=b"200")]
+    if content_type is not None:
+        headers.append(core.HeaderValue(key="content-type", raw_value=content_type.encode()))
+    return ep.ProcessingRequest(
+        response_headers=ep.HttpHeaders(headers=core.HeaderMap(headers=headers))
+    )
+
+
+def test_a_request_without_body_keeps_the_responses_model(epp: tuple[str, int]) -> None:
+    # e.g. GET /v1/responses/{id} on a pool whose model is rewritten: nothing to restore
+    target, _ = epp
+    get = {":path": "/v1/models", ":method": "GET", "x-request-id": "get-1"}
+    whole = b'{"object":"model","id":"x","model":"upstream-model"}'
+    replies = exchange(
+        target,
+        [
+            headers_message(get, end=True),
+            response_headers_message("application/json"),
+            ep.ProcessingRequest(response_body=ep.HttpBody(body=whole, end_of_stream=True)),
+        ],
+    )
+    out = replies[-1].response_body.response.body_mutation.streamed_response.body
+    assert out == whole
+
+
+def test_streaming_is_known_from_the_request_too(epp: tuple[str, int]) -> None:
+    # a stream whose response names no SSE content type is still relayed chunk by chunk
+    target, _ = epp
+    events = [b'data: {"choices":[]}\n\n', b"data: [DONE]\n\n"]
+    replies = exchange(
+        target,
+        [
+            headers_message(REQUEST_HEADERS),
+            *body_msgs(chat_body(), pieces=1),
+            response_headers_message(None),
+            ep.ProcessingRequest(response_body=ep.HttpBody(body=events[0])),
+            ep.ProcessingRequest(response_body=ep.HttpBody(body=events[1], end_of_stream=True)),
+        ],
+    )
+    bodies = [r.response_body.response.body_mutation.streamed_response for r in replies[3:]]
+    assert [b.body for b in bodies] == events  # each chunk at once, not buffered to the end
+    assert [b.end_of_stream for b in bodies] == [False, True]
