@@ -19,6 +19,7 @@ from backends.runners.sim_runner import CostModel, SimRunner
 from backends.server.app import create_app
 from backends.server.metrics import ServerMetrics
 from backends.server.state import ServerState
+from kvgate.wire import app_logging
 from kvgate.wire.request_tokenizer import ReferenceTokenizer
 
 log = logging.getLogger("kvgate.backend")
@@ -93,7 +94,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated tokens")
     p.add_argument("--default-max-tokens", type=int, default=256, help="chat default max_tokens")
-    p.add_argument("--log-level", default="info")
     p.set_defaults(func=run)
 
 
@@ -164,7 +164,7 @@ def _sim_parts(args: argparse.Namespace) -> RunnerParts:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    app_logging.configure()
     try:
         state = build_state(args)
     except ValueError as exc:

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 
 from epp.registry import CATALOG
 from epp.server import serve
+from kvgate.wire import app_logging
 from policies.errors import PolicyError
 from policies.loader import load_policy
 
 
 def _run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    app_logging.configure()
     try:
         policy = load_policy(args.policy, plugins=CATALOG)
     except PolicyError as exc:

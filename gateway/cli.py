@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from epp.registry import CATALOG
 from gateway.workers import ServeOptions, serve
 from policies.errors import PolicyError
 from policies.loader import load_policy
+from policies.schema import Policy
+
+log = logging.getLogger("kvgate.gateway")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -18,7 +22,23 @@ def _run(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return 1
+    warn_if_open(policy)
     return serve(options, policy)
+
+
+def warn_if_open(policy: Policy) -> bool:
+    """Warn (and say so) when anyone who can reach a non-loopback listener may call it."""
+    host = policy.listen.host
+    loopback = host == "localhost" or host.startswith("127.") or host == "::1"
+    if loopback or not policy.auth.allow_anonymous:
+        return False
+    log.warning(
+        "listening on %s:%d with no API keys or JWT issuers: anyone who can reach it may "
+        "call every model (set auth: in the policy, or listen on 127.0.0.1)",
+        host,
+        policy.listen.port,
+    )
+    return True
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

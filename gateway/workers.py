@@ -23,6 +23,7 @@ from epp.registry import CATALOG
 from gateway.app import create_app
 from gateway.build_info import request_path_compiled
 from gateway.lifecycle import running
+from kvgate.wire import app_logging
 from policies.loader import load_policy
 from policies.schema import Policy
 
@@ -48,11 +49,7 @@ class ServeOptions:
 
 
 def configure_logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    app_logging.configure()
     access = logging.getLogger("kvgate.access")
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))

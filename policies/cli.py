@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import getpass
+import hashlib
 import sys
 from functools import partial
 
@@ -39,6 +41,41 @@ def _check(args: argparse.Namespace, plugins: PluginCatalog | None) -> int:
         return 1
     print(summary(policy))
     return 0
+
+
+def hash_key(raw: str) -> str:
+    """The ``sha256`` a policy's ``api_keys`` entry holds for the key ``raw`` as read from a
+    pipe or file: one trailing newline (``echo``'s) is not part of the key."""
+    key = raw[:-1] if raw.endswith("\n") else raw
+    key = key[:-1] if key.endswith("\r") else key
+    if not key:
+        raise ValueError("no key on standard input")
+    if key != key.strip():
+        raise ValueError("the key starts or ends with whitespace: is that really part of it?")
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _hash(args: argparse.Namespace) -> int:
+    raw = getpass.getpass("API key: ") + "\n" if sys.stdin.isatty() else sys.stdin.read()
+    try:
+        digest = hash_key(raw)
+    except ValueError as exc:
+        print(f"kvgate keys hash: {exc}", file=sys.stderr)
+        return 1
+    print(digest)
+    return 0
+
+
+def add_keys_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``keys hash``: the sha256 to put in a policy for an API key read from stdin."""
+    keys = subparsers.add_parser("keys", help="work with API keys")
+    actions = keys.add_subparsers(dest="action", metavar="ACTION", required=True)
+    hashing = actions.add_parser(
+        "hash",
+        help="print the sha256 of an API key read from stdin (for auth.api_keys[].sha256)",
+        description="printf %%s \"$KEY\" | kvgate keys hash   (a trailing newline is ignored)",
+    )
+    hashing.set_defaults(func=_hash)
 
 
 def add_parser(

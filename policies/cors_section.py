@@ -28,13 +28,13 @@ def load_cors(top: Fields) -> Cors | None:
     f = top.sub("cors", {"origins", "headers", "credentials", "max_age"})
     origins = f.str_list("origins")
     if not origins:
-        f.error("cors.origins", "is required: the origins allowed, or [\"*\"]")
+        f.error("cors.origins", 'is required: the origins allowed, or ["*"]')
         origins = ()
     for number, origin in enumerate(origins):
         if origin != "*" and ("://" not in origin or origin.endswith("/")):
             f.error(
                 f"cors.origins[{number}]",
-                f"{origin!r} is not an origin (scheme://host[:port], no path) or \"*\"",
+                f'{origin!r} is not an origin (scheme://host[:port], no path) or "*"',
             )
     credentials = f.flag("credentials", False)
     if credentials and "*" in origins:

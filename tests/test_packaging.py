@@ -51,3 +51,13 @@ def test_wheel_installs_beside_proto_plus(wheel: Path, tmp_path: Path) -> None:
     done = subprocess.run([python, "-c", CHECK], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "proto/__init__.py" in done.stdout  # proto-plus's own package, still in place
+
+
+def test_wheel_carries_the_license_its_metadata_names(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    licenses = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+    assert len(licenses) == 1
+    text = zipfile.ZipFile(wheel).read(licenses[0]).decode()
+    assert text.lstrip().startswith("Apache License") and "Version 2.0" in text
+    metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    assert "License-Expression: Apache-2.0" in zipfile.ZipFile(wheel).read(metadata).decode()
