@@ -15,10 +15,12 @@ from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.upstream import response_headers
 from kvgate.wire.http.client import UpstreamConnectionError, UpstreamResponse
 from kvgate.wire.http.messages import Request, Response, StreamResponse
+from kvgate.wire.http.server import SHUTDOWN_CUT
 from kvgate.wire.openai_errors import sse_error_event
 from kvgate.wire.sse import SSERelay, usage_of
 
 MID_STREAM_ERRORS = (UpstreamConnectionError, asyncio.TimeoutError)
+CUT_BY_SHUTDOWN = "cut_by_shutdown"  # the error of a stream still running when the grace ended
 
 
 async def read_body(
@@ -67,6 +69,13 @@ async def relay_stream(
                 if ctx.ttft is None:
                     ctx.ttft = time.perf_counter() - ctx.start
                 await response.write(out)
+    except asyncio.CancelledError as cancel:
+        if cancel.args and cancel.args[0] == SHUTDOWN_CUT:
+            ctx.error = CUT_BY_SHUTDOWN
+            attempt.break_off()
+            message = "the gateway is shutting down; the stream was cut after its grace period"
+            response.write_last(sse_error_event(message, code="shutdown").encode())
+        raise
     except MID_STREAM_ERRORS as exc:
         failure = (
             "upstream stalled mid-stream"

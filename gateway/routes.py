@@ -28,6 +28,7 @@ from gateway.errors import (
     Unauthorized,
 )
 from gateway.keys import METRICS, RUNTIME, SHUTTING_DOWN, TRACER
+from gateway.relay import CUT_BY_SHUTDOWN
 from gateway.request_context import (
     QUIET_PATHS,
     end_server_span,
@@ -37,6 +38,7 @@ from gateway.request_context import (
 )
 from gateway.runtime import dead_pools
 from kvgate.wire.http.messages import AnyResponse, Request, Response, header_line, json_response
+from kvgate.wire.http.server import SHUTDOWN_CUT
 
 RouteHandler = Callable[[Request, RequestContext], Awaitable[AnyResponse]]
 
@@ -193,8 +195,13 @@ async def handle(request: Request) -> AnyResponse:
                         with tracer.start_as_current_span("auth"):
                             ctx.identity = authenticator.authenticate(request.headers)
                 response = await _route(request)(request, ctx)
-        except asyncio.CancelledError:
-            ctx.status, ctx.error = 499, ctx.error or "client_disconnected"
+        except asyncio.CancelledError as cancel:
+            if cancel.args and cancel.args[0] == SHUTDOWN_CUT:
+                # still running when the shutdown grace ended; a stream keeps its status
+                ctx.error = CUT_BY_SHUTDOWN
+                ctx.status = ctx.status or 503
+            else:
+                ctx.status, ctx.error = 499, ctx.error or "client_disconnected"
             _finish(request, ctx)
             raise
         except Exception as exc:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import signal
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -191,3 +192,32 @@ async def test_sigterm_lets_streams_finish(
         with pytest.raises(aiohttp.ClientConnectionError):
             await session.post(f"{url}/v1/completions", json=body)
     assert gateway.proc.wait(timeout=10) == 0
+
+
+async def test_a_stream_past_the_shutdown_grace_ends_with_an_error_event(
+    start_backend: Callable[..., str],
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+) -> None:
+    backend = start_backend("--cost", "0.01,0,0,0")
+    url, gateway = start_gateway(
+        policy(backend.removeprefix("http://"), extra="listen: {shutdown_grace: 500ms}").replace(
+            "listen: {shutdown_grace: 20s}\n", ""
+        )
+    )
+    body = {**STREAM, "max_tokens": 1000}  # ~10 s of streaming: outlasts the grace
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(
+            f"{url}/v1/completions", json=body, headers={"x-request-id": "cut-1"}
+        )
+        await response.content.readline()
+        assert gateway.proc is not None
+        gateway.proc.send_signal(signal.SIGTERM)
+        events = await read_events(response)  # the chunked body ends properly
+    last = json.loads(events[-1].removeprefix("data: "))
+    assert last["error"]["code"] == "shutdown" and "data: [DONE]" not in events
+    assert gateway.proc.wait(timeout=10) == 0
+    assert gateway.log is not None
+    log = await asyncio.to_thread(Path(gateway.log).read_text)
+    entries = [json.loads(x) for x in log.splitlines() if x[:1] == "{"]
+    line = next(e for e in entries if e.get("request_id") == "cut-1")
+    assert (line["status"], line["error"]) == (200, "cut_by_shutdown")

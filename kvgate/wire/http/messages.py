@@ -243,6 +243,17 @@ class StreamResponse:
             connection.write(data)
         await connection.drain()
 
+    def write_last(self, data: bytes) -> None:
+        """``data`` and the end of the body, without waiting for the client to read them (the
+        connection is about to close)."""
+        if self.finished or self._connection is None:
+            return
+        self.finished = True
+        if self._chunked:
+            self._connection.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data))
+        else:
+            self._connection.write(data)
+
     async def write_eof(self) -> None:
         if self.finished:
             return

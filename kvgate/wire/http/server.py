@@ -19,7 +19,9 @@ and response machinery alone costs about as much CPU as the whole proxy may spen
 - ``head_check`` (optional) sees the head of a request whose body is large (over
   ``EARLY_CHECK_BYTES``, or chunked) before any of it is read, and may refuse it (e.g. 401):
   nobody unauthenticated makes the server buffer a large body;
-- ``shutdown(grace)``: stop accepting, close idle connections, let handlers finish.
+- ``shutdown(grace)``: stop accepting, close idle connections, let handlers finish; those
+  still running after ``grace`` are cancelled with ``SHUTDOWN_CUT`` (a stream can end with an
+  error event) and get ``CUT_WAIT`` more before their connections close.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ ErrorFactory = Callable[[int, str], Response]
 # (request target, headers) -> a response that refuses the request, or None to read its body
 HeadCheck = Callable[[bytes, CIMultiDict[str]], Response | None]
 EARLY_CHECK_BYTES = 64 * 1024  # bodies larger than this are checked from the head first
+# the cancellation message of a request still in flight when the shutdown grace is over
+SHUTDOWN_CUT = "kvgate: the server is shutting down"
+CUT_WAIT = 1.0  # seconds cut handlers get to write their last word
 
 
 _UPGRADE_HEADERS = (b"upgrade", b"http2-settings")  # dropped from a head whose upgrade is ignored
@@ -386,6 +391,14 @@ class Connection(asyncio.Protocol):
         if idle_since is None or self.last_active < idle_since:
             self._transport.close()
 
+    def cut_for_shutdown(self) -> bool:
+        """Cancel the request in flight, if any, with ``SHUTDOWN_CUT`` as the cancellation's
+        message (its handler may still write a last word before the connection closes)."""
+        if self._busy and self._worker is not None:
+            self._worker.cancel(SHUTDOWN_CUT)
+            return True
+        return False
+
     @property
     def transport(self) -> asyncio.Transport | None:
         return self._transport
@@ -462,6 +475,11 @@ class HttpServer:
             self.drained = asyncio.Event()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.drained.wait(), grace)
+        cut = [c for c in list(self.connections) if c.cut_for_shutdown()]
+        if cut and self.in_flight:  # their handlers end what they were sending, then close
+            drained = self.drained = self.drained or asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(drained.wait(), CUT_WAIT)
         for connection in list(self.connections):
             if connection.transport is not None:
                 connection.transport.close()
