@@ -13,7 +13,9 @@ import gc
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -27,6 +29,7 @@ from kvgate.wire import app_logging
 from policies.loader import load_policy
 from policies.schema import Policy
 
+STARTUP_FAILED = 3  # a worker's exit code when it could not start: not restarted
 log = logging.getLogger("kvgate.gateway")
 
 
@@ -49,11 +52,13 @@ class ServeOptions:
 
 
 def configure_logging() -> None:
+    """Application logs as ``app_logging`` says; the access log as JSON lines on stdout."""
     app_logging.configure()
     access = logging.getLogger("kvgate.access")
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    access.addHandler(handler)
+    if not access.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        access.addHandler(handler)
     access.propagate = False
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
@@ -77,6 +82,7 @@ def run_worker(options: ServeOptions) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         async with running(app, listen.host, listen.port, reuse_port=listen.workers > 1):
+            started.append(True)
             log.info(
                 "gateway worker %d listening on %s:%d (request path: %s)",
                 os.getpid(),
@@ -88,22 +94,67 @@ def run_worker(options: ServeOptions) -> None:
             await stop.wait()
             log.info("gateway worker %d stopping", os.getpid())
 
-    asyncio.run(serve_until_signalled())
+    started: list[bool] = []
+    try:
+        asyncio.run(serve_until_signalled())
+    except OSError as exc:
+        if started:
+            raise
+        log.error("gateway worker %d cannot start: %s", os.getpid(), exc)  # one line
+        raise SystemExit(STARTUP_FAILED) from None
+
+
+def unavailable_address(policy: Policy) -> str | None:
+    """Why the gateway cannot listen where the policy says (a port taken, an address not
+    this host's), in one line; None when it can. Probed before any worker starts."""
+    listen = policy.listen
+    wanted = [("listen.port", listen.host, listen.port)]
+    if listen.admin is not None:
+        wanted.append(("listen.admin.port", listen.admin.host, listen.admin.port))
+    for field, host, port in wanted:
+        if port == 0:
+            continue
+        try:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if listen.workers > 1 and hasattr(socket, "SO_REUSEPORT"):
+                    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                probe.bind((host, port))
+        except OSError as exc:
+            return f"cannot listen on {host}:{port} ({field}): {exc.strerror or exc}"
+    return None
 
 
 def serve(options: ServeOptions, policy: Policy) -> int:
+    """Run the gateway until SIGTERM/SIGINT; 1 (after one line on stderr) if it cannot start."""
+    configure_logging()
+    problem = unavailable_address(policy)
+    if problem is not None:
+        log.error("kvgate gateway: %s", problem)
+        return 1
     workers = policy.listen.workers
     if workers == 1:
-        run_worker(options)
+        try:
+            run_worker(options)
+        except SystemExit as exc:
+            return 1 if exc.code == STARTUP_FAILED else int(exc.code or 0)
         return 0
-    configure_logging()
     metrics_dir = tempfile.mkdtemp(prefix="kvgate-metrics-")
+    try:
+        return _supervise(options, policy, workers, metrics_dir)
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _supervise(options: ServeOptions, policy: Policy, workers: int, metrics_dir: str) -> int:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     context = multiprocessing.get_context("spawn")
     procs = [
         context.Process(target=run_worker, args=(options,), daemon=False) for _ in range(workers)
     ]
     stopping = False
+    code = 0
 
     def forward(signum: int, frame: object) -> None:
         nonlocal stopping
@@ -119,11 +170,15 @@ def serve(options: ServeOptions, policy: Policy) -> int:
     while not stopping:
         time.sleep(0.2)
         for i, proc in enumerate(procs):
-            if not proc.is_alive() and not stopping:
+            if not proc.is_alive() and not stopping and proc.exitcode == STARTUP_FAILED:
+                log.error("a worker could not start; stopping the gateway")
+                forward(signal.SIGTERM, None)
+                code = 1
+            elif not proc.is_alive() and not stopping:
                 log.error("worker %s exited with %s; restarting it", proc.pid, proc.exitcode)
                 time.sleep(0.5)
                 procs[i] = context.Process(target=run_worker, args=(options,), daemon=False)
                 procs[i].start()
     for proc in procs:
         proc.join(policy.listen.shutdown_grace + 5)
-    return 0
+    return code

@@ -131,6 +131,8 @@ def _listen(top: Fields) -> Listen:
         admin = Admin(
             a.text("host", "127.0.0.1"), a.integer("port", 8081, low=0, high=65535), token
         )
+        if admin.port and admin.port == f.integer("port", Listen().port, low=0, high=65535):
+            a.error("listen.admin.port", "must differ from listen.port")
     trusted = f.str_list("trusted_proxies") or ()
     for number, value in enumerate(trusted):
         try:

@@ -1,13 +1,19 @@
-"""``--workers 2``: two processes share the port; /metrics sums over both."""
+"""``--workers 2``: two processes share the port; /metrics sums over both; a taken port fails
+fast; the metrics files go with a clean stop."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import aiohttp
+import pytest
 
-from loadtest.harness.processes import KvgateProcess
+from loadtest.harness.processes import KvgateProcess, free_port
 from tests.integration.metrics_util import scrape
 
 
@@ -55,3 +61,57 @@ routes: [{{model: kvgate-sim, pool: p}}]
     )
     out, _ = await children.communicate()
     assert len(out.split()) >= 2
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_taken_admin_port_fails_fast_in_one_line(tmp_path: Path, workers: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        admin_port = taken.getsockname()[1]
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(f"""
+listen: {{host: 127.0.0.1, port: {free_port()}, admin: {{port: {admin_port}, token: "{"t" * 20}"}}}}
+pools: {{p: {{endpoints: ["127.0.0.1:9"]}}}}
+routes: [{{model: m, pool: p}}]
+""")
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kvgate",
+                "gateway",
+                "--policy",
+                str(policy),
+                "--workers",
+                workers,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr  # no traceback, no restarted workers
+    assert f"127.0.0.1:{admin_port} (listen.admin.port)" in lines[0]
+
+
+def test_the_metrics_directory_goes_after_a_clean_stop(
+    start_backend: Callable[..., str],
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))  # where the workers' metrics files are made
+    backend = start_backend("--cost", "zero").removeprefix("http://")
+    _, gateway = start_gateway(
+        f"pools: {{p: {{endpoints: [{backend}]}}}}\nroutes: [{{model: kvgate-sim, pool: p}}]\n",
+        "--workers",
+        "2",
+    )
+    assert [p.name[:15] for p in scratch.iterdir()] == ["kvgate-metrics-"]
+    gateway.stop()
+    assert gateway.proc is not None and gateway.proc.returncode == 0
+    assert list(scratch.iterdir()) == []

@@ -48,6 +48,10 @@ def test_defaults() -> None:
         ("listen: {header_timeout: slow}", "listen.header_timeout (line 6): must be a duration"),
         ("listen: {max_body: lots}", "listen.max_body (line 6): must be a size"),
         ("cors: {credentials: true}", "cors.origins (line 6): is required"),
+        (
+            "listen: {port: 9000, admin: {port: 9000, token: 0123456789abcdef}}",
+            "listen.admin.port (line 6): must differ from listen.port",
+        ),
         ("cors: {origins: [app.example.com]}", "cors.origins[0] (line 6): 'app.example.com'"),
         ("cors: {origins: ['*'], credentials: true}", "cors.credentials (line 6): cannot be"),
         (
