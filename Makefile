@@ -83,6 +83,11 @@ bench-policy: $(STAMP) wrk redis
 bench-engine: $(STAMP)
 	$(BIN)/python -m loadtest.bench.engine
 
+# kvgate's picker against sglang-router and vllm-router (their own venv, made on first use) on
+# six simulated backends: docs/benchmarks.md, "Routing".
+bench-routing: $(STAMP)
+	$(BIN)/python -m loadtest.bench.routing
+
 bench-epp: $(STAMP)
 	$(BIN)/python -m loadtest.bench.epp
 

@@ -18,10 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from loadtest.bench.proxy import process
 from loadtest.client.http_load import run_wrk
 from loadtest.harness.proc_stats import cpu_seconds
-from loadtest.harness.processes import free_port, gateway_process
+from loadtest.harness.processes import external_process, free_port, gateway_process
 from loadtest.workloads.fixed import CHAT
 
 KEY = "sk-bench-policy-chain"
@@ -76,8 +75,8 @@ def main() -> int:
     rows = []
     try:
         with (
-            process([*mock, str(ups[0])], f"http://127.0.0.1:{ups[0]}/health"),
-            process([*mock, str(ups[1])], f"http://127.0.0.1:{ups[1]}/health"),
+            external_process([*mock, str(ups[0])], f"http://127.0.0.1:{ups[0]}/health"),
+            external_process([*mock, str(ups[1])], f"http://127.0.0.1:{ups[1]}/health"),
         ):
             time.sleep(0.3)
             for name, limits in (

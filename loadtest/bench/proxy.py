@@ -18,17 +18,14 @@ from __future__ import annotations
 import argparse
 import math
 import shutil
-import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from loadtest.client.http_load import StreamLoadResult, run_load, run_stream_load, run_wrk
 from loadtest.harness.proc_stats import cpu_seconds, rss_mb
-from loadtest.harness.processes import free_port, gateway_process, wait_http_ok
+from loadtest.harness.processes import external_process, free_port, gateway_process
 from loadtest.workloads.fixed import CHAT
 
 NGINX_CONF = """
@@ -63,20 +60,6 @@ class Row:
     stream: StreamLoadResult
     stream_cpu_ms: float
     idle_p50: float  # p50 at one request at a time: the proxy's own latency, no queueing
-
-
-@contextmanager
-def process(argv: list[str], health: str) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_http_ok(health, 20, proc)
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def measure(peer: str, url: str, pid: int, seconds: float, streams: int) -> Row:
@@ -204,19 +187,19 @@ def one_round(
             NGINX_CONF.format(workers=1, dir=directory, up1=ups[0], up2=ups[1], port=port)
         )
         argv = ["nginx", "-p", str(directory), "-c", str(conf), "-g", "daemon off;"]
-        with process(argv, f"http://127.0.0.1:{port}/health") as nginx:
+        with external_process(argv, f"http://127.0.0.1:{port}/health") as nginx:
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             rows.append(measure("nginx 1 worker", url, nginx.pid, seconds, streams))
     else:
         print("nginx not installed: skipping it (make bench-proxy installs it)", file=sys.stderr)
     port = free_port()
     floor = [sys.executable, "-m", "loadtest.bench.floor_proxy", str(port), f"{ups[0]},{ups[1]}"]
-    with process(floor, f"http://127.0.0.1:{port}/health") as proc:
+    with external_process(floor, f"http://127.0.0.1:{port}/health") as proc:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         rows.append(measure("python floor", url, proc.pid, seconds, streams))
     port = free_port()
     layers = [sys.executable, "-m", "loadtest.bench.layers_proxy", str(port), f"{ups[0]},{ups[1]}"]
-    with process(layers, f"http://127.0.0.1:{port}/health") as proc:
+    with external_process(layers, f"http://127.0.0.1:{port}/health") as proc:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         rows.append(measure("kvgate http layers only", url, proc.pid, seconds, streams))
     builds: list[tuple[str, str | None]] = [("", None)]
@@ -269,8 +252,8 @@ def main() -> int:
     ups = [free_port(), free_port()]
     mock = [sys.executable, "-m", "loadtest.bench.mock_upstream", "--port"]
     with (
-        process([*mock, str(ups[0])], f"http://127.0.0.1:{ups[0]}/health") as up1,
-        process([*mock, str(ups[1])], f"http://127.0.0.1:{ups[1]}/health"),
+        external_process([*mock, str(ups[0])], f"http://127.0.0.1:{ups[0]}/health") as up1,
+        external_process([*mock, str(ups[1])], f"http://127.0.0.1:{ups[1]}/health"),
     ):
         rounds = [
             one_round(directory, ups, up1.pid, args.seconds, args.streams, compiled)

@@ -29,12 +29,15 @@ class StreamResult:
 
 
 async def stream_request(
-    session: aiohttp.ClientSession, url: str, body: dict[str, object]
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, object],
+    headers: dict[str, str] | None = None,
 ) -> StreamResult:
     """POST ``body`` with ``stream`` and usage on, and read the SSE stream to its end."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
-    async with session.post(url, json=body) as response:
+    async with session.post(url, json=body, headers=headers) as response:
         result = StreamResult(response.status)
         if response.status != 200:
             result.error = await response.text()

@@ -9,7 +9,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from types import TracebackType
 
 
@@ -37,6 +39,29 @@ def wait_http_ok(
             pass
         time.sleep(0.05)
     raise TimeoutError(f"{url} not ready after {timeout}s")
+
+
+@contextmanager
+def external_process(
+    argv: list[str], health: str, env: dict[str, str] | None = None, log: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Another program (a peer) as a child process, ready once ``health`` answers 200;
+    terminated on exit. Its output goes to ``log`` (default: nowhere)."""
+    out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
+    proc = subprocess.Popen(
+        argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+    )
+    try:
+        wait_http_ok(health, 30, proc)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        if log is not None and not isinstance(out, int):
+            out.close()
 
 
 class KvgateProcess:

@@ -1,0 +1,124 @@
+"""The routers ``make bench-routing`` compares, each started in front of the same backends.
+
+kvgate's gateway with its embedded picker (the default profile: approximate prefix, GIE's
+weights; the same with precise prefix from the backends' KV events; least-in-flight, blind to
+caches), and the real peer packages, installed into a venv of their own
+(``~/.cache/kvgate/router-peers``): sglang-router 0.3.2 (``round_robin``, ``cache_aware``) and
+vllm-router 0.1.17 (``cache_aware``, ``consistent_hash``, which keys ``X-Session-ID``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadtest.harness.processes import external_process, free_port, gateway_process
+
+CACHE = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate"))
+PEER_VENV = CACHE / "router-peers"
+PEER_PACKAGES = ("sglang-router==0.3.2", "vllm-router==0.1.17")
+
+
+@dataclass(frozen=True)
+class Backend:
+    port: int
+    kv_events_port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str
+    router: str  # kvgate | sglang | vllm-router
+    policy: str  # kvgate: default | precise | least-in-flight; a peer's --policy otherwise
+
+
+PEERS = (
+    Peer("kvgate (default profile)", "kvgate", "default"),
+    Peer("kvgate (precise, KV events)", "kvgate", "precise"),
+    Peer("kvgate least-in-flight", "kvgate", "least-in-flight"),
+    Peer("sglang-router round_robin", "sglang", "round_robin"),
+    Peer("sglang-router cache_aware", "sglang", "cache_aware"),
+    Peer("vllm-router cache_aware", "vllm-router", "cache_aware"),
+    Peer("vllm-router consistent_hash", "vllm-router", "consistent_hash"),
+)
+
+
+def peer_bin() -> tuple[Path | None, str]:
+    """The peers' venv ``bin`` (made on first use from the package registry), or None and why."""
+    bin_dir = PEER_VENV / "bin"
+    if (bin_dir / "sglang-router").exists() and (bin_dir / "vllm-router").exists():
+        return bin_dir, ""
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], check=True)
+        subprocess.run(
+            [str(bin_dir / "pip"), "install", "--quiet", *PEER_PACKAGES],
+            check=True,
+            capture_output=True,
+        )
+    except (subprocess.CalledProcessError, OSError) as exc:
+        return None, f"could not install {', '.join(PEER_PACKAGES)}: {exc}"
+    return bin_dir, ""
+
+
+def kvgate_policy(peer: Peer, backends: list[Backend], model: str) -> str:
+    if peer.policy == "precise":
+        endpoints = ", ".join(
+            f"{{address: 127.0.0.1:{b.port}, kv_events_port: {b.kv_events_port}}}" for b in backends
+        )
+        epp = """epp:
+  plugins:
+    - {name: prefix, type: prefix-cache-scorer, params: {mode: precise, block_size_tokens: 16}}
+    - {name: queue, type: queue-scorer}
+    - {name: kv, type: kv-cache-utilization-scorer}
+    - {name: pick, type: max-score-picker}
+  profiles: [{name: default, plugins: [{ref: prefix, weight: 3}, {ref: queue, weight: 2},
+             {ref: kv, weight: 2}, {ref: pick}]}]"""
+    else:
+        endpoints = ", ".join(f"127.0.0.1:{b.port}" for b in backends)
+        epp = "epp: {picker: least-in-flight}" if peer.policy == "least-in-flight" else ""
+    return f"""
+listen: {{host: 127.0.0.1}}
+pools: {{p: {{endpoints: [{endpoints}]}}}}
+routes: [{{model: {model}, pool: p}}]
+observability: {{access_log: "off"}}
+timeouts: {{first_byte: 120s}}
+{epp}
+"""
+
+
+@contextmanager
+def running_peer(
+    peer: Peer, backends: list[Backend], model: str, workdir: Path, bin_dir: Path | None
+) -> Iterator[str]:
+    """``peer`` started in front of ``backends``; yields its base URL."""
+    port = free_port()
+    if peer.router == "kvgate":
+        policy = workdir / f"policy-{port}.yaml"
+        policy.write_text(kvgate_policy(peer, backends, model))
+        with gateway_process(str(policy), port, log=str(workdir / "kvgate.log")):
+            yield f"http://127.0.0.1:{port}"
+        return
+    if bin_dir is None:
+        raise RuntimeError("the peer routers are not installed")
+    workers = [b.url for b in backends]
+    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers]
+    metrics = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    if peer.router == "sglang":
+        argv = [str(bin_dir / "sglang-router"), "launch", *common, "--policy", peer.policy]
+        argv += ["--log-level", "warn", *metrics, "--shutdown-grace-period-secs", "1"]
+    else:
+        argv = [str(bin_dir / "vllm-router"), *common, "--policy", peer.policy]
+        argv += ["--log-level", "warning", *metrics]
+    env = {"HF_HUB_OFFLINE": "1"}  # sglang-router looks for a tokenizer otherwise
+    log = workdir / f"{peer.router}.log"
+    with external_process(argv, f"http://127.0.0.1:{port}/health", env=env, log=log):
+        yield f"http://127.0.0.1:{port}"
