@@ -8,13 +8,36 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Self, TypeVar
 
 T = TypeVar("T")
 
 
 class ParamError(ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class NoParams:
+    """The parameters of a plugin that takes none."""
+
+
+class Parameterless:
+    """The parameter check and factory of a plugin that takes no parameters (any it is given
+    are refused, naming the plugin)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @classmethod
+    def parse_config(cls, name: str, raw: Mapping[str, object]) -> NoParams:
+        return parse_params(NoParams, name, raw)
+
+    @classmethod
+    def from_config(cls, name: str, raw: Mapping[str, object]) -> Self:
+        cls.parse_config(name, raw)
+        return cls(name)
 
 
 def parse_params(

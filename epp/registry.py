@@ -12,12 +12,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from epp.filters.health import HealthFilter, ModelFilter
+from epp.filters.load_balance import LoadBalanceFilter
 from epp.filters.role import RoleFilter
 from epp.filters.saturation import SaturationFilter
 from epp.framework import Filter, Picker, Scorer
 from epp.handle import PluginHandle
 from epp.pickers.max_score import MaxScorePicker
 from epp.pickers.random_picker import RandomPicker
+from epp.scorers.active_requests import ActiveRequestScorer
+from epp.scorers.cold_spread import ColdSpreadScorer
 from epp.scorers.kv_cache_utilization import KVCacheUtilizationScorer
 from epp.scorers.lora_affinity import LoraAffinityScorer
 from epp.scorers.prefix_cache import PrefixCacheScorer
@@ -101,6 +104,9 @@ def _shared(kind: PluginKind, cls: _Sharing) -> PluginType:
 
 BUILTINS: dict[str, PluginType] = {
     "queue-scorer": _plugin("scorer", QueueScorer),
+    "active-request-scorer": _plugin("scorer", ActiveRequestScorer),
+    "cold-spread-scorer": _shared("scorer", ColdSpreadScorer),
+    "load-balance-filter": _plugin("filter", LoadBalanceFilter),
     "running-requests-size-scorer": _plugin("scorer", RunningRequestsScorer),
     "kv-cache-utilization-scorer": _plugin("scorer", KVCacheUtilizationScorer),
     "prefix-cache-scorer": _shared("scorer", PrefixCacheScorer),

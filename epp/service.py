@@ -34,6 +34,7 @@ class Dispatch:
 
     endpoint: Endpoint
     undo: list[Callable[[], None]]
+    open: bool = True  # counted in the endpoint's in_flight until finished or refused
 
 
 class EppService:
@@ -138,13 +139,22 @@ class EppService:
         """``request`` is being sent to ``endpoint``: count it until the next scrape shows it,
         and let the prefix indexes and learning plugins record it."""
         endpoint.dispatched += 1
+        endpoint.in_flight += 1
         for observer in self._observers:
             observer.on_pick(request, endpoint)
         undo = [index.learn(request, endpoint) for index in self.handle.indexes.values()]
         return Dispatch(endpoint, [u for u in undo if u is not None])
 
+    def finished(self, dispatch: Dispatch) -> None:
+        """The request of ``dispatch`` is over (answered, failed or cancelled): it no longer
+        loads its endpoint. Idempotent."""
+        if dispatch.open:
+            dispatch.open = False
+            dispatch.endpoint.in_flight -= 1
+
     def refused(self, dispatch: Dispatch) -> None:
         """The endpoint of ``dispatch`` never took the request: take back what it recorded."""
+        self.finished(dispatch)
         if dispatch.endpoint.dispatched > 0:
             dispatch.endpoint.dispatched -= 1
         for undo in dispatch.undo:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from gateway.endpoint_picker import EndpointState
+from gateway.endpoint_picker import EndpointState, Ranking
 from kvgate.wire.http.client import UpstreamResponse
 
 
@@ -39,10 +39,21 @@ BROKEN, CANCELLED = AttemptOutcome.BROKEN, AttemptOutcome.CANCELLED
 class Attempt:
     """A request in flight to ``endpoint`` (a plain slots class: one is made per try)."""
 
-    __slots__ = ("_open", "_probe", "_undecided", "broken", "endpoint", "outcome", "response")
+    __slots__ = (
+        "_open",
+        "_probe",
+        "_ranking",
+        "_undecided",
+        "broken",
+        "endpoint",
+        "outcome",
+        "response",
+    )
 
-    def __init__(self, endpoint: EndpointState) -> None:
+    def __init__(self, endpoint: EndpointState, ranking: Ranking | None = None) -> None:
+        """``ranking``: the picker's, told when this try is over (``Ranking.finished``)."""
         self.endpoint = endpoint
+        self._ranking = ranking
         self.response: UpstreamResponse | None = None
         self.outcome: AttemptOutcome | None = None
         self.broken = False
@@ -101,6 +112,8 @@ class Attempt:
         if self._undecided:  # a 5xx nobody absolved counts
             self.blame()
         self.endpoint.in_flight -= 1
+        if self._ranking is not None:
+            self._ranking.finished(self.endpoint)
         if self.response is not None:
             self.response.close()
         if self.broken:

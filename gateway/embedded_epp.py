@@ -71,3 +71,8 @@ class EppRanking:
         for state, dispatch in self._dispatches:
             if state is endpoint:
                 self._service.refused(dispatch)
+
+    def finished(self, endpoint: EndpointState) -> None:
+        for state, dispatch in self._dispatches:
+            if state is endpoint:
+                self._service.finished(dispatch)

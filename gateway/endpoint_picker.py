@@ -75,6 +75,10 @@ class Ranking(Protocol):
         """``endpoint`` could not be reached: it never took the request."""
         ...
 
+    def finished(self, endpoint: EndpointState) -> None:
+        """The request's try at ``endpoint`` is over (its attempt closed)."""
+        ...
+
 
 class EndpointPicker(Protocol):
     """The gateway's contract for choosing endpoints (least-in-flight, or the embedded EPP)."""
@@ -125,6 +129,9 @@ class LeastInFlightRanking:
 
     def refused(self, endpoint: EndpointState) -> None:
         return None
+
+    def finished(self, endpoint: EndpointState) -> None:
+        return None  # the in-flight counts it ranks by are the attempts' own
 
     def next(self, exclude: set[str]) -> EndpointState | None:
         """The untried endpoint with the fewest requests in flight (``exclude`` holds the

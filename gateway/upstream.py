@@ -195,7 +195,7 @@ async def open_upstream(
             await asyncio.sleep(_backoff(call.retries, number))
         tried.add(endpoint.address)
         ctx.attempts = number + 1
-        attempt = Attempt(endpoint)
+        attempt = Attempt(endpoint, ranking)
         try:
             if call.tracer is None:
                 response = await call.pool.request(

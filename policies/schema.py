@@ -150,24 +150,30 @@ class ProfileSpec:
 DEFAULT_EPP_PLUGINS = (
     PluginSpec("saturation", "saturation-filter"),
     PluginSpec("prefix", "prefix-cache-scorer"),
-    PluginSpec("queue", "queue-scorer"),
-    PluginSpec("kv", "kv-cache-utilization-scorer"),
+    PluginSpec("spread", "cold-spread-scorer"),
+    PluginSpec("active", "active-request-scorer"),
     PluginSpec("lora", "lora-affinity-scorer"),
     PluginSpec("pick", "max-score-picker"),
 )
+# Sticky until saturated: a request goes where its prefix is cached (prefix x3) until that
+# endpoint saturates (the filter); a new prefix goes where the caches hold least (spread x2);
+# the picker's own in-flight count breaks ties (active x1). GIE's default of queue x2 and
+# KV x2 beside prefix x3 is not kept: under load, one waiting request or a few points of KV
+# use outweigh a cached prefix, the miss adds load, and affinity collapses
+# (docs/benchmarks.md, "Routing").
 DEFAULT_EPP_PROFILES = (
     ProfileSpec(
         "default",
         (
             ProfileRef("saturation"),
             ProfileRef("prefix", 3),
-            ProfileRef("queue", 2),
-            ProfileRef("kv", 2),
+            ProfileRef("spread", 2),
+            ProfileRef("active", 1),
             ProfileRef("lora", 1),
             ProfileRef("pick"),
         ),
     ),
-)  # GIE's defaults (prefix 3, queue 2, KV 2, max-score picker), LoRA affinity, saturation
+)
 
 
 @dataclass(frozen=True)

@@ -8,24 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from epp.framework import Endpoint, SchedulingRequest
-from epp.params import parse_params
-from epp.scorers.queue import Params
+from epp.params import NoParams, Parameterless, parse_params
 
 
-class HealthFilter:
+class HealthFilter(Parameterless):
     """Keeps endpoints whose /metrics still answer (all of them when none does)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    @classmethod
-    def parse_config(cls, name: str, raw: Mapping[str, object]) -> Params:
-        return parse_params(Params, name, raw)
-
-    @classmethod
-    def from_config(cls, name: str, raw: Mapping[str, object]) -> HealthFilter:
-        cls.parse_config(name, raw)
-        return cls(name)
 
     def filter(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
         return [e for e in endpoints if e.healthy] or endpoints
@@ -38,8 +25,8 @@ class ModelFilter:
         self.name = name
 
     @classmethod
-    def parse_config(cls, name: str, raw: Mapping[str, object]) -> Params:
-        return parse_params(Params, name, raw)
+    def parse_config(cls, name: str, raw: Mapping[str, object]) -> NoParams:
+        return parse_params(NoParams, name, raw)
 
     @classmethod
     def from_config(cls, name: str, raw: Mapping[str, object]) -> ModelFilter:

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from epp.framework import Endpoint, SchedulingRequest
-from epp.params import parse_params
-from epp.scorers.queue import Params
+from epp.params import NoParams, parse_params
 
 
 class RoleFilter:
@@ -19,8 +18,8 @@ class RoleFilter:
         self.role = role
 
     @classmethod
-    def parse_config(cls, name: str, raw: Mapping[str, object]) -> Params:
-        return parse_params(Params, name, raw)
+    def parse_config(cls, name: str, raw: Mapping[str, object]) -> NoParams:
+        return parse_params(NoParams, name, raw)
 
     @classmethod
     def decode(cls, name: str, raw: Mapping[str, object]) -> RoleFilter:

@@ -24,7 +24,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
-from epp.service import EppService
+from epp.service import Dispatch, EppService
 from kvgate.wire.openai_errors import error_body, error_type_for
 from kvgate.wire.request_id import new_request_id
 from kvgate.wire.sse import SSERelay, usage_of
@@ -70,6 +70,7 @@ class StreamState:
     subset: set[str] | None = None
     response_body: bytearray = field(default_factory=bytearray)
     relay: SSERelay = field(default_factory=lambda: SSERelay(strip_usage=False))
+    dispatch: Dispatch | None = None  # the pick, finished when the stream ends
 
 
 def _header_option(key: str, value: str) -> core.HeaderValueOption:
@@ -120,6 +121,16 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self, requests: AsyncIterator[ep.ProcessingRequest], context: object
     ) -> AsyncIterator[ep.ProcessingResponse]:
         state = StreamState()
+        try:
+            async for reply in self._process(state, requests):
+                yield reply
+        finally:  # the response ended, or Envoy gave up on the stream: no longer in flight
+            if state.dispatch is not None:
+                self.service.finished(state.dispatch)
+
+    async def _process(
+        self, state: StreamState, requests: AsyncIterator[ep.ProcessingRequest]
+    ) -> AsyncIterator[ep.ProcessingResponse]:
         async for request in requests:
             kind = request.WhichOneof("request")
             subset = _subset(request)
@@ -236,7 +247,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         if target is None:
             raise PickError(429, "failed to find target endpoint", "no_endpoint")
         # Envoy sends the request as soon as this reply arrives: it is dispatched now.
-        self.service.dispatched(scheduling, target)
+        state.dispatch = self.service.dispatched(scheduling, target)
         return target.address
 
     def _response_headers(

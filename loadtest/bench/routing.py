@@ -3,8 +3,9 @@ backends and the same seeded workloads (issue 19's measure).
 
 Each run starts six fresh simulated backends (``kvgate backend``, cost model ``default``:
 prefill 50 µs per uncached token, so a cache miss costs real time; caches cold), one router in
-front of them, and drives one workload through it at a fixed concurrency: streamed chat
-completions of ``--output-tokens`` tokens. Workloads (``loadtest.workloads.routing_mix``):
+front of them, and drives one workload through it in an open loop (Poisson arrivals at
+``--rate``): streamed chat completions of ``--output-tokens`` tokens. Workloads
+(``loadtest.workloads.routing_mix``):
 ``shared-prefix`` (24 system prompts of 1,600 tokens, 16 questions each; the prompts fill about
 70% of the six caches) and ``multi-turn`` (24 six-turn conversations resending their history).
 Per run: TTFT p50/p90/p99 from the client, requests/s, each backend's share of the requests
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import statistics
 import tempfile
 import time
@@ -59,25 +61,34 @@ def fresh_backends() -> Iterator[list[Backend]]:
         yield backends
 
 
-async def drive(url: str, chains: list[Chain], concurrency: int, tokens: int) -> list[StreamResult]:
-    """Every chain's requests in order, ``concurrency`` chains at a time."""
+async def drive(
+    url: str, chains: list[Chain], rate: float, tokens: int, seed: int
+) -> list[StreamResult]:
+    """Open loop: chains start at seeded Poisson times, ``rate`` requests a second on average
+    (a chain of ``n`` requests starts at ``rate / n``); a chain's next request is sent when the
+    previous one has finished. A router that cannot keep up queues, as real traffic would."""
+    rng = random.Random(seed)
     results: list[StreamResult] = []
-    pending = list(reversed(chains))
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    timeout = aiohttp.ClientTimeout(total=300)
+    mean_chain = statistics.fmean(len(c) for c in chains)
+    starts, at = [], 0.0
+    for _ in chains:
+        at += rng.expovariate(rate / mean_chain)
+        starts.append(at)
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        began = time.perf_counter()
 
-        async def worker() -> None:
-            while pending:
-                for request in pending.pop():
-                    body = request.body(MODEL, tokens)
-                    headers = request.headers
-                    result = await stream_request(
-                        session, f"{url}/v1/chat/completions", body, headers=headers
-                    )
-                    results.append(result)
+        async def run_chain(chain: Chain, start: float) -> None:
+            await asyncio.sleep(max(0.0, start - (time.perf_counter() - began)))
+            for request in chain:
+                body = request.body(MODEL, tokens)
+                result = await stream_request(
+                    session, f"{url}/v1/chat/completions", body, headers=request.headers
+                )
+                results.append(result)
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(run_chain(c, t) for c, t in zip(chains, starts, strict=True)))
     return results
 
 
@@ -105,7 +116,7 @@ def one_run(
     ):
         time.sleep(0.5)  # subscriptions and health checks settle
         start = time.perf_counter()
-        results = asyncio.run(drive(url, chains, args.concurrency, args.output_tokens))
+        results = asyncio.run(drive(url, chains, args.rate, args.output_tokens, args.seed))
         seconds = time.perf_counter() - start
         counts = asyncio.run(served_counts(backends))
     ok = [r for r in results if r.status == 200 and not r.error]
@@ -133,7 +144,8 @@ async def oracle_of(chains: list[Chain]) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=24)
+    parser.add_argument("--rate", type=float, default=60.0, help="requests/s, Poisson")
+    parser.add_argument("--seed", type=int, default=0, help="of the arrival times")
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), action="append")
     parser.add_argument("--peer", action="append", help="only peers whose name contains this")

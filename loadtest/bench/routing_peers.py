@@ -1,10 +1,12 @@
 """The routers ``make bench-routing`` compares, each started in front of the same backends.
 
-kvgate's gateway with its embedded picker (the default profile: approximate prefix, GIE's
-weights; the same with precise prefix from the backends' KV events; least-in-flight, blind to
-caches), and the real peer packages, installed into a venv of their own
-(``~/.cache/kvgate/router-peers``): sglang-router 0.3.2 (``round_robin``, ``cache_aware``) and
-vllm-router 0.1.17 (``cache_aware``, ``consistent_hash``, which keys ``X-Session-ID``).
+kvgate's gateway with its embedded picker (the default profile: approximate prefix, sticky
+until saturated; the same weights with precise prefix from the backends' KV events;
+least-in-flight, blind to caches; ``candidate``: the profile in ``KVGATE_BENCH_EPP``, an
+``epp:`` section to try against the rest, the default when unset), and the real peer
+packages, installed into a venv of their own (``~/.cache/kvgate/router-peers``):
+sglang-router 0.3.2 (``round_robin``, ``cache_aware``) and vllm-router 0.1.17
+(``cache_aware``, ``consistent_hash``, which keys ``X-Session-ID``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ PEERS = (
     Peer("kvgate (default profile)", "kvgate", "default"),
     Peer("kvgate (precise, KV events)", "kvgate", "precise"),
     Peer("kvgate least-in-flight", "kvgate", "least-in-flight"),
+    Peer("kvgate candidate", "kvgate", "candidate"),
     Peer("sglang-router round_robin", "sglang", "round_robin"),
     Peer("sglang-router cache_aware", "sglang", "cache_aware"),
     Peer("vllm-router cache_aware", "vllm-router", "cache_aware"),
@@ -76,15 +79,18 @@ def kvgate_policy(peer: Peer, backends: list[Backend], model: str) -> str:
         )
         epp = """epp:
   plugins:
+    - {name: saturation, type: saturation-filter}
     - {name: prefix, type: prefix-cache-scorer, params: {mode: precise, block_size_tokens: 16}}
-    - {name: queue, type: queue-scorer}
-    - {name: kv, type: kv-cache-utilization-scorer}
+    - {name: spread, type: cold-spread-scorer}
+    - {name: active, type: active-request-scorer}
     - {name: pick, type: max-score-picker}
-  profiles: [{name: default, plugins: [{ref: prefix, weight: 3}, {ref: queue, weight: 2},
-             {ref: kv, weight: 2}, {ref: pick}]}]"""
+  profiles: [{name: default, plugins: [{ref: saturation}, {ref: prefix, weight: 3},
+             {ref: spread, weight: 2}, {ref: active, weight: 1}, {ref: pick}]}]"""
     else:
         endpoints = ", ".join(f"127.0.0.1:{b.port}" for b in backends)
         epp = "epp: {picker: least-in-flight}" if peer.policy == "least-in-flight" else ""
+        if peer.policy == "candidate":
+            epp = os.environ.get("KVGATE_BENCH_EPP", "")
     return f"""
 listen: {{host: 127.0.0.1}}
 pools: {{p: {{endpoints: [{endpoints}]}}}}

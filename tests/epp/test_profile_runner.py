@@ -114,10 +114,11 @@ def test_plugin_params_are_validated(
         build(type_name, "plugin", params, PluginHandle())
 
 
-def test_default_profile_is_gie_like() -> None:
+def test_default_profile_is_sticky_until_saturated() -> None:
     profile = build_profile(Epp())
     weights = {ws.scorer.name: ws.weight for ws in profile.scorers}
-    assert weights == {"prefix": 3, "queue": 2, "kv": 2, "lora": 1}
+    assert weights == {"prefix": 3, "spread": 2, "active": 1, "lora": 1}
+    assert [f.name for f in profile.filters] == ["saturation"]
     assert profile.picker.name == "pick"
 
 

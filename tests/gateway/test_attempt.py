@@ -47,6 +47,7 @@ class InOrder:
         self.rankings = 0
         self.handed_out: list[str] = []
         self.refused: list[str] = []
+        self.finished: list[str] = []  # the tries the ranking was told are over
 
     def rank(self, pool: str, request: PickRequest) -> Ranking:
         self.rankings += 1
@@ -67,6 +68,9 @@ class _Listed:
 
     def refused(self, endpoint: EndpointState) -> None:
         self.owner.refused.append(endpoint.address)
+
+    def finished(self, endpoint: EndpointState) -> None:
+        self.owner.finished.append(endpoint.address)
 
 
 def runtime_for(addresses: list[str]) -> Runtime:
@@ -107,9 +111,11 @@ async def test_every_exit_path_lowers_the_in_flight_count_once() -> None:
         assert picker.refused == [dead]  # the dead endpoint never took the request
         assert not states[dead].breaker.closed and not states[failing].breaker.closed
         assert states[ok].breaker.closed
+        assert picker.finished == [dead, failing]  # the tries that ended told the ranking
         attempt.close()
         attempt.close()  # idempotent
         assert states[ok].in_flight == 0
+        assert picker.finished == [dead, failing, ok]
 
 
 async def test_a_response_that_breaks_counts_against_the_breaker_on_close() -> None:

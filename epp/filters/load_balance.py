@@ -1,0 +1,52 @@
+"""``load-balance-filter``: cache affinity until the load is lopsided (sticky until saturated).
+
+An endpoint is dropped when it carries clearly more requests than the least loaded candidate:
+more than ``abs_threshold`` requests above it *and* more than ``rel_threshold`` times it (the
+picker's own in-flight counts, which move at once, not the scraped queues). What remains is
+scored as usual, so a request stays with the endpoint that holds its prefix until that
+endpoint is overloaded, then goes where the load is — the rule sglang-router's
+``cache_aware`` applies (its defaults 64 and 1.5 are for hundreds of requests per worker; at a
+few per endpoint the absolute step must be small).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from epp.framework import Endpoint, SchedulingRequest
+from epp.params import parse_params
+
+
+@dataclass(frozen=True)
+class Params:
+    abs_threshold: int = 4  # requests above the least loaded endpoint's
+    rel_threshold: float = 1.5  # times the least loaded endpoint's
+
+
+class LoadBalanceFilter:
+    """Keeps the endpoints that are not overloaded compared with the least loaded one."""
+
+    def __init__(self, name: str, params: Params) -> None:
+        self.name = name
+        self.params = params
+
+    @classmethod
+    def parse_config(cls, name: str, raw: Mapping[str, object]) -> Params:
+        checks = {"abs_threshold": lambda v: v >= 0, "rel_threshold": lambda v: v >= 1.0}
+        return parse_params(Params, name, raw, checks)
+
+    @classmethod
+    def from_config(cls, name: str, raw: Mapping[str, object]) -> LoadBalanceFilter:
+        return cls(name, cls.parse_config(name, raw))
+
+    def filter(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
+        if len(endpoints) < 2:
+            return endpoints
+        least = min(e.in_flight for e in endpoints)
+        p = self.params
+        return [
+            e
+            for e in endpoints
+            if e.in_flight - least <= p.abs_threshold or e.in_flight <= p.rel_threshold * least
+        ]

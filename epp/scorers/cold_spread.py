@@ -1,0 +1,53 @@
+"""``cold-spread-scorer``: new prefixes go to the endpoints whose caches hold the least.
+
+A request that no endpoint holds a useful part of (fewer than the index's
+``min_match_blocks`` distinguishing blocks anywhere) is scored by how many blocks the prefix
+index believes each endpoint holds, min-max scaled, fewest best: each new system prompt or
+conversation lands where there is room, so the prefixes spread evenly over the caches instead
+of piling onto whichever endpoint happened to be least busy at that moment (sglang-router's
+cache_aware sends a miss to the smallest tree for the same reason). A request some endpoint
+holds gets 0.5 everywhere: the prefix scorer decides it.
+
+It reads the EPP's first prefix index (list a ``prefix-cache-scorer`` in the profile too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from epp.framework import Endpoint, SchedulingRequest
+from epp.handle import PluginHandle
+from epp.params import NoParams, parse_params
+from epp.scorers.queue import min_max_low_is_best
+
+
+class ColdSpreadScorer:
+    """Scores a request no endpoint holds by cache occupancy (fewest blocks score 1)."""
+
+    def __init__(self, name: str, handle: PluginHandle) -> None:
+        self.name = name
+        self._handle = handle
+
+    @classmethod
+    def parse_config(cls, name: str, raw: Mapping[str, object]) -> NoParams:
+        return parse_params(NoParams, name, raw)
+
+    @classmethod
+    def from_config(
+        cls, name: str, raw: Mapping[str, object], handle: PluginHandle
+    ) -> ColdSpreadScorer:
+        cls.parse_config(name, raw)
+        return cls(name, handle)
+
+    def score(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> dict[str, float]:
+        index = self._handle.primary_index
+        if index is None:
+            return {e.address: 0.5 for e in endpoints}
+        addresses = [e.address for e in endpoints]
+        keys = index.keys(request)
+        if keys:
+            matched = index.match(keys, addresses)
+            spread = max(matched.values(), default=0) - min(matched.values(), default=0)
+            if spread >= index.params.min_match_blocks:
+                return dict.fromkeys(addresses, 0.5)
+        return min_max_low_is_best({a: index.blocks_of(a) for a in addresses})

@@ -1,0 +1,89 @@
+"""The picker's own load signal (requests in flight, counted at dispatch and finish) and the
+plugins of the sticky-until-saturated default: active-request-scorer, load-balance-filter,
+cold-spread-scorer."""
+
+from __future__ import annotations
+
+import pytest
+
+from epp.filters.load_balance import LoadBalanceFilter, Params
+from epp.handle import PluginHandle
+from epp.scorers.active_requests import ActiveRequestScorer
+from epp.scorers.cold_spread import ColdSpreadScorer
+from epp.scorers.prefix_cache import PrefixCacheScorer
+from epp.service import EppService
+from policies.loader import load_policy_text
+from tests.epp.builders import make_endpoint, make_request
+
+A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
+
+
+def loaded(*counts: int) -> list:  # type: ignore[type-arg]
+    endpoints = [make_endpoint(a) for a in (A, B, C)[: len(counts)]]
+    for endpoint, count in zip(endpoints, counts, strict=True):
+        endpoint.in_flight = count
+    return endpoints
+
+
+def test_in_flight_counts_dispatch_until_finished_or_refused() -> None:
+    service = EppService(
+        load_policy_text(
+            f"pools: {{p: {{endpoints: [{A}, {B}]}}}}\nroutes: [{{model: m, pool: p}}]\n"
+        )
+    )
+    a, b = service.datastore.endpoints("p")
+    request = make_request("hello")
+    first, second = service.dispatched(request, a), service.dispatched(request, a)
+    refused = service.dispatched(request, b)
+    assert (a.in_flight, b.in_flight) == (2, 1)
+    service.finished(first)
+    service.finished(first)  # idempotent
+    service.refused(refused)
+    assert (a.in_flight, b.in_flight) == (1, 0)
+    service.refused(second)
+    service.finished(second)  # refused already took it back
+    assert a.in_flight == 0
+
+
+def test_active_request_scorer_prefers_the_least_in_flight() -> None:
+    scorer = ActiveRequestScorer("active")
+    assert scorer.score(make_request(), loaded(4, 2, 0)) == {A: 0.0, B: 0.5, C: 1.0}
+    assert scorer.score(make_request(), loaded(3, 3, 3)) == {A: 1.0, B: 1.0, C: 1.0}
+
+
+@pytest.mark.parametrize(
+    ("counts", "params", "kept"),
+    [
+        ((9, 2, 3), Params(), [B, C]),  # 9 is more than 4 above 2 and more than 1.5 x 2
+        ((6, 2, 3), Params(), [A, B, C]),  # only 4 above the least
+        ((40, 30, 30), Params(), [A, B, C]),  # 10 above but within 1.5 x 30
+        ((50, 30, 30), Params(), [B, C]),
+        ((9, 2, 3), Params(abs_threshold=10), [A, B, C]),
+        ((9,), Params(), [A]),
+    ],
+)
+def test_load_balance_filter(counts: tuple[int, ...], params: Params, kept: list[str]) -> None:
+    endpoints = loaded(*counts)
+    chosen = LoadBalanceFilter("balance", params).filter(make_request(), endpoints)
+    assert [e.address for e in chosen] == kept
+
+
+def test_cold_spread_places_new_prefixes_where_caches_hold_least() -> None:
+    handle = PluginHandle()
+    prefix = PrefixCacheScorer.from_config(
+        "prefix", {"block_size_tokens": 4, "chars_per_token": 1}, handle
+    )
+    spread = ColdSpreadScorer.from_config("spread", {}, handle)
+    a, b, c = (make_endpoint(x) for x in (A, B, C))
+    for text in ("aaaabbbbccccdddd", "eeeeffffgggghhhh"):
+        prefix.index.learn(make_request(text), a)
+    prefix.index.learn(make_request("iiiijjjjkkkkllll"), b)
+    cold = make_request("zzzzyyyyxxxxwwww")
+    assert spread.score(cold, [a, b, c]) == {A: 0.0, B: 0.5, C: 1.0}
+    warm = make_request("aaaabbbbccccdddd and more")
+    assert spread.score(warm, [a, b, c]) == {A: 0.5, B: 0.5, C: 0.5}  # the prefix scorer's
+
+
+def test_cold_spread_without_a_prefix_index_is_neutral() -> None:
+    spread = ColdSpreadScorer.from_config("spread", {}, PluginHandle())
+    assert spread.score(make_request("x"), loaded(1, 2)) == {A: 0.5, B: 0.5}
