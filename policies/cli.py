@@ -73,7 +73,7 @@ def add_keys_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     hashing = actions.add_parser(
         "hash",
         help="print the sha256 of an API key read from stdin (for auth.api_keys[].sha256)",
-        description="printf %%s \"$KEY\" | kvgate keys hash   (a trailing newline is ignored)",
+        description='printf %%s "$KEY" | kvgate keys hash   (a trailing newline is ignored)',
     )
     hashing.set_defaults(func=_hash)
 

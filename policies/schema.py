@@ -148,24 +148,26 @@ class ProfileSpec:
 
 
 DEFAULT_EPP_PLUGINS = (
-    PluginSpec("saturation", "saturation-filter"),
+    PluginSpec("balance", "load-balance-filter"),
     PluginSpec("prefix", "prefix-cache-scorer"),
     PluginSpec("spread", "cold-spread-scorer"),
     PluginSpec("active", "active-request-scorer"),
     PluginSpec("lora", "lora-affinity-scorer"),
     PluginSpec("pick", "max-score-picker"),
 )
-# Sticky until saturated: a request goes where its prefix is cached (prefix x3) until that
-# endpoint saturates (the filter); a new prefix goes where the caches hold least (spread x2);
-# the picker's own in-flight count breaks ties (active x1). GIE's default of queue x2 and
-# KV x2 beside prefix x3 is not kept: under load, one waiting request or a few points of KV
-# use outweigh a cached prefix, the miss adds load, and affinity collapses
-# (docs/benchmarks.md, "Routing").
+# Sticky until overloaded: a request goes where its prefix is cached (prefix x3) unless that
+# endpoint has clearly more requests in flight than the least loaded (the balance filter: 8
+# more and twice as many); a new prefix goes where the caches hold least (spread x2); the
+# picker's own in-flight count breaks ties (active x1). Neither GIE's queue x2 and KV x2
+# beside prefix x3 nor a saturation filter in the profile is kept: under load each diverted
+# warm requests often enough that the misses added load and affinity collapsed
+# (docs/benchmarks.md, "Routing"). Saturation still gates admission (requests wait while every
+# endpoint is saturated) and ext_proc's shedding.
 DEFAULT_EPP_PROFILES = (
     ProfileSpec(
         "default",
         (
-            ProfileRef("saturation"),
+            ProfileRef("balance"),
             ProfileRef("prefix", 3),
             ProfileRef("spread", 2),
             ProfileRef("active", 1),

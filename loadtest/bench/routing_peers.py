@@ -1,7 +1,7 @@
 """The routers ``make bench-routing`` compares, each started in front of the same backends.
 
 kvgate's gateway with its embedded picker (the default profile: approximate prefix, sticky
-until saturated; the same weights with precise prefix from the backends' KV events;
+until overloaded; the same weights with precise prefix from the backends' KV events;
 least-in-flight, blind to caches; ``candidate``: the profile in ``KVGATE_BENCH_EPP``, an
 ``epp:`` section to try against the rest, the default when unset), and the real peer
 packages, installed into a venv of their own (``~/.cache/kvgate/router-peers``):
@@ -79,12 +79,12 @@ def kvgate_policy(peer: Peer, backends: list[Backend], model: str) -> str:
         )
         epp = """epp:
   plugins:
-    - {name: saturation, type: saturation-filter}
+    - {name: balance, type: load-balance-filter}
     - {name: prefix, type: prefix-cache-scorer, params: {mode: precise, block_size_tokens: 16}}
     - {name: spread, type: cold-spread-scorer}
     - {name: active, type: active-request-scorer}
     - {name: pick, type: max-score-picker}
-  profiles: [{name: default, plugins: [{ref: saturation}, {ref: prefix, weight: 3},
+  profiles: [{name: default, plugins: [{ref: balance}, {ref: prefix, weight: 3},
              {ref: spread, weight: 2}, {ref: active, weight: 1}, {ref: pick}]}]"""
     else:
         endpoints = ", ".join(f"127.0.0.1:{b.port}" for b in backends)

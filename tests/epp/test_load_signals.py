@@ -1,5 +1,5 @@
 """The picker's own load signal (requests in flight, counted at dispatch and finish) and the
-plugins of the sticky-until-saturated default: active-request-scorer, load-balance-filter,
+plugins of the default profile: active-request-scorer, load-balance-filter,
 cold-spread-scorer."""
 
 from __future__ import annotations
@@ -54,11 +54,12 @@ def test_active_request_scorer_prefers_the_least_in_flight() -> None:
 @pytest.mark.parametrize(
     ("counts", "params", "kept"),
     [
-        ((9, 2, 3), Params(), [B, C]),  # 9 is more than 4 above 2 and more than 1.5 x 2
-        ((6, 2, 3), Params(), [A, B, C]),  # only 4 above the least
-        ((40, 30, 30), Params(), [A, B, C]),  # 10 above but within 1.5 x 30
-        ((50, 30, 30), Params(), [B, C]),
-        ((9, 2, 3), Params(abs_threshold=10), [A, B, C]),
+        ((11, 2, 3), Params(), [B, C]),  # 11 is more than 8 above 2 and more than 2 x 2
+        ((10, 2, 3), Params(), [A, B, C]),  # only 8 above the least
+        ((50, 30, 30), Params(), [A, B, C]),  # 20 above but within 2 x 30
+        ((61, 30, 30), Params(), [B, C]),
+        ((9, 2, 3), Params(abs_threshold=4, rel_threshold=1.5), [B, C]),
+        ((11, 2, 3), Params(abs_threshold=10), [A, B, C]),
         ((9,), Params(), [A]),
     ],
 )

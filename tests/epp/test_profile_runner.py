@@ -114,11 +114,11 @@ def test_plugin_params_are_validated(
         build(type_name, "plugin", params, PluginHandle())
 
 
-def test_default_profile_is_sticky_until_saturated() -> None:
+def test_default_profile_puts_cache_affinity_first() -> None:
     profile = build_profile(Epp())
     weights = {ws.scorer.name: ws.weight for ws in profile.scorers}
     assert weights == {"prefix": 3, "spread": 2, "active": 1, "lora": 1}
-    assert [f.name for f in profile.filters] == ["saturation"]
+    assert [f.name for f in profile.filters] == ["balance"]
     assert profile.picker.name == "pick"
 
 

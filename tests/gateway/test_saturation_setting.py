@@ -23,7 +23,13 @@ from tests.epp.builders import make_request
 POLICY = """
 pools: {p: {endpoints: [127.0.0.2:1, 127.0.0.2:2]}}
 routes: [{model: m, pool: p}]
-epp: {saturation: {queue_depth: 2, kv_usage: 0.5, max_metrics_age: 10s}}
+epp:
+  saturation: {queue_depth: 2, kv_usage: 0.5, max_metrics_age: 10s}
+  plugins:
+    - {name: sat, type: saturation-filter}
+    - {name: prefix, type: prefix-cache-scorer}
+    - {name: pick, type: max-score-picker}
+  profiles: [{name: default, plugins: [{ref: sat}, {ref: prefix, weight: 3}, {ref: pick}]}]
 """
 
 
