@@ -144,7 +144,7 @@ async def oracle_of(chains: list[Chain]) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--rate", type=float, default=60.0, help="requests/s, Poisson")
+    parser.add_argument("--rate", type=float, default=80.0, help="requests/s, Poisson")
     parser.add_argument("--seed", type=int, default=0, help="of the arrival times")
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), action="append")
