@@ -5,10 +5,8 @@ request's model or adapter is not among them; endpoints without the label serve 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from epp.framework import Endpoint, SchedulingRequest
-from epp.params import NoParams, Parameterless, parse_params
+from epp.params import Parameterless
 
 
 class HealthFilter(Parameterless):
@@ -18,20 +16,8 @@ class HealthFilter(Parameterless):
         return [e for e in endpoints if e.healthy] or endpoints
 
 
-class ModelFilter:
+class ModelFilter(Parameterless):
     """Keeps endpoints that serve the request's model or adapter (per their ``models`` label)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    @classmethod
-    def parse_config(cls, name: str, raw: Mapping[str, object]) -> NoParams:
-        return parse_params(NoParams, name, raw)
-
-    @classmethod
-    def from_config(cls, name: str, raw: Mapping[str, object]) -> ModelFilter:
-        cls.parse_config(name, raw)
-        return cls(name)
 
     def filter(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
         wanted = request.lora or request.model
