@@ -70,6 +70,10 @@ class NoEndpoint(GatewayError):
     status, type, code = 503, "server_error", "no_healthy_upstream"
 
 
+class Forbidden(GatewayError):
+    status, type, code = 403, "permission_error", "forbidden"
+
+
 class NotFound(GatewayError):
     status, type, code = 404, "invalid_request_error", "not_found"
 

@@ -8,6 +8,7 @@ access log, metrics), auth, the route's handler, errors.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -21,6 +22,7 @@ from gateway.context import RequestContext
 from gateway.cors import is_preflight, preflight, response_lines
 from gateway.error_responses import response_for
 from gateway.errors import (
+    Forbidden,
     GatewayError,
     MethodNotAllowed,
     ModelNotFound,
@@ -39,6 +41,7 @@ from gateway.request_context import (
 from gateway.runtime import dead_pools
 from kvgate.wire.http.messages import AnyResponse, Request, Response, header_line, json_response
 from kvgate.wire.http.server import SHUTDOWN_CUT
+from policies.schema import Observability
 
 RouteHandler = Callable[[Request, RequestContext], Awaitable[AnyResponse]]
 
@@ -95,8 +98,24 @@ async def readyz(request: Request, ctx: RequestContext) -> Response:
     return json_response({"status": "ready", "limiter": limiter})
 
 
+def metrics_allowed(observability: Observability, request: Request) -> bool:
+    """Loopback peers, a bearer of ``metrics.token``, or anyone with ``metrics.public``:
+    metrics name every endpoint and model, which a public listener should not tell anyone."""
+    if observability.metrics_public or request.peer.startswith("127.") or request.peer == "::1":
+        return True
+    token = observability.metrics_token
+    given = request.headers.get("authorization", "")
+    return token is not None and hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
+
 async def metrics(request: Request, ctx: RequestContext) -> Response:
-    embedded = request.app[RUNTIME].current.embedded
+    runtime = request.app[RUNTIME].current
+    if not metrics_allowed(runtime.policy.observability, request):
+        raise Forbidden(
+            f"{request.path} answers loopback clients only; set observability.metrics.token "
+            "(and send it as a bearer token) or observability.metrics.public: true"
+        )
+    embedded = runtime.embedded
     if embedded is not None:
         embedded.service.update_gauges()  # the picker's index sizes, read when scraped
     body = request.app[METRICS].exposition()

@@ -204,7 +204,10 @@ def _breakers(top: Fields) -> Breakers:
 
 def _observability(top: Fields) -> Observability:
     f = top.sub("observability", {"metrics", "tracing", "access_log"})
-    metrics = f.sub("metrics", {"path"})
+    metrics = f.sub("metrics", {"path", "token", "public"})
+    token = metrics.opt_str("token")
+    if token is not None and len(token) < 16:
+        metrics.error("observability.metrics.token", "must be at least 16 characters")
     tracing = f.sub("tracing", {"exporter", "endpoint", "sample", "service_name"})
     exporter = tracing.text("exporter", "none", choices=("none", "console", "otlp"))
     endpoint = tracing.opt_str("endpoint")
@@ -215,6 +218,8 @@ def _observability(top: Fields) -> Observability:
         metrics.error("observability.metrics.path", "must start with /")
     return Observability(
         metrics_path=path,
+        metrics_token=token,
+        metrics_public=metrics.flag("public", False),
         tracing=Tracing(
             exporter,
             endpoint,

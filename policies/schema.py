@@ -326,6 +326,10 @@ class Tracing:
 @dataclass(frozen=True)
 class Observability:
     metrics_path: str = "/metrics"
+    # who may read metrics_path on the data listener: loopback peers, anyone presenting
+    # ``Authorization: Bearer <metrics_token>``, or everyone with ``metrics_public``
+    metrics_token: str | None = None
+    metrics_public: bool = False
     tracing: Tracing = field(default_factory=Tracing)
     access_log: str = "json"  # json | off
 

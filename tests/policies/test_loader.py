@@ -49,6 +49,10 @@ def test_defaults() -> None:
         ("listen: {max_body: lots}", "listen.max_body (line 6): must be a size"),
         ("cors: {credentials: true}", "cors.origins (line 6): is required"),
         (
+            "observability: {metrics: {token: short}}",
+            "observability.metrics.token (line 6): must be at least 16 characters",
+        ),
+        (
             "listen: {port: 9000, admin: {port: 9000, token: 0123456789abcdef}}",
             "listen.admin.port (line 6): must differ from listen.port",
         ),
