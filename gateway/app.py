@@ -32,6 +32,7 @@ from gateway.keys import (
 from gateway.metric_batch import FLUSH_INTERVAL
 from gateway.metrics import GatewayMetrics, LimiterCollector, QueueCollector
 from gateway.reload import RELOADER, Reloader, capacity_gate
+from gateway.remote_jwks import jwks_urls
 from gateway.routing.shadow import ShadowMirror
 from gateway.runtime import RuntimeHolder, RuntimeParts, build_runtime
 from gateway.tracing import make_tracer
@@ -97,6 +98,8 @@ def create_app(
             provider.shutdown()
 
     async def runtime_context(app: web.Application) -> AsyncIterator[None]:
+        await parts.key_sets.fetch_new(jwks_urls(policy))  # issuers' keys before any request
+        parts.key_sets.start()
         first = app[RUNTIME].current
         if first.embedded is not None:
             await first.embedded.start()
@@ -107,6 +110,7 @@ def create_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
         await app[RELOADER].close()
+        await parts.key_sets.stop()
         current = app[RUNTIME].current
         if current.embedded is not None:
             await current.embedded.stop()

@@ -24,6 +24,7 @@ import jwt
 
 from gateway.errors import Unauthorized
 from gateway.identity import Identity, resolve_identity
+from gateway.remote_jwks import KeyEntry, RemoteKeySets, parse_jwks
 from policies.schema import JwtIssuer, Policy
 
 KEY_TYPES = {"HS": "oct", "RS": "RSA", "PS": "RSA", "ES": "EC", "Ed": "OKP"}
@@ -54,19 +55,26 @@ def credential_from(headers: Mapping[str, str]) -> str | None:
 
 
 class _Issuer:
-    def __init__(self, config: JwtIssuer) -> None:
+    def __init__(self, config: JwtIssuer, key_sets: RemoteKeySets) -> None:
         self.config = config
-        data = json.loads(Path(config.jwks_file).read_text())
-        self.keys: dict[str | None, tuple[jwt.PyJWK, str | None]] = {}
-        for raw in data.get("keys", []):
-            self.keys[raw.get("kid")] = (jwt.PyJWK.from_dict(raw), raw.get("alg"))
+        self._remote = key_sets.get(config.jwks_url) if config.jwks_url else None
+        self._file_keys: dict[str | None, KeyEntry] = {}
+        if self._remote is None:
+            self._file_keys = parse_jwks(json.loads(Path(config.jwks_file).read_text()))
+
+    @property
+    def keys(self) -> dict[str | None, KeyEntry]:
+        return self._remote.keys if self._remote is not None else self._file_keys
 
     def key_for(self, kid: object, alg: str) -> jwt.PyJWK:
-        if isinstance(kid, str) and kid in self.keys:
-            key, key_alg = self.keys[kid]
-        elif kid is None and len(self.keys) == 1:
-            key, key_alg = next(iter(self.keys.values()))
+        keys = self.keys
+        if isinstance(kid, str) and kid in keys:
+            key, key_alg = keys[kid]
+        elif kid is None and len(keys) == 1:
+            key, key_alg = next(iter(keys.values()))
         else:
+            if self._remote is not None:
+                self._remote.missed(kid)  # a rotation: fetch the set again soon
             raise Unauthorized("Token key id is not in the issuer's key set.")
         if KEY_TYPES.get(alg[:2]) != key.key_type or (key_alg is not None and key_alg != alg):
             raise Unauthorized("Token algorithm does not match the issuer's key.")
@@ -76,10 +84,13 @@ class _Issuer:
 class Authenticator:
     """Turns request headers into an ``Identity`` or raises ``Unauthorized``."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, key_sets: RemoteKeySets | None = None) -> None:
+        """``key_sets``: where issuers' ``jwks_url`` keys are kept (the gateway's, shared
+        across reloads)."""
         self.policy = policy
         self._keys = {key.sha256: key for key in policy.auth.api_keys}
-        self._issuers = {cfg.issuer: _Issuer(cfg) for cfg in policy.auth.jwt}
+        sets = key_sets or RemoteKeySets()
+        self._issuers = {cfg.issuer: _Issuer(cfg, sets) for cfg in policy.auth.jwt}
         self._anonymous: Identity | None = None
         if policy.auth.allow_anonymous:
             tenant = policy.auth.anonymous_tenant

@@ -20,6 +20,7 @@ from gateway.capacity import (
     in_flight_counts,
 )
 from gateway.keys import ADMISSION, METRICS, RUNTIME
+from gateway.remote_jwks import jwks_urls
 from gateway.runtime import Runtime, RuntimeParts, build_runtime
 from policies.errors import PolicyError
 from policies.loader import load_policy
@@ -69,7 +70,7 @@ class Reloader:
         policy = _stamp_of(self.path)
         if policy is None:
             return None
-        jwks = [cfg.jwks_file for cfg in self.app[RUNTIME].current.policy.auth.jwt]
+        jwks = [c.jwks_file for c in self.app[RUNTIME].current.policy.auth.jwt if c.jwks_file]
         return (policy, *(_stamp_of(path) for path in jwks))
 
     async def watch(self, interval: float = 1.0) -> None:
@@ -105,6 +106,7 @@ class Reloader:
         old = holder.current
         if policy.listen != old.policy.listen:
             log.warning("listen settings changed: they apply after a restart")
+        await self.parts.key_sets.fetch_new(jwks_urls(policy))  # before its tokens arrive
         new = build_runtime(policy, self.parts, previous=old)
         if new.embedded is not None and new.embedded is not old.embedded:
             await new.embedded.start()

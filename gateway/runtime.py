@@ -27,6 +27,7 @@ from gateway.endpoint_picker import (
 from gateway.forwarded import ClientAddress
 from gateway.limits.limiter import Limiter
 from gateway.metrics import GatewayMetrics
+from gateway.remote_jwks import RemoteKeySets
 from gateway.upstream import UpstreamCall
 from kvgate.wire.http.client import ConnectionPool
 from policies.schema import Policy
@@ -70,6 +71,7 @@ class RuntimeParts:
     epp_metrics: EppMetrics
     upstreams: ConnectionPool
     tracer: trace.Tracer | None = None
+    key_sets: RemoteKeySets = field(default_factory=RemoteKeySets)  # issuers' jwks_url keys
 
 
 @dataclass(eq=False)
@@ -133,7 +135,7 @@ def build_runtime(
     }
     return Runtime(
         policy,
-        Authenticator(policy),
+        Authenticator(policy, parts.key_sets),
         endpoints,
         chosen,
         limiter,

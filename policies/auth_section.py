@@ -57,7 +57,7 @@ def load_auth(top: Fields, tenants: dict[str, Tenant], base_dir: Path) -> Auth:
 
 
 def _issuer(parent: Fields, path: str, item: object, base_dir: Path) -> JwtIssuer:
-    allowed = {"issuer", "audience", "jwks_file", "algorithms", "claims", "leeway"}
+    allowed = {"issuer", "audience", "jwks_file", "jwks_url", "algorithms", "claims", "leeway"}
     f = Fields(parent.source, item, path, allowed)
     algorithms = f.str_list("algorithms") or ()
     if not algorithms:
@@ -67,7 +67,12 @@ def _issuer(parent: Fields, path: str, item: object, base_dir: Path) -> JwtIssue
             f.error(f"{path}.algorithms", f"unsupported algorithm {alg!r}")
     if "HS" in {a[:2] for a in algorithms} and len({a[:2] for a in algorithms}) > 1:
         f.error(f"{path}.algorithms", "do not mix HMAC (HS*) and public-key algorithms")
-    jwks_file = f.text("jwks_file")
+    jwks_url = f.opt_str("jwks_url")
+    if jwks_url is not None and not jwks_url.startswith(("https://", "http://")):
+        f.error(f"{path}.jwks_url", "must be an http:// or https:// URL")
+    if f.has("jwks_file") == (jwks_url is not None):
+        f.error(path, "needs exactly one of jwks_file and jwks_url")
+    jwks_file = f.text("jwks_file") if jwks_url is None else ""
     if jwks_file:
         file = Path(jwks_file) if Path(jwks_file).is_absolute() else base_dir / jwks_file
         try:
@@ -87,6 +92,7 @@ def _issuer(parent: Fields, path: str, item: object, base_dir: Path) -> JwtIssue
         class_claim=claims.text("class", "class"),
         models_claim=claims.opt_str("models"),
         leeway=f.duration("leeway", 0.0),
+        jwks_url=jwks_url,
     )
 
 

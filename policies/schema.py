@@ -71,13 +71,14 @@ class ApiKey:
 @dataclass(frozen=True)
 class JwtIssuer:
     issuer: str
-    jwks_file: str
+    jwks_file: str  # "" when the keys come from jwks_url
     algorithms: tuple[str, ...]  # pinned: a token signed with any other algorithm is rejected
     audience: str | None = None
     tenant_claim: str = "tenant"
     class_claim: str = "class"
     models_claim: str | None = None
     leeway: float = 0.0  # seconds of clock skew tolerated on exp / nbf
+    jwks_url: str | None = None  # fetched and kept fresh (gateway.remote_jwks)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,18 @@ def test_defaults() -> None:
         ("listen: {max_body: lots}", "listen.max_body (line 6): must be a size"),
         ("cors: {credentials: true}", "cors.origins (line 6): is required"),
         (
+            "auth: {jwt: [{issuer: i, algorithms: [RS256], jwks_url: 'ftp://idp/keys'}]}",
+            "auth.jwt[0].jwks_url (line 6): must be an http:// or https:// URL",
+        ),
+        (
+            "auth: {jwt: [{issuer: i, algorithms: [RS256], jwks_url: 'https://idp/k', jwks_file: x}]}",
+            "needs exactly one of jwks_file and jwks_url",
+        ),
+        (
+            "auth: {jwt: [{issuer: i, algorithms: [RS256]}]}",
+            "needs exactly one of jwks_file and jwks_url",
+        ),
+        (
             "observability: {metrics: {token: short}}",
             "observability.metrics.token (line 6): must be at least 16 characters",
         ),
