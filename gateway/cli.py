@@ -7,6 +7,7 @@ import logging
 import sys
 
 from epp.registry import CATALOG
+from gateway.forwarded import is_loopback
 from gateway.workers import ServeOptions, serve
 from policies.errors import PolicyError
 from policies.loader import load_policy
@@ -29,8 +30,7 @@ def _run(args: argparse.Namespace) -> int:
 def warn_if_open(policy: Policy) -> bool:
     """Warn (and say so) when anyone who can reach a non-loopback listener may call it."""
     host = policy.listen.host
-    loopback = host == "localhost" or host.startswith("127.") or host == "::1"
-    if loopback or not policy.auth.allow_anonymous:
+    if is_loopback(host) or not policy.auth.allow_anonymous:
         return False
     log.warning(
         "listening on %s:%d with no API keys or JWT issuers: anyone who can reach it may "

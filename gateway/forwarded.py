@@ -19,6 +19,16 @@ from kvgate.wire.http.messages import header_line
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address, or ``localhost``) is this machine's loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def forwarded_chain(headers: CIMultiDict[str]) -> str | None:
     """The client's ``X-Forwarded-For`` chain (several headers joined, as RFC 9110 allows)."""
     values = headers.getall("x-forwarded-for", None)

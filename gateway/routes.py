@@ -29,6 +29,7 @@ from gateway.errors import (
     NotFound,
     Unauthorized,
 )
+from gateway.forwarded import is_loopback
 from gateway.keys import METRICS, RUNTIME, SHUTTING_DOWN, TRACER
 from gateway.relay import CUT_BY_SHUTDOWN
 from gateway.request_context import (
@@ -101,7 +102,7 @@ async def readyz(request: Request, ctx: RequestContext) -> Response:
 def metrics_allowed(observability: Observability, request: Request) -> bool:
     """Loopback peers, a bearer of ``metrics.token``, or anyone with ``metrics.public``:
     metrics name every endpoint and model, which a public listener should not tell anyone."""
-    if observability.metrics_public or request.peer.startswith("127.") or request.peer == "::1":
+    if observability.metrics_public or is_loopback(request.peer):
         return True
     token = observability.metrics_token
     given = request.headers.get("authorization", "")
