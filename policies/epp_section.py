@@ -8,6 +8,7 @@ from policies.schema import (
     DEFAULT_EPP_PLUGINS,
     DEFAULT_EPP_PROFILES,
     Epp,
+    Objective,
     PluginSpec,
     ProfileRef,
     ProfileSpec,
@@ -16,7 +17,9 @@ from policies.schema import (
 
 
 def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
-    f = top.sub("epp", {"picker", "plugins", "profiles", "scrape_interval", "saturation"})
+    f = top.sub(
+        "epp", {"picker", "plugins", "profiles", "scrape_interval", "saturation", "objectives"}
+    )
     picker = f.text("picker", "epp", choices=("epp", "least-in-flight"))
     plugins: list[PluginSpec] = []
     kinds: dict[str, str] = {}
@@ -49,7 +52,17 @@ def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
         tuple(profiles),
         f.duration("scrape_interval", 0.05),
         _saturation(f),
+        _objectives(f),
     )
+
+
+def _objectives(f: Fields) -> tuple[Objective, ...]:
+    """``objectives: {name: {priority: N}}`` (GIE's InferenceObjective: below 0 is sheddable)."""
+    objectives = []
+    for path, name, value in f.entries("objectives"):
+        o = Fields(f.source, value, path, {"priority"})
+        objectives.append(Objective(name, o.integer("priority", 0, low=-1000, high=1000)))
+    return tuple(objectives)
 
 
 def _saturation(f: Fields) -> Saturation:

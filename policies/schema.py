@@ -192,6 +192,16 @@ class Saturation:
 
 
 @dataclass(frozen=True)
+class Objective:
+    """An inference objective (GIE's ``InferenceObjective``), named by a request's
+    ``x-gateway-inference-objective`` header: a priority below 0 makes its requests sheddable
+    (answered 429 by ext_proc while every endpoint is saturated)."""
+
+    name: str
+    priority: int = 0
+
+
+@dataclass(frozen=True)
 class Epp:
     """The endpoint picker: GIE-like plugins and profiles.
 
@@ -203,6 +213,11 @@ class Epp:
     profiles: tuple[ProfileSpec, ...] = DEFAULT_EPP_PROFILES
     scrape_interval: float = 0.05
     saturation: Saturation = field(default_factory=Saturation)
+    objectives: tuple[Objective, ...] = ()  # unknown objectives have priority 0
+
+    def priority_of(self, objective: str) -> int:
+        """The priority of the named objective (0 when the policy does not list it)."""
+        return next((o.priority for o in self.objectives if o.name == objective), 0)
 
 
 @dataclass(frozen=True)

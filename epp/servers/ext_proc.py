@@ -236,9 +236,9 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
             raise PickError(
                 503, "failed to find endpoint candidates for serving the request", "no_candidates"
             )
-        objective = state.headers.get(OBJECTIVE, "")
-        sheddable = objective.lower().endswith("sheddable")
-        if sheddable and self.service.saturation.all_saturated(candidates):
+        # GIE's rule: an objective of negative priority is sheddable
+        priority = self.service.policy.epp.priority_of(state.headers.get(OBJECTIVE, ""))
+        if priority < 0 and self.service.saturation.all_saturated(candidates):
             raise PickError(429, "system saturated, sheddable request dropped", "shed")
         scheduling = self.service.scheduling_request(
             pool, request_id, state.target_model, body, state.headers

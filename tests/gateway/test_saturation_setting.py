@@ -25,6 +25,7 @@ pools: {p: {endpoints: [127.0.0.2:1, 127.0.0.2:2]}}
 routes: [{model: m, pool: p}]
 epp:
   saturation: {queue_depth: 2, kv_usage: 0.5, max_metrics_age: 10s}
+  objectives: {sheddable: {priority: -1}, batch-sheddable: {priority: 0}, chat: {priority: 5}}
   plugins:
     - {name: sat, type: saturation-filter}
     - {name: prefix, type: prefix-cache-scorer}
@@ -51,10 +52,10 @@ def gate_open(runtime: Runtime) -> bool:
     return capacity_gate(runtime).has_capacity("p")
 
 
-async def ext_proc_status(runtime: Runtime) -> int:
-    """The status ext_proc answers a sheddable request with (200: routed)."""
+async def ext_proc_status(runtime: Runtime, objective: str = "sheddable") -> int:
+    """The status ext_proc answers a request of ``objective`` with (200: routed)."""
     body = orjson.dumps({"model": "m", "prompt": "hello"})
-    headers = {":path": "/v1/completions", "x-gateway-inference-objective": "sheddable"}
+    headers = {":path": "/v1/completions", "x-gateway-inference-objective": objective}
     messages = [headers_message(headers), *body_messages(body)]
 
     async def requests() -> AsyncIterator[ep.ProcessingRequest]:
@@ -90,3 +91,14 @@ async def test_all_three_use_the_policys_thresholds() -> None:
     assert profile_filter(mixed).filter(make_request(), endpoints) == [endpoints[1]]
     assert gate_open(mixed)
     assert await ext_proc_status(mixed) == 200
+
+
+async def test_ext_proc_sheds_by_the_objectives_priority_as_gie_does() -> None:
+    saturated = runtime_with_load((2, 2), (0.0, 0.0))
+    assert await ext_proc_status(saturated, "sheddable") == 429  # priority -1
+    # neither a name nor an unknown objective makes a request sheddable: only its priority
+    assert await ext_proc_status(saturated, "batch-sheddable") == 200
+    assert await ext_proc_status(saturated, "chat") == 200
+    assert await ext_proc_status(saturated, "not-listed") == 200
+    idle = runtime_with_load((0, 0), (0.0, 0.0))
+    assert await ext_proc_status(idle, "sheddable") == 200  # shed only when saturated

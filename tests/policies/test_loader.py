@@ -49,6 +49,10 @@ def test_defaults() -> None:
         ("listen: {max_body: lots}", "listen.max_body (line 6): must be a size"),
         ("cors: {credentials: true}", "cors.origins (line 6): is required"),
         (
+            "epp: {objectives: {batch: {priority: low}}}",
+            "epp.objectives.batch.priority (line 6): must be",
+        ),
+        (
             "auth: {jwt: [{issuer: i, algorithms: [RS256], jwks_url: 'ftp://idp/keys'}]}",
             "auth.jwt[0].jwks_url (line 6): must be an http:// or https:// URL",
         ),
