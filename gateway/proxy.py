@@ -22,6 +22,7 @@ from gateway.errors import (
     Evicted,
     ModelNotFound,
     NoEndpoint,
+    NotFound,
     Rejected,
     UpstreamError,
     UpstreamTimeout,
@@ -85,6 +86,8 @@ async def proxy(
         raise ModelNotFound(
             f"The model `{model}` does not exist or you do not have access to it.", param="model"
         )
+    if path in policy.passthrough_paths and path not in route.paths:
+        raise NotFound(f"{path} is not enabled for the model `{model}` (its route's paths)")
     ctx.stream = streams and body.get("stream") is True
     options = body.get("stream_options")
     client_wants_usage = isinstance(options, dict) and options.get("include_usage") is True

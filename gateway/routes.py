@@ -158,10 +158,13 @@ def _route(request: Request) -> RouteHandler:
     path = request.path
     methods = ROUTES.get(path)
     if methods is None:
+        policy = request.app[RUNTIME].current.policy
         if path.startswith(MODEL_PREFIX) and len(path) > len(MODEL_PREFIX):
             methods = MODEL_ROUTE
-        elif path == request.app[RUNTIME].current.policy.observability.metrics_path:
+        elif path == policy.observability.metrics_path:
             methods = METRICS_ROUTE
+        elif path in policy.passthrough_paths:
+            methods = {"POST": Proxied(path, streams=False)}
         else:
             raise NotFound(f"no route for {path}")
     method = request.method
@@ -177,7 +180,8 @@ def _route(request: Request) -> RouteHandler:
 def check_head(app: web.Application, target: bytes, headers: CIMultiDict[str]) -> Response | None:
     """A large body's head, before the body is read: ``/v1/*`` must authenticate first (the
     handler authenticates again once the body is in; a head check is for large bodies only)."""
-    if not target.startswith(b"/v1/"):
+    path = target.partition(b"?")[0].decode("latin-1")
+    if not path.startswith("/v1/") and path not in app[RUNTIME].current.policy.passthrough_paths:
         return None
     try:
         app[RUNTIME].current.authenticator.authenticate(headers)
@@ -207,7 +211,8 @@ async def handle(request: Request) -> AnyResponse:
             else:
                 if cors is not None:
                     ctx.cors = response_lines(cors, request.headers.get("origin"))
-                if request.path.startswith("/v1/"):
+                path = request.path
+                if path.startswith("/v1/") or path in runtime.policy.passthrough_paths:
                     authenticator = runtime.authenticator
                     if tracer is None:
                         ctx.identity = authenticator.authenticate(request.headers)

@@ -3,10 +3,24 @@ optional shadow traffic and fallback models."""
 
 from __future__ import annotations
 
+import re
+
 from policies.fields import Fields, child
 from policies.schema import AbTest, Pool, Route, Shadow, WeightedPool
 
 COMPARE = ("status", "tokens", "latency", "text")
+PASSTHROUGH_PATH = re.compile(r"(/[A-Za-z0-9._-]+)+")
+# served by the gateway itself, for every route
+OPENAI_PATHS = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/models",
+        "/healthz",
+        "/readyz",
+    }
+)
 
 
 def load_routes(top: Fields, pools: dict[str, Pool]) -> tuple[Route, ...]:
@@ -14,7 +28,10 @@ def load_routes(top: Fields, pools: dict[str, Pool]) -> tuple[Route, ...]:
     seen: set[str] = set()
     for path, item in top.items("routes", required=True):
         f = Fields(
-            top.source, item, path, {"model", "pool", "canary", "ab_test", "shadow", "fallback"}
+            top.source,
+            item,
+            path,
+            {"model", "pool", "canary", "ab_test", "shadow", "fallback", "paths"},
         )
         model = f.text("model")
         if model in seen:
@@ -33,7 +50,16 @@ def load_routes(top: Fields, pools: dict[str, Pool]) -> tuple[Route, ...]:
         if f.has("pool"):
             _check_pool(f, child(path, "pool"), pool, pools)
         shadow = _shadow(f, pools) if f.has("shadow") else None
-        routes.append(Route(model, pool, canary, ab_test, shadow, f.str_list("fallback") or ()))
+        extra = f.str_list("paths") or ()
+        for number, extra_path in enumerate(extra):
+            if not PASSTHROUGH_PATH.fullmatch(extra_path) or extra_path in OPENAI_PATHS:
+                f.error(
+                    f"{path}.paths[{number}]",
+                    f"{extra_path!r} is not an extra path (/name/..., not one the gateway serves)",
+                )
+        routes.append(
+            Route(model, pool, canary, ab_test, shadow, f.str_list("fallback") or (), extra)
+        )
     known = {r.model for r in routes}
     for i, route in enumerate(routes):
         for name in route.fallback:

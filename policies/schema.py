@@ -301,6 +301,9 @@ class Route:
     ab_test: AbTest | None = None
     shadow: Shadow | None = None
     fallback: tuple[str, ...] = ()  # other public models, tried in order
+    # more upstream paths this model's requests may take, passed through unchanged (JSON
+    # bodies naming the model; authenticated, limited and metered like the OpenAI ones)
+    paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -378,6 +381,11 @@ class Policy:
         for route in self.routes:
             found.setdefault(route.model, route)
         return found
+
+    @cached_property
+    def passthrough_paths(self) -> frozenset[str]:
+        """Every route's extra ``paths`` (each request is checked against its own route's)."""
+        return frozenset(p for route in self.routes for p in route.paths)
 
     @property
     def public_models(self) -> tuple[str, ...]:

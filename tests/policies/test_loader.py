@@ -49,6 +49,14 @@ def test_defaults() -> None:
         ("listen: {max_body: lots}", "listen.max_body (line 6): must be a size"),
         ("cors: {credentials: true}", "cors.origins (line 6): is required"),
         (
+            "routes: [{model: m2, pool: p, paths: [tokenize]}]",
+            "routes[0].paths[0] (line 6): 'tokenize' is not an extra path",
+        ),
+        (
+            "routes: [{model: m2, pool: p, paths: [/v1/completions]}]",
+            "routes[0].paths[0] (line 6): '/v1/completions' is not an extra path",
+        ),
+        (
             "epp: {objectives: {batch: {priority: low}}}",
             "epp.objectives.batch.priority (line 6): must be",
         ),
