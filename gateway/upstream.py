@@ -24,6 +24,7 @@ from gateway.errors import GatewayError, NoEndpoint, UpstreamError, UpstreamTime
 from gateway.metrics import GatewayMetrics
 from kvgate.wire.http.client import ConnectionPool, UpstreamConnectionError, UpstreamResponse
 from kvgate.wire.http.messages import header_block, header_line
+from kvgate.wire.routing_headers import CLIENT_ROUTING, CLIENT_ROUTING_PREFIX
 from policies.schema import Pool, Retries, Timeouts
 
 HOP_BY_HOP = frozenset(
@@ -43,25 +44,24 @@ HOP_BY_HOP = frozenset(
 # client's gateway credentials, compression (the gateway must read the stream; a request body
 # is forwarded decoded), and what the gateway's own server answered (``Expect``: it sent the
 # 100 Continue itself and has the whole body; an upgrade it did not perform).
-DROP_REQUEST_HEADERS = HOP_BY_HOP | {
-    "expect",
-    "http2-settings",
-    "x-forwarded-for",  # replaced: the chain with this hop's peer appended
-    "x-forwarded-proto",
-    # routing decisions are the picker's: a client's would choose its own endpoint
-    "x-gateway-destination-endpoint",
-    "x-gateway-destination-endpoint-served",
-    "x-gateway-destination-endpoint-subset",
-    "x-prefiller-host-port",
-    "host",
-    "content-length",
-    "content-encoding",
-    "authorization",
-    "api-key",
-    "accept-encoding",
-    "x-request-id",
-}
-DROP_REQUEST_PREFIXES = ("x-llm-d-",)  # llm-d's routing headers (prefill targets, ...)
+DROP_REQUEST_HEADERS = (
+    HOP_BY_HOP
+    | {
+        "expect",
+        "http2-settings",
+        "x-forwarded-for",  # replaced: the chain with this hop's peer appended
+        "x-forwarded-proto",
+        "host",
+        "content-length",
+        "content-encoding",
+        "authorization",
+        "api-key",
+        "accept-encoding",
+        "x-request-id",
+    }
+    | CLIENT_ROUTING  # routing decisions are the picker's (kvgate.wire.routing_headers)
+)
+DROP_REQUEST_PREFIXES = (CLIENT_ROUTING_PREFIX,)
 # Never passed back: hop-by-hop headers, and the framing the server sets for the client.
 DROP_RESPONSE_HEADERS = HOP_BY_HOP | {
     "content-length",

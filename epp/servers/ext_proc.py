@@ -27,14 +27,18 @@ from google.protobuf import struct_pb2
 from epp.service import Dispatch, EppService
 from kvgate.wire.openai_errors import error_body, error_type_for
 from kvgate.wire.request_id import new_request_id
+from kvgate.wire.routing_headers import (
+    DESTINATION,
+    SERVED,
+    SUBSET_KEY,
+    is_client_routing,
+)
 from kvgate.wire.sse import SSERelay, usage_of
 
 log = logging.getLogger("kvgate.epp")
 
 BODY_CHUNK = 62_000  # GIE's limit, a margin under Envoy's 64 KiB
-DESTINATION = "x-gateway-destination-endpoint"
-SERVED = "x-gateway-destination-endpoint-served"
-SUBSET_NAMESPACE, SUBSET_KEY = "envoy.lb.subset_hint", "x-gateway-destination-endpoint-subset"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 OBJECTIVE, FAIRNESS, REWRITE = (
     "x-gateway-inference-objective",
     "x-gateway-inference-fairness-id",
@@ -43,10 +47,6 @@ OBJECTIVE, FAIRNESS, REWRITE = (
 SYSTEM_OWNED = frozenset(
     {DESTINATION, SERVED, SUBSET_KEY, OBJECTIVE, FAIRNESS, REWRITE, "content-length", "host"}
 )
-# Routing headers only the picker may set: a client's are removed from the request (else a
-# client could choose its own endpoint or prefiller)
-CLIENT_ROUTING = frozenset({DESTINATION, SERVED, SUBSET_KEY, "x-prefiller-host-port"})
-CLIENT_ROUTING_PREFIX = "x-llm-d-"
 REQUIRED_FIELD = {"/chat/completions": "messages", "/completions": "prompt", "/embeddings": "input"}
 
 
@@ -182,9 +182,9 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         set_headers += [
             _header_option(k, v)
             for k, v in state.headers.items()
-            if not k.startswith(":") and k not in SYSTEM_OWNED and not _client_routing(k)
+            if not k.startswith(":") and k not in SYSTEM_OWNED and not is_client_routing(k)
         ]
-        removed = [k for k in state.headers if _client_routing(k) and k != DESTINATION]
+        removed = [k for k in state.headers if is_client_routing(k) and k != DESTINATION]
         metadata = struct_pb2.Struct()
         metadata.update({"envoy.lb": {DESTINATION: endpoint}})
         yield ep.ProcessingResponse(
@@ -301,10 +301,6 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
             value = usage.get(key)
             if isinstance(value, int):
                 self.service.metrics.tokens.labels(direction).inc(value)
-
-
-def _client_routing(name: str) -> bool:
-    return name in CLIENT_ROUTING or name.startswith(CLIENT_ROUTING_PREFIX)
 
 
 def _read_headers(header_map: core.HeaderMap) -> dict[str, str]:

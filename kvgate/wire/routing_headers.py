@@ -1,0 +1,20 @@
+"""The routing headers only an endpoint picker may set (GIE's and llm-d's names).
+
+A client's copies are removed wherever a request enters: at the gateway's edge
+(``gateway.upstream``) and by ext_proc (``epp.servers.ext_proc``), else a client could choose
+its own endpoint or prefiller.
+"""
+
+from __future__ import annotations
+
+DESTINATION = "x-gateway-destination-endpoint"
+SERVED = "x-gateway-destination-endpoint-served"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+PREFILLER = "x-prefiller-host-port"
+CLIENT_ROUTING = frozenset({DESTINATION, SERVED, SUBSET_KEY, PREFILLER})
+CLIENT_ROUTING_PREFIX = "x-llm-d-"  # llm-d's routing headers (prefill targets, ...)
+
+
+def is_client_routing(name: str) -> bool:
+    """Whether ``name`` (lower case) is a routing header a client must not send."""
+    return name in CLIENT_ROUTING or name.startswith(CLIENT_ROUTING_PREFIX)
