@@ -177,9 +177,12 @@ def test_repeated_prompt_hits_the_prefix_cache(served: Served) -> None:
         value(served.url, "vllm:prefix_cache_hits_total") - hits_before
         == (prompt_len - 1) // 16 * 16
     )
-    # the cached prompt skips its prefill (sim: the cost model's; torch: the real forward pass)
     assert timings[1] is not None and timings[0] is not None
-    assert timings[1] < timings[0] / 2
+    if served.model == "kvgate-sim":
+        # the cost model charges the skipped prefill (~105 ms for ~2,100 tokens); the torch
+        # runner's tiny model prefills them in ~20 ms, so its time is benchmarked, not asserted
+        # (bench-engine's cached-prefix TTFT), and its hit is checked by the counts above
+        assert timings[1] < timings[0] / 2
 
 
 def test_metrics_have_vllm_names_and_labels(served: Served) -> None:
