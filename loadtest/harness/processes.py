@@ -14,13 +14,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
+_HANDED_OUT: set[int] = set()
+
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that nothing listens on right now, and that this process has
+    not handed out before: the kernel may give the same free port to two calls in a row
+    (``port, events = free_port(), free_port()``), before either is bound."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no fresh free port after 100 tries")
 
 
 def wait_http_ok(
