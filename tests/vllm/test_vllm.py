@@ -130,6 +130,11 @@ def test_the_gateway_proxies_vllm_for_the_official_client(gateway: tuple[str, st
 
 def test_the_epp_reads_real_metrics(vllm_servers: list[VllmServer]) -> None:
     metrics = parse_metrics(scrape(vllm_servers[0]))
+    for _ in range(40):  # vLLM sets lora_requests_info when it logs its stats, not at once
+        if metrics.max_loras:
+            break
+        time.sleep(0.25)
+        metrics = parse_metrics(scrape(vllm_servers[0]))
     assert metrics.block_size == BLOCK and metrics.num_gpu_blocks > 0
     assert 0.0 <= metrics.kv_usage <= 1.0 and metrics.waiting == 0
     assert metrics.max_loras == 2
