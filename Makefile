@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 TORCH ?= torch==2.13.0
 
 .PHONY: demo test test-vllm test-compiled compiled lint format bench bench-engine bench-proxy bench-routing bench-epp bench-policy bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
@@ -12,8 +13,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first, pinned: it is the CPU build on local disk here (a bare range pulls CUDA)
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e '.[dev,backend]'
-	touch $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,backend,loadtest]'
+	touch $(STAMP) $(DEMO_STAMP)
+
+# The demo needs only the package and its plots (no torch, no dev tools): `make demo` on a
+# fresh clone installs just that; a venv set up for the tests has it already.
+$(DEMO_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[loadtest]'
+	touch $(DEMO_STAMP)
 
 # Every .proto under proto/ compiles into the package its path names (proto/kvgate/api/x.proto
 # -> kvgate/api/x_pb2.py); the generated code is committed and a test fails when it is stale.
@@ -21,7 +30,7 @@ PROTOS := $(shell find proto -name '*.proto' 2>/dev/null)
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --grpc_python_out=. --pyi_out=. $(PROTOS)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/kvgate demo
 
 test: $(STAMP) redis

@@ -5,13 +5,13 @@ Each run starts six fresh simulated backends (``kvgate backend``, cost model ``d
 prefill 50 µs per uncached token, so a cache miss costs real time; caches cold), one router in
 front of them, and drives one workload through it in an open loop (Poisson arrivals at
 ``--rate``): streamed chat completions of ``--output-tokens`` tokens. Workloads
-(``loadtest.workloads.routing_mix``):
+(``loadtest.workloads.chats``):
 ``shared-prefix`` (24 system prompts of 1,600 tokens, 16 questions each; the prompts fill about
 70% of the six caches) and ``multi-turn`` (24 six-turn conversations resending their history).
 Per run: TTFT p50/p90/p99 from the client, requests/s, each backend's share of the requests
 (from its ``vllm:request_success_total``), and captured reuse: the prompt tokens served from
 cache (``cached_tokens`` in each response's usage) as a share of what an ideal router could
-have served (``loadtest.bench.routing_oracle``). Rounds are interleaved (every router once per
+have served (``loadtest.workloads.reuse_oracle``). Rounds are interleaved (every router once per
 round, the order reversed every other round, new prompts each round). Markdown to stdout,
 JSON to ``build/bench-routing.json``.
 """
@@ -31,12 +31,13 @@ from pathlib import Path
 
 import aiohttp
 
-from loadtest.bench.routing_oracle import cacheable_tokens, prompt_tokens
 from loadtest.bench.routing_peers import PEERS, Backend, Peer, peer_bin, running_peer
 from loadtest.client.sse import StreamResult, stream_request
+from loadtest.client.tokenize import in_order, prompt_tokens
 from loadtest.harness.processes import backend_process, free_port
 from loadtest.reports.stats import percentile
-from loadtest.workloads.routing_mix import Chain, multi_turn, shared_prefix
+from loadtest.workloads.chats import Chain, multi_turn, shared_prefix
+from loadtest.workloads.reuse_oracle import cacheable_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "kvgate-sim"
@@ -138,7 +139,7 @@ async def oracle_of(chains: list[Chain]) -> int:
     port = free_port()
     with backend_process(port, "--cost", "zero"):
         tokens = await prompt_tokens(f"http://127.0.0.1:{port}", chains)
-    return cacheable_tokens(chains, tokens, BLOCK)
+    return cacheable_tokens(in_order(chains, tokens), BLOCK)
 
 
 def main() -> int:

@@ -1,4 +1,5 @@
-"""A minimal streaming OpenAI client: time-to-first-chunk, text, usage, over aiohttp."""
+"""A minimal streaming OpenAI client over aiohttp: when each content chunk came, the text and
+the usage the server reported."""
 
 from __future__ import annotations
 
@@ -14,11 +15,23 @@ class StreamResult:
     status: int
     ttft: float = 0.0  # seconds from send to the first content chunk
     latency: float = 0.0  # seconds from send to the end of the stream
+    chunk_times: list[float] = field(default_factory=list)  # seconds from send, per content chunk
     text: str = ""
     chunks: int = 0
     usage: dict[str, object] = field(default_factory=dict)
     error: str = ""
     done: bool = False  # saw ``data: [DONE]``
+
+    @property
+    def output_tokens(self) -> int:
+        """Completion tokens as the server counted them, else the content chunks seen."""
+        reported = self.usage.get("completion_tokens")
+        return int(reported) if isinstance(reported, int) else self.chunks
+
+    @property
+    def prompt_tokens(self) -> int:
+        reported = self.usage.get("prompt_tokens")
+        return int(reported) if isinstance(reported, int) else 0
 
     @property
     def cached_tokens(self) -> int:
@@ -60,9 +73,10 @@ async def stream_request(
                 piece = choice.get("text")
                 if piece is None:
                     piece = (choice.get("delta") or {}).get("content") or ""
-                if piece and not result.chunks:
-                    result.ttft = time.perf_counter() - start
-                result.chunks += 1 if piece else 0
+                if piece:
+                    result.chunk_times.append(time.perf_counter() - start)
+                    result.ttft = result.chunk_times[0]
+                    result.chunks += 1
                 result.text += piece
         result.latency = time.perf_counter() - start
         return result

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +17,12 @@ from pathlib import Path
 from types import TracebackType
 
 _HANDED_OUT: set[int] = set()
+PR_SET_PDEATHSIG = 1
+
+
+def _end_with_parent() -> None:
+    """In a child before exec (Linux): SIGTERM when the thread that started it exits."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -93,24 +101,51 @@ class KvgateProcess:
         self.quiet = quiet
         self.log = log  # a file for the process's stdout and stderr
         self.proc: subprocess.Popen[bytes] | None = None
+        # Linux: the child gets SIGTERM if this process dies without stopping it (kill -9);
+        # only for children started from a thread that outlives them (the main thread).
+        self.end_with_parent = False
 
     def start(self, timeout: float = 20.0) -> KvgateProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         argv = [sys.executable, "-m", "kvgate", *self.args]
+        preexec = _end_with_parent if self.end_with_parent and sys.platform == "linux" else None
         if self.log is not None:
             with open(self.log, "ab") as log:
                 self.proc = subprocess.Popen(
-                    argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.tree
+                    argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=self.tree,
+                    preexec_fn=preexec,
                 )
         else:
             out = subprocess.DEVNULL if self.quiet else None
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=out, env=env, cwd=self.tree)
+            self.proc = subprocess.Popen(
+                argv, stdout=out, stderr=out, env=env, cwd=self.tree, preexec_fn=preexec
+            )
         try:
             wait_http_ok(self.health_url, timeout, self.proc)
+        except (RuntimeError, TimeoutError) as exc:
+            self.stop()
+            raise RuntimeError(
+                f"kvgate {' '.join(self.args[:1])}: {exc}{self._log_tail()}"
+            ) from None
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _log_tail(self, lines: int = 15) -> str:
+        """The end of the child's log, to show why it did not start (empty without a log)."""
+        if self.log is None:
+            return ""
+        try:
+            text = Path(self.log).read_text(errors="replace").rstrip()
+        except OSError:
+            return ""
+        tail = "\n".join("    " + line for line in text.splitlines()[-lines:])
+        return f"\n  its output ({self.log}):\n{tail}" if tail else ""
 
     def kill(self) -> None:
         """Hard kill (SIGKILL), as a crash would."""
@@ -140,7 +175,12 @@ class KvgateProcess:
 
 
 def backend_process(
-    port: int, *extra: str, model: str = "kvgate-sim", quiet: bool = True, runner: str = "sim"
+    port: int,
+    *extra: str,
+    model: str = "kvgate-sim",
+    quiet: bool = True,
+    runner: str = "sim",
+    log: str | None = None,
 ) -> KvgateProcess:
     """A reference backend (simulated unless ``runner``) on 127.0.0.1:``port``, not started."""
     args = [
@@ -155,7 +195,7 @@ def backend_process(
         model,
         *extra,
     ]
-    return KvgateProcess(args, f"http://127.0.0.1:{port}/health", quiet=quiet)
+    return KvgateProcess(args, f"http://127.0.0.1:{port}/health", quiet=quiet, log=log)
 
 
 def gateway_process(

@@ -1,5 +1,6 @@
-"""The routing benchmark's workloads: seeded chat requests whose prefixes repeat the way real
-traffic's do, as chains (a chain's requests go one after another; chains run side by side).
+"""Seeded chat workloads (the routing benchmark's and the load tester's): requests whose
+prefixes repeat the way real traffic's do, as chains (a chain's requests go one after
+another; chains run side by side).
 
 - ``shared_prefix``: ``groups`` long system prompts (one per application or tenant), each
   asked ``per_group`` short questions; every request is a chain of its own, in a seeded
@@ -25,15 +26,21 @@ SYLLABLES = ("ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "de", "va", "zu", "
 
 @dataclass(frozen=True)
 class ChatRequest:
+    """One chat request of a workload. ``max_tokens`` and ``model`` (a LoRA adapter, say)
+    override the run's defaults for this request only."""
+
     messages: list[dict[str, str]]
     headers: dict[str, str] = field(default_factory=dict)
     group: str = ""  # what shares its prefix: the system prompt's or the session's name
+    max_tokens: int | None = None
+    model: str | None = None
 
     def body(self, model: str, max_tokens: int) -> dict[str, object]:
+        """The chat-completions body: ``ignore_eos`` so every answer has its full length."""
         body: dict[str, object] = {
-            "model": model,
+            "model": self.model or model,
             "messages": self.messages,
-            "max_tokens": max_tokens,
+            "max_tokens": self.max_tokens or max_tokens,
             "ignore_eos": True,
         }
         if "x-session-id" in self.headers:
