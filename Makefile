@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test test-vllm test-compiled compiled lint format bench bench-engine bench-proxy bench-routing bench-epp bench-policy bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
+.PHONY: demo test test-vllm test-compiled compiled lint format bench bench-engine bench-proxy bench-routing bench-crosscheck bench-epp bench-policy bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -83,6 +83,11 @@ bench: $(STAMP) wrk
 
 bench-proxy: $(STAMP) wrk nginx compiled
 	$(BIN)/python -m loadtest.bench.proxy
+
+# kvgate loadtest against vllm bench serve (from the vLLM tier's venv) on one workload.
+bench-crosscheck: $(STAMP)
+	@eval "$$(tests/vllm/prepare.sh)" && export KVGATE_VLLM_PYTHON KVGATE_TINY_MODEL && \
+		$(BIN)/python -m loadtest.bench.crosscheck
 
 bench-policy: $(STAMP) wrk redis
 	$(BIN)/python -m loadtest.bench.policy

@@ -10,11 +10,12 @@ from loadtest.reports.serving_metrics import SLO_NAMES
 from loadtest.reports.stage_report import Stage
 from loadtest.workloads.arrivals import parse_stages
 from loadtest.workloads.chats import Chain, multi_turn, shared_prefix
+from loadtest.workloads.custom_jsonl import load_custom
 from loadtest.workloads.lora_mix import with_adapters
 from loadtest.workloads.sharegpt import load_sharegpt
 from loadtest.workloads.synthetic import long_context, random_lengths
 
-WORKLOADS = ("shared-prefix", "multi-turn", "random", "long-context", "sharegpt")
+WORKLOADS = ("shared-prefix", "multi-turn", "random", "long-context", "sharegpt", "custom")
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +56,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--input-tokens", type=int, default=512, help="random / long-context")
     work.add_argument("--range-ratio", type=float, default=0.5, help="random: length spread")
     work.add_argument("--documents", type=int, default=4, help="long-context: documents")
-    work.add_argument("--dataset", type=Path, help="sharegpt: the JSON file")
+    work.add_argument(
+        "--dataset", type=Path, help="sharegpt: the JSON file; custom: vLLM's JSON-lines file"
+    )
     work.add_argument("--sharegpt-turns", choices=("first", "all"), default="first")
     work.add_argument("--lora-adapters", help="comma-separated adapters drawn per conversation")
     work.add_argument("--lora-zipf", type=float, default=1.0, help="the Zipf exponent")
@@ -144,9 +147,11 @@ def build_workload(args: argparse.Namespace, count: int) -> list[Chain]:
     elif args.workload == "long-context":
         questions = max(1, math.ceil(count / args.documents))
         chains = long_context(args.documents, questions, args.input_tokens, seed, cpt)
+    elif args.dataset is None:
+        raise ValueError(f"--workload {args.workload} needs --dataset FILE")
+    elif args.workload == "custom":
+        chains = load_custom(args.dataset)
     else:
-        if args.dataset is None:
-            raise ValueError("--workload sharegpt needs --dataset FILE")
         chains = load_sharegpt(args.dataset, None, seed, args.sharegpt_turns, cpt)
     if args.lora_adapters:
         adapters = [a.strip() for a in args.lora_adapters.split(",") if a.strip()]

@@ -1,6 +1,7 @@
 """``kvgate loadtest`` end to end against a real simulated backend: a ramp, a closed loop, the
 files it writes (vllm bench serve's keys), the backends' counters and the oracle, --compare;
-and ``kvgate demo`` on a small workload, including SIGTERM leaving no process behind."""
+and ``kvgate demo`` on a small workload, including SIGTERM leaving no process behind. The
+commands run in this process (``kvgate.cli.main``) except where signals are the point."""
 
 from __future__ import annotations
 
@@ -10,23 +11,40 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
+from kvgate.cli import main
 from loadtest.harness.proc_stats import process_tree
 
 KVGATE = [sys.executable, "-m", "kvgate"]
 
 
-def _loadtest(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*KVGATE, "loadtest", "--no-progress", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+@dataclass
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def test_a_ramp_end_to_end(start_backend, tmp_path: Path) -> None:
+@pytest.fixture
+def run_kvgate(capsys: pytest.CaptureFixture[str]) -> Callable[..., Done]:
+    """``kvgate ARGS`` in this process: its exit code and what it printed."""
+
+    def run(*args: str) -> Done:
+        capsys.readouterr()
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return Done(code, out, err)
+
+    return run
+
+
+def test_a_ramp_end_to_end(start_backend, run_kvgate, tmp_path: Path) -> None:
+    _loadtest = _with(run_kvgate)
     url = start_backend("--cost", "default", "--num-blocks", "600")
     out = tmp_path / "ramp"
     done = _loadtest(
@@ -107,7 +125,8 @@ def test_a_ramp_end_to_end(start_backend, tmp_path: Path) -> None:
     assert (tmp_path / "cmp" / "compare-latency-cdf.png").exists()
 
 
-def test_clear_errors_for_bad_options(tmp_path: Path) -> None:
+def test_clear_errors_for_bad_options(run_kvgate, tmp_path: Path) -> None:
+    _loadtest = _with(run_kvgate)
     missing = _loadtest("--workload", "random")
     assert missing.returncode == 2 and "--url is required" in missing.stderr
     bad = _loadtest("--url", "http://127.0.0.1:9", "--stages", "5,10:3")
@@ -118,7 +137,8 @@ def test_clear_errors_for_bad_options(tmp_path: Path) -> None:
     assert slo.returncode == 2 and "--goodput 'latency:5'" in slo.stderr
 
 
-def test_a_dead_server_is_counted_as_connection_errors(tmp_path: Path) -> None:
+def test_a_dead_server_is_counted_as_connection_errors(run_kvgate, tmp_path: Path) -> None:
+    _loadtest = _with(run_kvgate)
     from loadtest.harness.processes import free_port
 
     done = _loadtest(
@@ -139,6 +159,13 @@ def test_a_dead_server_is_counted_as_connection_errors(tmp_path: Path) -> None:
     assert result["failed"] == 5 and result["kvgate"]["errors_by_kind"] == {"connection": 5}
 
 
+def _with(run_kvgate: Callable[..., Done]) -> Callable[..., Done]:
+    def loadtest(*args: str) -> Done:
+        return run_kvgate("loadtest", "--no-progress", *args)
+
+    return loadtest
+
+
 DEMO = [
     "demo",
     "--backends",
@@ -154,10 +181,8 @@ DEMO = [
 ]
 
 
-def test_the_demo_compares_and_cleans_up(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [*KVGATE, *DEMO, "--out", str(tmp_path)], capture_output=True, text=True, timeout=180
-    )
+def test_the_demo_compares_and_cleans_up(run_kvgate, tmp_path: Path) -> None:
+    done = run_kvgate(*DEMO, "--out", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "| metric | baseline (least-in-flight) | kvgate (KV-aware EPP) |" in done.stdout
     assert "verdict: " in done.stdout

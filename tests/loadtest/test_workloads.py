@@ -146,3 +146,36 @@ def test_lora_mix_is_zipf_and_keeps_a_conversation_on_one_adapter() -> None:
     assert sessions[0][0].body("base", 8)["model"] == sessions[0][0].model
     with pytest.raises(ValueError, match="at least one adapter"):
         with_adapters(chains, [], 1.0, 0)
+
+
+def test_custom_jsonl_round_trips_and_keeps_order(tmp_path: Path) -> None:
+    from loadtest.workloads.custom_jsonl import load_custom, write_custom
+
+    chains = shared_prefix(2, 3, 50, 0)
+    path = tmp_path / "w.jsonl"
+    write_custom(chains, path, output_tokens=7)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0] == {
+        "prompt": "\n".join(m["content"] for m in chains[0][0].messages),
+        "output_tokens": 7,
+    }
+    loaded = load_custom(path)
+    assert [c[0].messages[0]["content"] for c in loaded] == [line["prompt"] for line in lines]
+    assert {c[0].max_tokens for c in loaded} == {7}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"prompt": 3}', r"w\.jsonl:1: expected an object"),
+        ('\n{"prompt": "a", "output_tokens": 0}', r":2: 'output_tokens'"),
+        ("{", r":1: "),
+    ],
+)
+def test_custom_jsonl_says_which_line_is_wrong(tmp_path: Path, text: str, message: str) -> None:
+    from loadtest.workloads.custom_jsonl import load_custom
+
+    path = tmp_path / "w.jsonl"
+    path.write_text(text)
+    with pytest.raises(DatasetError, match=message):
+        load_custom(path)
