@@ -41,11 +41,13 @@ class Peer:
     name: str
     router: str  # kvgate | sglang | vllm-router
     policy: str  # kvgate: default | precise | least-in-flight; a peer's --policy otherwise
+    workers: int = 1  # kvgate: gateway worker processes on one port
 
 
 PEERS = (
     Peer("kvgate (default profile)", "kvgate", "default"),
     Peer("kvgate (precise, KV events)", "kvgate", "precise"),
+    Peer("kvgate --workers 2", "kvgate", "default", workers=2),
     Peer("kvgate least-in-flight", "kvgate", "least-in-flight"),
     Peer("kvgate candidate", "kvgate", "candidate"),
     Peer("sglang-router round_robin", "sglang", "round_robin"),
@@ -104,14 +106,18 @@ timeouts: {{first_byte: 120s}}
 @contextmanager
 def running_peer(
     peer: Peer, backends: list[Backend], model: str, workdir: Path, bin_dir: Path | None
-) -> Iterator[str]:
-    """``peer`` started in front of ``backends``; yields its base URL."""
+) -> Iterator[tuple[str, int]]:
+    """``peer`` started in front of ``backends``; yields its base URL and process id (whose
+    tree is the router: a gateway's workers are its children)."""
     port = free_port()
     if peer.router == "kvgate":
         policy = workdir / f"policy-{port}.yaml"
         policy.write_text(kvgate_policy(peer, backends, model))
-        with gateway_process(str(policy), port, log=str(workdir / "kvgate.log")):
-            yield f"http://127.0.0.1:{port}"
+        extra = ("--workers", str(peer.workers)) if peer.workers > 1 else ()
+        gateway = gateway_process(str(policy), port, *extra, log=str(workdir / "kvgate.log"))
+        with gateway:
+            assert gateway.proc is not None
+            yield f"http://127.0.0.1:{port}", gateway.proc.pid
         return
     if bin_dir is None:
         raise RuntimeError("the peer routers are not installed")
@@ -126,5 +132,5 @@ def running_peer(
         argv += ["--log-level", "warning", *metrics]
     env = {"HF_HUB_OFFLINE": "1"}  # sglang-router looks for a tokenizer otherwise
     log = workdir / f"{peer.router}.log"
-    with external_process(argv, f"http://127.0.0.1:{port}/health", env=env, log=log):
-        yield f"http://127.0.0.1:{port}"
+    with external_process(argv, f"http://127.0.0.1:{port}/health", env=env, log=log) as proc:
+        yield f"http://127.0.0.1:{port}", proc.pid

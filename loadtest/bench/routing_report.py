@@ -1,0 +1,80 @@
+"""The routing benchmark's report: per workload, each router's median over the rounds as a
+Markdown table (with round robin's TTFT p90 ÷ its own), and TTFT p90 per stage of the ramp as
+a plot."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from loadtest.reports import plots
+
+BASELINE = "sglang-router round_robin"
+COLUMNS = (
+    ("TTFT p50 ms", "ttft_p50_ms", "{:.0f}"),
+    ("TTFT p90 ms", "ttft_p90_ms", "{:.0f}"),
+    ("TTFT p99 ms", "ttft_p99_ms", "{:.0f}"),
+    ("output tok/s", "output_tokens_per_s", "{:.0f}"),
+    ("hit rate", "hit_rate", "{:.0%}"),
+    ("captured reuse", "captured_reuse", "{:.0%}"),
+    ("min share", "min_share", "{:.2f}"),
+    ("max share", "max_share", "{:.2f}"),
+    ("CPU ms/req", "cpu_ms_per_request", "{:.2f}"),
+    ("errors", "errors", "{:.0f}"),
+)
+
+Results = dict[str, dict[str, list[dict[str, float]]]]
+
+
+def medians(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+
+
+def report(results: Results) -> None:
+    for workload, peers in results.items():
+        table = {name: medians(rows) for name, rows in peers.items()}
+        baseline = table.get(BASELINE, {})
+        rounds = len(next(iter(peers.values())))
+        print(f"\n{workload} (median of {rounds} rounds)\n")
+        print(
+            "| router | "
+            + " | ".join(c for c, _, _ in COLUMNS)
+            + " | RR p90 ÷ it | RR tok/s ÷ it |"
+        )
+        print("|---|" + "---:|" * (len(COLUMNS) + 2))
+        for name, row in table.items():
+            cells = [fmt.format(row[key]) for _, key, fmt in COLUMNS]
+            p90 = baseline.get("ttft_p90_ms")
+            tokens = baseline.get("output_tokens_per_s")
+            ratio = f"{p90 / row['ttft_p90_ms']:.1f}" if p90 else "—"
+            throughput = f"{row['output_tokens_per_s'] / tokens:.2f}" if tokens else "—"
+            print(f"| {name} | " + " | ".join(cells) + f" | {ratio} | {throughput} |")
+
+
+def plot_stages(results: Results, rates: list[float], path: Path) -> Path | None:
+    """TTFT p90 against each stage's offered rate, one line per router, a panel per workload."""
+    if not plots.available():
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
+    for axis, (workload, peers) in zip(axes[0], results.items(), strict=True):
+        for name, rows in peers.items():
+            row = medians(rows)
+            axis.plot(
+                rates, [row[f"stage_{i}_ttft_p90_ms"] for i in range(len(rates))], "o-", label=name
+            )
+        axis.set_title(workload)
+        axis.set_xlabel("offered load (requests/s)")
+        axis.set_ylabel("TTFT p90 (ms)")
+        axis.set_yscale("log")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return path
