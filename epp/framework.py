@@ -50,6 +50,10 @@ class Endpoint:
     kv_events_replay_port: int | None = None  # the engine's replay socket (ZMQ ROUTER)
     kv_events_topic: str | None = None  # bind mode: the topic this engine publishes on
     healthy: bool = True  # false after repeated failed scrapes, until one succeeds
+    # seconds older than ``max_metrics_age`` the metrics may be and still count as fresh: the
+    # scraper's idle interval while it polls an idle endpoint slowly (its state cannot change
+    # by this picker's doing until a pick wakes the poller), else 0
+    metrics_grace: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,16 +25,16 @@ class SaturationDetector:
 
     def unsaturated(self, endpoints: list[Endpoint], now: float) -> list[Endpoint]:
         """The endpoints that are not saturated: fresh metrics (scraped at most
-        ``max_metrics_age`` ago), a queue (waiting + dispatched since) under ``queue_depth``
-        and KV usage under ``kv_usage``. Written as one comprehension: it runs for every
-        endpoint of every pick."""
+        ``max_metrics_age`` ago, plus the scraper's grace for an idle endpoint), a queue
+        (waiting + dispatched since) under ``queue_depth`` and KV usage under ``kv_usage``.
+        Written as one comprehension: it runs for every endpoint of every pick."""
         t = self.thresholds
         oldest, depth, kv = now - t.max_metrics_age, t.queue_depth, t.kv_usage
         return [
             e
             for e in endpoints
             if (m := e.metrics).scraped_at
-            and m.scraped_at >= oldest
+            and m.scraped_at >= oldest - e.metrics_grace
             and m.waiting + e.dispatched < depth
             and m.kv_usage < kv
         ]

@@ -1,7 +1,15 @@
-"""Poll every endpoint's /metrics on a short interval (GIE uses 50 ms).
+"""Poll every endpoint's /metrics on a short interval while it is busy (GIE uses 50 ms), and
+slowly while it is idle, so the scraping cost follows the load.
 
-A failed scrape leaves the old metrics in place, so they age and the saturation detector
-treats the endpoint as saturated once they are stale.
+An endpoint is idle when its last scrape showed nothing running or waiting and this picker has
+nothing in flight there: until a pick sends it a request its state cannot change by this
+picker's doing, so it is polled every ``idle_interval`` (to notice other routers' traffic and
+deaths) and the saturation detector accepts its metrics as fresh for that much longer
+(``Endpoint.metrics_grace``). A pick wakes the endpoint's poller: its next scrape comes one
+busy interval later, and it stays busy while anything runs there.
+
+A failed scrape leaves the old metrics in place and drops the grace, so they age and the
+saturation detector treats the endpoint as saturated once they are stale.
 """
 
 from __future__ import annotations
@@ -29,20 +37,41 @@ class ScrapeError(Exception):
 class MetricsScraper:
     """Scrapes every endpoint's /metrics into the datastore, with backoff for dead endpoints."""
 
-    def __init__(self, datastore: Datastore, interval: float = 0.05, timeout: float = 1.0) -> None:
+    def __init__(
+        self,
+        datastore: Datastore,
+        interval: float = 0.05,
+        timeout: float = 1.0,
+        idle_interval: float = 0.0,
+    ) -> None:
         self.datastore = datastore
         self.interval = interval
+        self.idle_interval = max(idle_interval, interval)  # 0 (or less): never slow down
         self.timeout = timeout  # connect, first byte, and each gap while reading
         self.errors = 0
         self.on_error: Callable[[Endpoint], None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._pool: ConnectionPool | None = None
+        self._wake: dict[int, asyncio.Event] = {}  # by id(endpoint): set by a pick
+        self.scrapes = 0  # successful scrapes, all endpoints
 
     async def start(self) -> None:
         # the gateway's raw keep-alive client: a scrape costs ~5x less CPU than with aiohttp's
         self._pool = ConnectionPool(connect_timeout=self.timeout)
         for endpoint in self.datastore.all():
+            self._wake[id(endpoint)] = asyncio.Event()
             self._tasks.append(asyncio.create_task(self._poll(endpoint)))
+
+    def wake(self, endpoint: Endpoint) -> None:
+        """A pick sent ``endpoint`` a request: poll it at the busy interval again."""
+        event = self._wake.get(id(endpoint))
+        if event is not None:
+            event.set()
+
+    def idle(self, endpoint: Endpoint) -> bool:
+        """Nothing runs or waits there, and this picker sent it nothing since the scrape."""
+        m = endpoint.metrics
+        return not (m.running or m.waiting or endpoint.in_flight or endpoint.dispatched)
 
     async def stop(self) -> None:
         await cancel_all(self._tasks)
@@ -75,10 +104,28 @@ class MetricsScraper:
             if self.on_error is not None:
                 self.on_error(endpoint)
             log.debug("scrape of %s failed: %s", address, exc)
+            endpoint.metrics_grace = 0.0
             return False
         endpoint.metrics = parse_metrics(text, names)
         endpoint.dispatched = 0
+        self.scrapes += 1
         return True
+
+    async def _rest(self, endpoint: Endpoint) -> None:
+        """Wait until the next scrape of a healthy endpoint: the busy interval, or while it is
+        idle the idle interval, cut short by a pick (then one busy interval after it)."""
+        event = self._wake.get(id(endpoint))
+        if event is None or self.idle_interval <= self.interval or not self.idle(endpoint):
+            endpoint.metrics_grace = 0.0
+            await asyncio.sleep(self.interval)
+            return
+        event.clear()
+        endpoint.metrics_grace = self.idle_interval
+        try:
+            await asyncio.wait_for(event.wait(), self.idle_interval)
+        except TimeoutError:
+            return
+        await asyncio.sleep(self.interval)
 
     async def _poll(self, endpoint: Endpoint) -> None:
         failures = 0
@@ -86,7 +133,7 @@ class MetricsScraper:
             failures = 0 if await self.scrape_once(endpoint) else failures + 1
             endpoint.healthy = failures < UNHEALTHY_AFTER
             if not failures:
-                await asyncio.sleep(self.interval)
+                await self._rest(endpoint)
                 continue
             # a dead endpoint is retried with exponential backoff (up to 5 s), not hammered, and
             # jittered, so endpoints that died together are not all retried in one burst

@@ -53,7 +53,11 @@ class EppService:
         self._observers = [p for p in plugins.values() if isinstance(p, PickObserver)]
         self.prefix: PrefixIndex | None = self.handle.primary_index
         self.handlers = {name: self._handler(name, plugins) for name in policy.pools}
-        self.scraper = MetricsScraper(self.datastore, policy.epp.scrape_interval)
+        self.scraper = MetricsScraper(
+            self.datastore,
+            policy.epp.scrape_interval,
+            idle_interval=policy.epp.scrape_idle_interval,
+        )
         self.scraper.on_error = lambda e: self.metrics.scrape_errors.labels(e.address).inc()
 
     def _handler(self, pool: str, plugins: dict[str, Plugin]) -> ProfileHandler:
@@ -140,6 +144,7 @@ class EppService:
         and let the prefix indexes and learning plugins record it."""
         endpoint.dispatched += 1
         endpoint.in_flight += 1
+        self.scraper.wake(endpoint)
         for observer in self._observers:
             observer.on_pick(request, endpoint)
         undo = [index.learn(request, endpoint) for index in self.handle.indexes.values()]

@@ -18,7 +18,16 @@ from policies.schema import (
 
 def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
     f = top.sub(
-        "epp", {"picker", "plugins", "profiles", "scrape_interval", "saturation", "objectives"}
+        "epp",
+        {
+            "picker",
+            "plugins",
+            "profiles",
+            "scrape_interval",
+            "scrape_idle_interval",
+            "saturation",
+            "objectives",
+        },
     )
     picker = f.text("picker", "epp", choices=("epp", "least-in-flight"))
     plugins: list[PluginSpec] = []
@@ -51,6 +60,7 @@ def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
         tuple(plugins),
         tuple(profiles),
         f.duration("scrape_interval", 0.05),
+        f.duration("scrape_idle_interval", 0.5),
         _saturation(f),
         _objectives(f),
     )

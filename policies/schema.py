@@ -212,6 +212,9 @@ class Epp:
     plugins: tuple[PluginSpec, ...] = DEFAULT_EPP_PLUGINS
     profiles: tuple[ProfileSpec, ...] = DEFAULT_EPP_PROFILES
     scrape_interval: float = 0.05
+    # an idle endpoint (nothing running, waiting or in flight from this picker) is polled this
+    # often instead, until a pick wakes its poller; 0 polls every endpoint at scrape_interval
+    scrape_idle_interval: float = 0.5
     saturation: Saturation = field(default_factory=Saturation)
     objectives: tuple[Objective, ...] = ()  # unknown objectives have priority 0
 

@@ -12,11 +12,12 @@ and ``multi-turn`` (six-turn conversations resending their history).
 
 Per run: TTFT p50/p90/p99 and output tokens/s from the client, TTFT p90 per stage, each
 backend's share of the requests and its prefix-cache hit rate (from ``/metrics`` before and
-after), captured reuse (cached prompt tokens ÷ what an ideal router could have served:
-``loadtest.workloads.reuse_oracle``), and the router's CPU time per routed request (its
-process tree, from /proc). Rounds are interleaved (every router once per round, the order
-reversed every other round, new prompts each round). Markdown to stdout, JSON to
-``build/bench-routing.json``, a plot of TTFT p90 per stage to ``build/bench-routing.png``.
+after), captured reuse (cached prompt tokens ÷ what an ideal router could have served of the
+requests sent, in their order: ``loadtest.workloads.reuse_oracle``), and the router's CPU time
+per routed request (its process tree, from /proc). Rounds are interleaved (every router once
+per round, the order reversed every other round, new prompts each round). Markdown to stdout,
+JSON to ``build/bench-routing.json``, a plot of TTFT p90 per stage to
+``build/bench-routing.png``.
 """
 
 from __future__ import annotations
@@ -35,19 +36,17 @@ from pathlib import Path
 from loadtest.bench.routing_peers import PEERS, Backend, Peer, peer_bin, running_peer
 from loadtest.bench.routing_report import plot_stages, report
 from loadtest.client.backend_metrics import deltas, scrape_all
-from loadtest.client.tokenize import in_order, prompt_tokens
 from loadtest.harness.proc_stats import cpu_seconds
 from loadtest.harness.processes import backend_process, free_port
 from loadtest.reports.serving_metrics import benchmark_result
 from loadtest.reports.stage_report import Stage, stage_report
 from loadtest.run.driver import LoadPlan, run_load
+from loadtest.run.session import oracle_of, workload_tokens
 from loadtest.workloads.arrivals import parse_stages
 from loadtest.workloads.chats import Chain, multi_turn, shared_prefix
-from loadtest.workloads.reuse_oracle import cacheable_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "kvgate-sim"
-BLOCK = 16
 NUM_BLOCKS = 560  # per backend: 4 prompts of 100 blocks each fill ~70% of it
 
 
@@ -73,7 +72,7 @@ def fresh_backends(count: int) -> Iterator[list[Backend]]:
 def one_run(
     peer: Peer,
     chains: list[Chain],
-    oracle: int,
+    tokens: list[list[int]],
     args: argparse.Namespace,
     bin_dir: Path | None,
 ) -> dict[str, float]:
@@ -92,6 +91,7 @@ def one_run(
         cpu = cpu_seconds(pid) - cpu_before
         counters = deltas(before, asyncio.run(scrape_all(urls)), urls)
     result = benchmark_result(run.records, run.duration)
+    oracle = oracle_of(tokens, run.records)
     ok = [r for r in run.records if r.ok]
     served = [row["requests"] for row in counters["per_backend"].values()]  # type: ignore[attr-defined]
     mean = statistics.fmean(served) if served else 0.0
@@ -115,11 +115,11 @@ def one_run(
     return row
 
 
-async def oracle_of(chains: list[Chain], requests: int) -> int:
+async def tokenized(chains: list[Chain]) -> list[list[int]]:
+    """The prompts' ids, in workload order, as a backend of the same kind renders them."""
     port = free_port()
     with backend_process(port, "--cost", "zero"):
-        tokens = await prompt_tokens(f"http://127.0.0.1:{port}", chains)
-    return cacheable_tokens(in_order(chains, tokens)[:requests], BLOCK)
+        return await workload_tokens(f"http://127.0.0.1:{port}", chains)
 
 
 def main() -> int:
@@ -146,10 +146,9 @@ def main() -> int:
         order = peers if number % 2 == 0 else list(reversed(peers))
         for name in args.workload or ["shared-prefix", "multi-turn"]:
             chains = workload(name, args.backends, requests, number)
-            # the oracle of what is sent: the first requests, as the driver sends them in order
-            oracle = asyncio.run(oracle_of(chains, int(sum(r * s for r, s in spans))))
+            tokens = asyncio.run(tokenized(chains))
             for peer in order:
-                row = one_run(peer, chains, oracle, args, bin_dir)
+                row = one_run(peer, chains, tokens, args, bin_dir)
                 results.setdefault(name, {}).setdefault(peer.name, []).append(row)
                 print(
                     f"round {number} {name} {peer.name}: TTFT p90 {row['ttft_p90_ms']:.0f} ms, "

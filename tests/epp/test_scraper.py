@@ -42,3 +42,70 @@ async def test_scrapes_live_endpoints_and_marks_dead_ones_unhealthy(metrics_serv
     assert (live.metrics.waiting, live.metrics.kv_usage) == (4, 0.25) and live.healthy
     assert live.metrics.age() < 0.5
     assert not gone.healthy and gone.metrics.scraped_at == 0.0 and scraper.errors >= 3
+
+
+@pytest.fixture
+async def switchable_server() -> AsyncIterator[tuple[int, dict[str, float]]]:
+    """/metrics whose running count the test sets; counts the scrapes."""
+    state = {"running": 0.0, "scrapes": 0.0}
+
+    async def metrics(request: web.Request) -> web.Response:
+        state["scrapes"] += 1
+        return web.Response(text=f'vllm:num_requests_running{{model_name="m"}} {state["running"]}\n')
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    async with serving(app) as port:
+        yield port, state
+
+
+async def test_idle_endpoints_are_scraped_slowly_and_a_pick_wakes_them(
+    switchable_server: tuple[int, dict[str, float]],
+) -> None:
+    from epp.saturation import SaturationDetector
+
+    port, state = switchable_server
+    policy = load_policy_text(f"pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}\nroutes: [{{model: m, pool: p}}]\n")
+    datastore = Datastore(policy)
+    scraper = MetricsScraper(datastore, interval=0.02, idle_interval=0.4)
+    (endpoint,) = datastore.endpoints("p")
+    await scraper.start()
+    try:
+        await asyncio.sleep(0.1)
+        state["scrapes"] = 0
+        await asyncio.sleep(1.0)
+        idle_scrapes = state["scrapes"]
+        assert 1 <= idle_scrapes <= 4  # every 0.4 s, not every 0.02 s (50 in 1 s)
+        assert endpoint.metrics_grace == 0.4
+        # metrics up to 0.4 s + max_metrics_age old still count as fresh for an idle endpoint
+        detector = SaturationDetector()
+        assert detector.unsaturated([endpoint], endpoint.metrics.scraped_at + 0.5) == [endpoint]
+        assert detector.unsaturated([endpoint], endpoint.metrics.scraped_at + 0.7) == []
+
+        state["running"] = 2  # another router's traffic: seen at the next idle scrape at worst
+        endpoint.in_flight, endpoint.dispatched = 1, 1  # what EppService.dispatched does
+        woken_at = asyncio.get_running_loop().time()
+        scraper.wake(endpoint)
+        while endpoint.metrics.running != 2:
+            await asyncio.sleep(0.005)
+        assert asyncio.get_running_loop().time() - woken_at < 0.2  # one busy interval, not 0.4 s
+        state["scrapes"] = 0
+        await asyncio.sleep(0.5)
+        assert state["scrapes"] >= 10  # busy: every 0.02 s
+        assert endpoint.metrics_grace == 0.0
+    finally:
+        await scraper.stop()
+
+
+async def test_idle_interval_zero_polls_at_the_busy_interval(
+    switchable_server: tuple[int, dict[str, float]],
+) -> None:
+    port, state = switchable_server
+    policy = load_policy_text(f"pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}\nroutes: [{{model: m, pool: p}}]\n")
+    scraper = MetricsScraper(Datastore(policy), interval=0.02, idle_interval=0)
+    await scraper.start()
+    try:
+        await asyncio.sleep(0.5)
+    finally:
+        await scraper.stop()
+    assert state["scrapes"] >= 10
