@@ -10,6 +10,7 @@ dispatch back when the endpoint could not be reached.
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from epp.framework import Endpoint, PickObserver, SchedulingRequest
 from epp.handle import PluginHandle
 from epp.indexes.prefix_index import PrefixIndex
 from epp.metrics import EppMetrics
+from epp.pick_exchange import PickExchange
 from epp.profile_handler import Decision, PdProfileHandler, ProfileHandler, SingleProfileHandler
 from epp.profile_runner import ProfileRunner
 from epp.registry import Plugin
@@ -59,6 +61,19 @@ class EppService:
             idle_interval=policy.epp.scrape_idle_interval,
         )
         self.scraper.on_error = lambda e: self.metrics.scrape_errors.labels(e.address).inc()
+        # sibling workers' picks (gateway --workers N): indexes tagged by their parameters
+        self._tagged = [
+            (zlib.crc32(repr(params).encode()), index)
+            for params, index in self.handle.indexes.items()
+        ]
+        self._by_address = {e.address: e for e in self.datastore.all()}
+        self.exchange = PickExchange.from_environment(self._learn_sibling_pick)
+
+    def _learn_sibling_pick(self, tag: int, address: str, keys: list[int]) -> None:
+        endpoint = self._by_address.get(address)
+        for mine, index in self._tagged:
+            if mine == tag and endpoint is not None:
+                index.learn_keys(keys, endpoint)
 
     def _handler(self, pool: str, plugins: dict[str, Plugin]) -> ProfileHandler:
         """The pool's profile handler: prefill/decode pools run a ``decode`` and a ``prefill``
@@ -79,8 +94,12 @@ class EppService:
         await self.scraper.start()
         for index in self.handle.indexes.values():
             await index.start()
+        if self.exchange is not None:
+            self.exchange.start()
 
     async def stop(self) -> None:
+        if self.exchange is not None:
+            self.exchange.stop()
         await self.scraper.stop()
         for index in self.handle.indexes.values():
             await index.stop()
@@ -147,7 +166,12 @@ class EppService:
         self.scraper.wake(endpoint)
         for observer in self._observers:
             observer.on_pick(request, endpoint)
-        undo = [index.learn(request, endpoint) for index in self.handle.indexes.values()]
+        undo = []
+        for tag, index in self._tagged:
+            keys = index.keys(request)
+            undo.append(index.learn_keys(keys, endpoint))
+            if self.exchange is not None:
+                self.exchange.publish(tag, endpoint.address, keys)
         return Dispatch(endpoint, [u for u in undo if u is not None])
 
     def finished(self, dispatch: Dispatch) -> None:

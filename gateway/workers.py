@@ -21,6 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 
+from epp.pick_exchange import ENV as PICKS_ENV
 from epp.registry import CATALOG
 from gateway.app import create_app
 from gateway.build_info import request_path_compiled
@@ -141,10 +142,13 @@ def serve(options: ServeOptions, policy: Policy) -> int:
             return 1 if exc.code == STARTUP_FAILED else int(exc.code or 0)
         return 0
     metrics_dir = tempfile.mkdtemp(prefix="kvgate-metrics-")
+    # the workers' pickers tell each other their picks through sockets here (epp.pick_exchange)
+    picks_dir = os.environ[PICKS_ENV] = tempfile.mkdtemp(prefix="kvgate-picks-")
     try:
         return _supervise(options, policy, workers, metrics_dir)
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        shutil.rmtree(picks_dir, ignore_errors=True)
 
 
 def _supervise(options: ServeOptions, policy: Policy, workers: int, metrics_dir: str) -> int:

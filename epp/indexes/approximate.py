@@ -148,7 +148,9 @@ class ApproximatePrefixCache:
         return len(text) // self.params.chars_per_token
 
     def learn(self, request: SchedulingRequest, endpoint: Endpoint) -> Undo:
-        keys = self.keys(request)
+        return self.learn_keys(self.keys(request), endpoint)
+
+    def learn_keys(self, keys: list[int], endpoint: Endpoint) -> Undo:
         if not keys:
             return None
         added = self.index.record(endpoint.address, keys, self._capacity(endpoint))

@@ -65,7 +65,9 @@ class PrecisePrefixCache:
         return len(self._token_ids(request))
 
     def learn(self, request: SchedulingRequest, endpoint: Endpoint) -> Undo:
-        keys = self.keys(request)
+        return self.learn_keys(self.keys(request), endpoint)
+
+    def learn_keys(self, keys: list[int], endpoint: Endpoint) -> Undo:
         if not keys:
             return None
         added = self.index.record_speculative(endpoint.address, keys)

@@ -62,6 +62,10 @@ class PrefixIndex(Protocol):
         what takes that back if the endpoint turns out never to have taken the request."""
         ...
 
+    def learn_keys(self, keys: list[int], endpoint: Endpoint) -> Undo:
+        """``learn`` from a request's keys: also how a sibling worker's pick is recorded."""
+        ...
+
     def blocks_of(self, address: str) -> int:
         """How many blocks the index believes ``address`` holds."""
         ...

@@ -51,7 +51,9 @@ async def switchable_server() -> AsyncIterator[tuple[int, dict[str, float]]]:
 
     async def metrics(request: web.Request) -> web.Response:
         state["scrapes"] += 1
-        return web.Response(text=f'vllm:num_requests_running{{model_name="m"}} {state["running"]}\n')
+        return web.Response(
+            text=f'vllm:num_requests_running{{model_name="m"}} {state["running"]}\n'
+        )
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
@@ -65,7 +67,9 @@ async def test_idle_endpoints_are_scraped_slowly_and_a_pick_wakes_them(
     from epp.saturation import SaturationDetector
 
     port, state = switchable_server
-    policy = load_policy_text(f"pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}\nroutes: [{{model: m, pool: p}}]\n")
+    policy = load_policy_text(
+        f"pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}\nroutes: [{{model: m, pool: p}}]\n"
+    )
     datastore = Datastore(policy)
     scraper = MetricsScraper(datastore, interval=0.02, idle_interval=0.4)
     (endpoint,) = datastore.endpoints("p")
@@ -86,7 +90,9 @@ async def test_idle_endpoints_are_scraped_slowly_and_a_pick_wakes_them(
         endpoint.in_flight, endpoint.dispatched = 1, 1  # what EppService.dispatched does
         woken_at = asyncio.get_running_loop().time()
         scraper.wake(endpoint)
-        while endpoint.metrics.running != 2:
+        for _ in range(200):
+            if endpoint.metrics.running == 2:
+                break
             await asyncio.sleep(0.005)
         assert asyncio.get_running_loop().time() - woken_at < 0.2  # one busy interval, not 0.4 s
         state["scrapes"] = 0
@@ -101,7 +107,9 @@ async def test_idle_interval_zero_polls_at_the_busy_interval(
     switchable_server: tuple[int, dict[str, float]],
 ) -> None:
     port, state = switchable_server
-    policy = load_policy_text(f"pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}\nroutes: [{{model: m, pool: p}}]\n")
+    policy = load_policy_text(
+        f"pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}\nroutes: [{{model: m, pool: p}}]\n"
+    )
     scraper = MetricsScraper(Datastore(policy), interval=0.02, idle_interval=0)
     await scraper.start()
     try:

@@ -115,3 +115,47 @@ def test_the_metrics_directory_goes_after_a_clean_stop(
     gateway.stop()
     assert gateway.proc is not None and gateway.proc.returncode == 0
     assert list(scratch.iterdir()) == []
+
+
+async def test_two_workers_keep_one_backend_per_prefix(
+    start_backend: Callable[..., str], start_gateway: Callable[..., tuple[str, KvgateProcess]]
+) -> None:
+    """Each worker learns the other's picks (epp.pick_exchange): a prefix placed by one is
+    warm for the other, so every request of a prefix lands on the same backend."""
+    backends = [start_backend("--cost", "zero") for _ in range(4)]
+    listed = ", ".join(b.removeprefix("http://") for b in backends)
+    url, _ = start_gateway(
+        f"""
+pools: {{p: {{endpoints: [{listed}]}}}}
+routes: [{{model: kvgate-sim, pool: p}}]
+""",
+        "--workers",
+        "2",
+    )
+    prefixes = [f"system prompt {n}: " + "lorem ipsum dolor sit amet " * 40 for n in range(6)]
+
+    def counts() -> list[float]:
+        return [
+            sum(s.value for s in scrape(b).get("vllm:request_success_total", [])) for b in backends
+        ]
+
+    async def one(session_prefix: str, n: int) -> str:
+        """The backend that served the request (whose success count grew)."""
+        body = {"model": "kvgate-sim", "prompt": f"{session_prefix} question {n}", "max_tokens": 1}
+        before = counts()
+        # a fresh connection each time, so the kernel spreads them over both workers
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{url}/v1/completions", json=body) as response,
+        ):
+            await response.read()
+            assert response.status == 200
+        grew = [b for b, old, new in zip(backends, before, counts(), strict=True) if new > old]
+        assert len(grew) == 1
+        return grew[0]
+
+    served: dict[int, set[str]] = {n: set() for n in range(len(prefixes))}
+    for n in range(6):
+        for p, prefix in enumerate(prefixes):
+            served[p].add(await one(prefix, n))
+    assert all(len(where) == 1 for where in served.values()), served
