@@ -49,6 +49,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     )
     work.add_argument("--groups", type=int, default=12, help="shared-prefix: system prompts")
     work.add_argument("--prefix-tokens", type=int, default=1600, help="shared-prefix: their size")
+    work.add_argument(
+        "--question-tokens", type=int, default=40, help="shared-prefix: each question"
+    )
     work.add_argument("--sessions", type=int, default=12, help="multi-turn: conversations")
     work.add_argument("--system-tokens", type=int, default=400, help="multi-turn: system prompt")
     work.add_argument("--turns", type=int, default=6, help="multi-turn: turns each")
@@ -130,7 +133,13 @@ def build_workload(args: argparse.Namespace, count: int) -> list[Chain]:
     chains: list[Chain]
     if args.workload == "shared-prefix":
         per_group = max(1, math.ceil(count / args.groups))
-        chains = shared_prefix(args.groups, per_group, round(args.prefix_tokens * cpt), seed)
+        chains = shared_prefix(
+            args.groups,
+            per_group,
+            round(args.prefix_tokens * cpt),
+            seed,
+            round(args.question_tokens * cpt),
+        )
     elif args.workload == "multi-turn":
         sessions = max(args.sessions, math.ceil(count / args.turns))
         chains = multi_turn(

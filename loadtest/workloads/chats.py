@@ -62,14 +62,18 @@ def text(rng: random.Random, chars: int) -> str:
     return " ".join(words)[:chars]
 
 
-def shared_prefix(groups: int, per_group: int, prefix_chars: int, seed: int) -> list[Chain]:
+def shared_prefix(
+    groups: int, per_group: int, prefix_chars: int, seed: int, question_chars: int = 40
+) -> list[Chain]:
+    """``groups`` system prompts of ``prefix_chars`` (llm-d's G groups x prefix length), each
+    asked ``per_group`` questions of ``question_chars`` (users per group x question length)."""
     rng = random.Random(seed)
     systems = [f"app {g}: " + text(rng, prefix_chars) for g in range(groups)]
     requests = [
         ChatRequest(
             [
                 {"role": "system", "content": systems[g]},
-                {"role": "user", "content": f"question {q}: " + text(rng, 40)},
+                {"role": "user", "content": f"question {q}: " + text(rng, question_chars)},
             ],
             group=f"app-{g}",
         )

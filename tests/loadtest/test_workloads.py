@@ -179,3 +179,9 @@ def test_custom_jsonl_says_which_line_is_wrong(tmp_path: Path, text: str, messag
     path.write_text(text)
     with pytest.raises(DatasetError, match=message):
         load_custom(path)
+
+
+def test_shared_prefix_question_length() -> None:
+    (chain,) = shared_prefix(1, 1, 100, 0, question_chars=300)
+    question = chain[0].messages[1]["content"]
+    assert len(question) == len("question 0: ") + 300
