@@ -55,11 +55,7 @@ def plot_stages(results: Results, rates: list[float], path: Path) -> Path | None
     """TTFT p90 against each stage's offered rate, one line per router, a panel per workload."""
     if not plots.available():
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plots.pyplot()
     figure, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
     for axis, (workload, peers) in zip(axes[0], results.items(), strict=True):
         for name, rows in peers.items():
@@ -73,8 +69,4 @@ def plot_stages(results: Results, rates: list[float], path: Path) -> Path | None
         axis.set_yscale("log")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
-    return path
+    return plots.save(figure, path)

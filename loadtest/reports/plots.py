@@ -19,7 +19,8 @@ def available() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (files only), its logger quiet."""
     import logging
 
     import matplotlib
@@ -29,6 +30,15 @@ def _pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save(figure: Any, path: Path) -> Path:
+    """Lay ``figure`` out, write it to ``path`` as PNG, and free it."""
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=90)
+    pyplot().close(figure)
+    return path
 
 
 def _null_formatter() -> Any:
@@ -46,7 +56,7 @@ def _cdf(axis: Any, values: list[float], label: str) -> None:
 
 
 def latency_cdfs(runs: dict[str, list[RequestRecord]], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     figure, axes = plt.subplots(2, 2, figsize=(10, 7))
     for axis, (metric, title) in zip(axes.flat, CDF_METRICS, strict=True):
         for label, records in runs.items():
@@ -59,14 +69,11 @@ def latency_cdfs(runs: dict[str, list[RequestRecord]], path: Path) -> Path:
         if len(runs) > 1:
             axis.legend(fontsize=8)
     figure.suptitle("Latency CDFs")
-    figure.tight_layout()
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
-    return path
+    return save(figure, path)
 
 
 def ttft_over_time(runs: dict[str, list[RequestRecord]], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     figure, axis = plt.subplots(figsize=(10, 4))
     for label, records in runs.items():
         ok = [r for r in records if r.ok]
@@ -76,15 +83,12 @@ def ttft_over_time(runs: dict[str, list[RequestRecord]], path: Path) -> Path:
     axis.set_yscale("log")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
-    return path
+    return save(figure, path)
 
 
 def stage_curves(runs: dict[str, list[dict[str, Any]]], path: Path) -> Path:
     """TTFT p50/p90 and TPOT p50 against output tokens/s, one point per stage."""
-    plt = _pyplot()
+    plt = pyplot()
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for label, stages in runs.items():
         x = [s["successes"]["throughput"]["output_tokens_per_sec"] for s in stages]
@@ -106,15 +110,12 @@ def stage_curves(runs: dict[str, list[dict[str, Any]]], path: Path) -> Path:
         axis.set_ylabel(title)
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
-    return path
+    return save(figure, path)
 
 
 def backend_load(runs: dict[str, dict[str, float]], path: Path) -> Path:
     """Requests each backend served, one group of bars per run."""
-    plt = _pyplot()
+    plt = pyplot()
     figure, axis = plt.subplots(figsize=(8, 4))
     width = 0.8 / max(1, len(runs))
     for number, (label, served) in enumerate(runs.items()):
@@ -125,10 +126,7 @@ def backend_load(runs: dict[str, dict[str, float]], path: Path) -> Path:
         axis.set_xticklabels([n.rsplit("/", 1)[-1] for n in names], rotation=20, fontsize=8)
     axis.set_ylabel("requests served")
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
-    return path
+    return save(figure, path)
 
 
 def plot_results(documents: dict[str, dict[str, Any]], out: Path, prefix: str) -> list[Path]:
