@@ -6,6 +6,7 @@ process dies, so even ``kill -9`` of the demo leaves nothing behind."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -20,6 +21,13 @@ class DemoOptions:
     runner: str
     num_blocks: int
     workdir: Path
+
+
+def share_cores(options: DemoOptions) -> None:
+    """torch backends: split the machine's cores between them (``OMP_NUM_THREADS``, read by
+    the children), instead of each starting a thread per core and all of them thrashing."""
+    if options.runner == "torch" and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // options.backends))
 
 
 def _backend_args(options: DemoOptions) -> list[str]:
@@ -43,6 +51,7 @@ def running_stack(options: DemoOptions, picker: str, model: str) -> Iterator[tup
     """(gateway URL, backend URLs), all serving until the block ends."""
     ports = [free_port() for _ in range(options.backends)]
     gateway_port = free_port()
+    share_cores(options)
     logs = options.workdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
@@ -54,16 +63,18 @@ def running_stack(options: DemoOptions, picker: str, model: str) -> Iterator[tup
                 runner=options.runner,
                 log=str(logs / f"{picker}-backend-{number}.log"),
             )
-            stack.enter_context(_started(child))
+            _start(stack, child, 120.0 if options.runner == "torch" else 20.0)
         policy = options.workdir / f"policy-{picker}.yaml"
         policy.write_text(policy_text([f"127.0.0.1:{p}" for p in ports], picker, model))
         gateway = gateway_process(
             str(policy), gateway_port, log=str(logs / f"{picker}-gateway.log")
         )
-        stack.enter_context(_started(gateway))
+        _start(stack, gateway, 20.0)
         yield f"http://127.0.0.1:{gateway_port}", [f"http://127.0.0.1:{p}" for p in ports]
 
 
-def _started(child: KvgateProcess) -> KvgateProcess:
+def _start(stack: ExitStack, child: KvgateProcess, timeout: float) -> None:
+    """Start ``child`` (ending with this process on Linux); ``stack`` stops it."""
     child.end_with_parent = True
-    return child
+    stack.callback(child.stop)
+    child.start(timeout)
