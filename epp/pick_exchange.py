@@ -8,16 +8,21 @@ Each worker's picker binds a Unix datagram socket in a directory the supervisor 
 (msgpack) to every other worker's socket; the receivers record it in the same index
 (``PrefixIndex.learn_keys``). Datagrams are hints: one that cannot be sent at once (a full
 buffer, a worker restarting) is dropped, never waited for. The directory is rescanned every
-second, so restarted workers are found.
+second (every 50 ms while no other worker is found), so restarted workers are found; a worker
+that starts later has not seen the picks made before it (they are not replayed) and learns
+from there on. A socket that cannot be bound (a path too long for one) leaves that worker
+without the exchange, with one warning.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,9 +32,22 @@ import msgpack
 log = logging.getLogger("kvgate.epp")
 ENV = "KVGATE_PICKS_DIR"
 RESCAN = 1.0  # seconds between looks for the other workers' sockets
+RESCAN_ALONE = 0.05  # ... while none has been found (the others are still starting)
 MAX_DATAGRAM = 65_000
 
+MAX_PATH = 100  # a Unix socket's path must fit in sun_path (108 bytes on Linux)
+_NUMBERS = itertools.count()  # one socket per picker of this process (a reload makes a new one)
+
 Receiver = Callable[[int, str, list[int]], None]  # (index tag, endpoint address, keys)
+
+
+def exchange_directory() -> str:
+    """A new directory for a gateway's workers' sockets: under the temporary directory, or
+    under /tmp when that path is too long for a socket's (the caller removes it)."""
+    base = tempfile.gettempdir()
+    if len(base) > MAX_PATH - 40 and os.path.isdir("/tmp"):
+        base = "/tmp"
+    return tempfile.mkdtemp(prefix="kvgate-picks-", dir=base)
 
 
 class PickExchange:
@@ -38,7 +56,7 @@ class PickExchange:
     def __init__(self, directory: str, on_pick: Receiver) -> None:
         self.directory = Path(directory)
         self.on_pick = on_pick
-        self.path = self.directory / f"{os.getpid()}-{id(self):x}.sock"
+        self.path = self.directory / f"{os.getpid()}-{next(_NUMBERS)}.sock"
         self.sent = self.received = self.dropped = 0
         self._sock: socket.socket | None = None
         self._peers: list[str] = []
@@ -50,11 +68,18 @@ class PickExchange:
         return cls(directory, on_pick) if directory else None
 
     def start(self) -> None:
+        """Bind this worker's socket; if it cannot be (a path too long, the directory gone),
+        the worker runs without the exchange and says so once."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.setblocking(False)
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-        sock.bind(str(self.path))
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            sock.bind(str(self.path))
+        except OSError as exc:
+            sock.close()
+            log.warning("picks are not shared with the other workers (%s: %s)", self.path, exc)
+            return
         self._sock = sock
         asyncio.get_running_loop().add_reader(sock.fileno(), self._read)
 
@@ -70,7 +95,7 @@ class PickExchange:
 
     def _others(self) -> list[str]:
         now = time.monotonic()
-        if now - self._scanned >= RESCAN:
+        if now - self._scanned >= (RESCAN if self._peers else RESCAN_ALONE):
             self._scanned = now
             self._peers = [str(p) for p in self.directory.glob("*.sock") if p != self.path]
         return self._peers

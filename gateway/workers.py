@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, replace
 
 from epp.pick_exchange import ENV as PICKS_ENV
+from epp.pick_exchange import exchange_directory
 from epp.registry import CATALOG
 from gateway.app import create_app
 from gateway.build_info import request_path_compiled
@@ -143,7 +144,7 @@ def serve(options: ServeOptions, policy: Policy) -> int:
         return 0
     metrics_dir = tempfile.mkdtemp(prefix="kvgate-metrics-")
     # the workers' pickers tell each other their picks through sockets here (epp.pick_exchange)
-    picks_dir = os.environ[PICKS_ENV] = tempfile.mkdtemp(prefix="kvgate-picks-")
+    picks_dir = os.environ[PICKS_ENV] = exchange_directory()
     try:
         return _supervise(options, policy, workers, metrics_dir)
     finally:

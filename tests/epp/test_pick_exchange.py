@@ -65,3 +65,32 @@ async def test_garbage_and_gone_peers_are_survived(tmp_path: Path) -> None:
 
 def _touch(path: Path) -> None:
     path.touch()
+
+
+async def test_a_path_too_long_for_a_socket_leaves_the_worker_running(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 120)
+    _mkdir(deep)
+    end = PickExchange(str(deep), lambda t, a, k: None)
+    end.start()  # logs a warning instead of raising
+    end.publish(1, "h:1", [1])  # and does nothing
+    end.stop()
+    assert end.sent == 0
+
+
+def _mkdir(path: Path) -> None:
+    path.mkdir()
+
+
+def test_the_directory_is_short_enough_for_sockets(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import shutil
+    import tempfile
+
+    from epp.pick_exchange import exchange_directory
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: "/tmp/" + "x" * 90)
+    made = exchange_directory()
+    try:
+        assert made.startswith("/tmp/kvgate-picks-") and os.path.isdir(made)
+    finally:
+        shutil.rmtree(made)
