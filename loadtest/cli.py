@@ -18,7 +18,7 @@ def _run_loadtest(args: argparse.Namespace) -> int:
 
 
 def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from loadtest.demo.main import add_options as add_demo_options
+    from loadtest.demo.options import add_options as add_demo_options
     from loadtest.run.options import add_options as add_loadtest_options
 
     loadtest = subparsers.add_parser(

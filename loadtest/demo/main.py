@@ -43,28 +43,6 @@ captured reuse: cached tokens as a share of what an ideal router (one that knew 
   vllm:prefix_cache_hits / queries. max ÷ mean load: the busiest backend's requests ÷ the mean."""
 
 
-def add_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backends", type=int, default=4, help="backends to start")
-    parser.add_argument(
-        "--runner",
-        choices=("sim", "torch"),
-        default="sim",
-        help="sim: the simulated runner; torch: the tiny random-weight model",
-    )
-    parser.add_argument("--groups", type=int, default=16, help="shared system prompts")
-    parser.add_argument("--prefix-tokens", type=int, default=1600, help="each prompt's size")
-    parser.add_argument("--requests", type=int, default=256, help="requests per run")
-    parser.add_argument("--rate", type=float, default=48.0, help="requests/s, Poisson")
-    parser.add_argument("--output-tokens", type=int, default=16)
-    parser.add_argument(
-        "--num-blocks", type=int, default=560, help="KV blocks per backend (16 tokens each)"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--out", type=Path, default=Path("demo-results"), help="where results files and plots go"
-    )
-
-
 def verdict(baseline: dict[str, object], kvgate: dict[str, object]) -> str:
     def value(doc: dict[str, object], key: str) -> float:
         raw = doc.get(key)

@@ -1,19 +1,10 @@
-"""``kvgate loadtest``'s options and the workload they describe."""
+"""``kvgate loadtest``'s options (only argparse here: every ``kvgate`` command builds the
+whole parser). What they describe is built by ``loadtest.run.plan_options``."""
 
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
-
-from loadtest.reports.serving_metrics import SLO_NAMES
-from loadtest.reports.stage_report import Stage
-from loadtest.workloads.arrivals import parse_stages
-from loadtest.workloads.chats import Chain, multi_turn, shared_prefix
-from loadtest.workloads.custom_jsonl import load_custom
-from loadtest.workloads.lora_mix import with_adapters
-from loadtest.workloads.sharegpt import load_sharegpt
-from loadtest.workloads.synthetic import long_context, random_lengths
 
 WORKLOADS = ("shared-prefix", "multi-turn", "random", "long-context", "sharegpt", "custom")
 
@@ -77,7 +68,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=[],
         metavar="NAME:MS",
-        help=f"SLOs for goodput: {', '.join(n + ':MS' for n in SLO_NAMES)}",
+        help="SLOs for goodput: ttft:MS, tpot:MS and/or e2el:MS",
     )
     out = parser.add_argument_group("output")
     out.add_argument("--out", type=Path, default=Path("loadtest-results"), help="a folder")
@@ -91,78 +82,3 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         metavar="RESULTS.json",
         help="compare results files (ours or vllm bench serve's) and exit",
     )
-
-
-def stages_of(args: argparse.Namespace) -> list[Stage]:
-    if args.concurrency is not None:
-        if args.concurrency < 1:
-            raise ValueError("--concurrency must be at least 1")
-        return [Stage(concurrency=args.concurrency)]
-    if args.stages:
-        return [Stage(rate=r, duration=s) for r, s in parse_stages(args.stages)]
-    rate = args.rate if args.rate is not None else 10.0
-    if rate <= 0:
-        raise ValueError("--rate must be > 0")
-    return [Stage(rate=rate)]
-
-
-def slos_of(args: argparse.Namespace) -> dict[str, float] | None:
-    if not args.goodput:
-        return None
-    slos: dict[str, float] = {}
-    for item in args.goodput:
-        name, _, value = item.partition(":")
-        if name not in SLO_NAMES or not value:
-            raise ValueError(f"--goodput {item!r}: expected one of {', '.join(SLO_NAMES)}:MS")
-        slos[name] = float(value)
-    return slos
-
-
-def default_count(args: argparse.Namespace, stages: list[Stage]) -> int:
-    """Enough requests for the ramp (rate x seconds, 10% spare), else 200."""
-    if args.num_requests is not None:
-        return int(args.num_requests)
-    timed = [s for s in stages if s.rate and s.duration]
-    if timed and len(timed) == len(stages):
-        return math.ceil(sum(s.rate * s.duration for s in timed) * 1.1)
-    return 200
-
-
-def build_workload(args: argparse.Namespace, count: int) -> list[Chain]:
-    seed, cpt = args.seed, args.chars_per_token
-    chains: list[Chain]
-    if args.workload == "shared-prefix":
-        per_group = max(1, math.ceil(count / args.groups))
-        chains = shared_prefix(
-            args.groups,
-            per_group,
-            round(args.prefix_tokens * cpt),
-            seed,
-            round(args.question_tokens * cpt),
-        )
-    elif args.workload == "multi-turn":
-        sessions = max(args.sessions, math.ceil(count / args.turns))
-        chains = multi_turn(
-            sessions,
-            args.turns,
-            round(args.system_tokens * cpt),
-            round(args.turn_tokens * cpt),
-            seed,
-        )
-    elif args.workload == "random":
-        chains = random_lengths(
-            count, args.input_tokens, args.output_tokens, args.range_ratio, seed, cpt
-        )
-    elif args.workload == "long-context":
-        questions = max(1, math.ceil(count / args.documents))
-        chains = long_context(args.documents, questions, args.input_tokens, seed, cpt)
-    elif args.dataset is None:
-        raise ValueError(f"--workload {args.workload} needs --dataset FILE")
-    elif args.workload == "custom":
-        chains = load_custom(args.dataset)
-    else:
-        chains = load_sharegpt(args.dataset, None, seed, args.sharegpt_turns, cpt)
-    if args.lora_adapters:
-        adapters = [a.strip() for a in args.lora_adapters.split(",") if a.strip()]
-        chains = with_adapters(chains, adapters, args.lora_zipf, seed)
-    return chains

@@ -26,7 +26,7 @@ from loadtest.reports.serving_metrics import benchmark_result, errors_by_kind
 from loadtest.reports.stage_report import stage_report
 from loadtest.reports.table import comparison, run_summary
 from loadtest.run.driver import LoadPlan, LoadRun, run_load
-from loadtest.run.options import build_workload, default_count, slos_of, stages_of
+from loadtest.run.plan_options import build_workload, default_count, slos_of, stages_of
 from loadtest.workloads.chats import Chain
 from loadtest.workloads.reuse_oracle import cacheable_tokens
 
