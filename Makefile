@@ -99,7 +99,7 @@ bench-engine: $(STAMP)
 
 # kvgate's picker against sglang-router and vllm-router (their own venv, made on first use) on
 # six simulated backends: docs/benchmarks.md, "Routing".
-bench-routing: $(STAMP)
+bench-routing: $(STAMP) compiled
 	$(BIN)/python -m loadtest.bench.routing
 
 bench-epp: $(STAMP)

@@ -33,7 +33,14 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from loadtest.bench.routing_peers import PEERS, Backend, Peer, peer_bin, running_peer
+from loadtest.bench.routing_peers import (
+    PEERS,
+    Backend,
+    Peer,
+    compiled_tree,
+    peer_bin,
+    running_peer,
+)
 from loadtest.bench.routing_report import plot_stages, report
 from loadtest.client.backend_metrics import deltas, scrape_all
 from loadtest.harness.proc_stats import cpu_seconds
@@ -137,6 +144,9 @@ def main() -> int:
         parser.error("every stage needs its seconds here")
     requests = math.ceil(sum(rate * seconds for rate, seconds in spans) * 1.2)
     peers = [p for p in PEERS if not args.peer or any(f in p.name for f in args.peer)]
+    if compiled_tree() is None and any(p.compiled for p in peers):
+        print("no compiled build (make compiled): the compiled kvgate row is left out")
+        peers = [p for p in peers if not p.compiled]
     bin_dir, why = peer_bin()
     if bin_dir is None:
         print(f"peer routers unavailable ({why}): kvgate only")

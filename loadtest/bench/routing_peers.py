@@ -42,11 +42,13 @@ class Peer:
     router: str  # kvgate | sglang | vllm-router
     policy: str  # kvgate: default | precise | least-in-flight; a peer's --policy otherwise
     workers: int = 1  # kvgate: gateway worker processes on one port
+    compiled: bool = False  # kvgate: run the mypyc build (`make compiled`), as production does
 
 
 PEERS = (
     Peer("kvgate (default profile)", "kvgate", "default"),
     Peer("kvgate (precise, KV events)", "kvgate", "precise"),
+    Peer("kvgate compiled (default profile)", "kvgate", "default", compiled=True),
     Peer("kvgate --workers 2", "kvgate", "default", workers=2),
     Peer("kvgate least-in-flight", "kvgate", "least-in-flight"),
     Peer("kvgate candidate", "kvgate", "candidate"),
@@ -55,6 +57,14 @@ PEERS = (
     Peer("vllm-router cache_aware", "vllm-router", "cache_aware"),
     Peer("vllm-router consistent_hash", "vllm-router", "consistent_hash"),
 )
+
+
+COMPILED = Path(__file__).resolve().parents[2] / "build" / "compiled"
+
+
+def compiled_tree() -> Path | None:
+    """The tree `make compiled` built, if it is there."""
+    return COMPILED if (COMPILED / ".stamp").exists() else None
 
 
 def peer_bin() -> tuple[Path | None, str]:
@@ -114,7 +124,16 @@ def running_peer(
         policy = workdir / f"policy-{port}.yaml"
         policy.write_text(kvgate_policy(peer, backends, model))
         extra = ("--workers", str(peer.workers)) if peer.workers > 1 else ()
-        gateway = gateway_process(str(policy), port, *extra, log=str(workdir / "kvgate.log"))
+        tree = compiled_tree() if peer.compiled else None
+        if peer.compiled and tree is None:
+            raise RuntimeError("no compiled build: run `make compiled`")
+        gateway = gateway_process(
+            str(policy),
+            port,
+            *extra,
+            log=str(workdir / "kvgate.log"),
+            tree=str(tree) if tree else None,
+        )
         with gateway:
             assert gateway.proc is not None
             yield f"http://127.0.0.1:{port}", gateway.proc.pid
