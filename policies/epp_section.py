@@ -60,7 +60,7 @@ def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
         tuple(plugins),
         tuple(profiles),
         f.duration("scrape_interval", 0.05),
-        f.duration("scrape_idle_interval", 0.5),
+        f.duration("scrape_idle_interval", 0.2),
         _saturation(f),
         _objectives(f),
     )

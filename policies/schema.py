@@ -214,7 +214,7 @@ class Epp:
     scrape_interval: float = 0.05
     # an idle endpoint (nothing running, waiting or in flight from this picker) is polled this
     # often instead, until a pick wakes its poller; 0 polls every endpoint at scrape_interval
-    scrape_idle_interval: float = 0.5
+    scrape_idle_interval: float = 0.2
     saturation: Saturation = field(default_factory=Saturation)
     objectives: tuple[Objective, ...] = ()  # unknown objectives have priority 0
 

@@ -124,7 +124,9 @@ async def test_lora_requests_prefer_the_backend_running_the_adapter(
             response = await session.post(f"http://{address}/v1/completions", json=body)
             await response.content.readline()
             busy.append(response)
-        await asyncio.sleep(0.3)  # let the picker scrape who runs what
+        # let the picker scrape who runs what: these requests did not come through it, so the
+        # endpoints looked idle, scraped every scrape_idle_interval (200 ms) until now
+        await asyncio.sleep(0.5)
         before = [value(f"http://{a}", "vllm:prompt_tokens_total") for a in addresses]
         for i in range(6):
             await complete(session, url, f"select {i} from t{i * 7919}", model="sql")
