@@ -75,7 +75,8 @@ async def stream_request(
                     piece = (choice.get("delta") or {}).get("content") or ""
                 if piece:
                     result.chunk_times.append(time.perf_counter() - start)
-                    result.ttft = result.chunk_times[0]
+                    if not result.chunks:
+                        result.ttft = result.chunk_times[0]
                     result.chunks += 1
                 result.text += piece
         result.latency = time.perf_counter() - start

@@ -119,7 +119,8 @@ class _Sender:
         self.records: list[RequestRecord] = []
         flat = (r for chain in plan.chains for r in chain)
         self.index_of = {id(r): i for i, r in enumerate(flat)}
-        spans = plan.stage_spans()
+        self.spans = spans = plan.stage_spans()
+        self.url = plan.url.rstrip("/") + ENDPOINTS[plan.endpoint]
         timed = sum(seconds for _, seconds in spans) if spans[-1][1] else math.inf
         self.deadline = min(timed, plan.max_seconds if plan.max_seconds is not None else math.inf)
 
@@ -138,13 +139,12 @@ class _Sender:
                 return
             self.sent += 1
             start = self.now()
-            stage = stage_of(start, self.plan.stage_spans())
+            stage = stage_of(start, self.spans)
             index = self.index_of.get(id(request), -1)
-            url = self.plan.url.rstrip("/") + ENDPOINTS[self.plan.endpoint]
             try:
                 result = await asyncio.wait_for(
                     stream_request(
-                        self.session, url, body_for(self.plan, request), request.headers
+                        self.session, self.url, body_for(self.plan, request), request.headers
                     ),
                     self.plan.request_timeout,
                 )
