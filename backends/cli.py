@@ -14,6 +14,7 @@ from aiohttp import web
 from backends.engine.build import EngineConfig, build_engine
 from backends.engine.scheduler import SchedulerConfig
 from backends.kv_publisher import ZmqEventPublisher
+from backends.pd import worker as pd_worker
 from backends.runner_parts import RunnerParts
 from backends.runners.sim_runner import CostModel, SimRunner
 from backends.server.app import create_app
@@ -94,6 +95,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated tokens")
     p.add_argument("--default-max-tokens", type=int, default=256, help="chat default max_tokens")
+    pd_worker.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -131,9 +133,11 @@ def build_state(args: argparse.Namespace) -> ServerState:
             replay_endpoint=None if replay is None else f"tcp://{args.host}:{replay}",
             bind=None if args.kv_events_endpoint else True,
         )
-    engine = build_engine(config, parts.runner, event_sink=sink)
+    connector = pd_worker.make_connector(args, parts.runner)
+    engine = build_engine(config, parts.runner, kv_connector=connector, event_sink=sink)
     metrics = ServerMetrics(engine, model_name, args.max_loras)
     engine.observer = metrics
+    pd = None if connector is None else pd_worker.attach(connector, engine, metrics.registry, args)
     state = ServerState(
         engine,
         parts.tokenizer,
@@ -142,6 +146,9 @@ def build_state(args: argparse.Namespace) -> ServerState:
         max_loras=args.max_loras,
         chat_max_tokens=args.default_max_tokens,
         vocab_size=parts.vocab_size,
+        role=args.role,
+        pd=connector,
+        transfer_server=None if pd is None else pd.server,
     )
     for module in args.lora_modules:
         name, sep, path = module.partition("=")
@@ -180,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         log.info("uvloop not available; using the default event loop")
     app = create_app(state)
-    log.info("serving %s on http://%s:%d", args.model, args.host, args.port)
+    log.info("serving %s on http://%s:%d", state.model_name, args.host, args.port)
     web.run_app(
         app,
         host=args.host,

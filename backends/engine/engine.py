@@ -14,6 +14,7 @@ from typing import Protocol
 
 from backends.engine.block_manager import BlockManager
 from backends.engine.kv_connector import KVConnector
+from backends.engine.kv_transfer_params import KVTransferParams
 from backends.engine.model_runner import ModelRunner
 from backends.engine.scheduler import Scheduler, SchedulerConfig
 from backends.engine.sequence import FinishReason, SamplingParams, Sequence
@@ -141,6 +142,7 @@ class AsyncEngine:
         priority: int = 0,
         request_id: str = "",
         cache_salt: str | None = None,
+        kv_transfer: KVTransferParams | None = None,
     ) -> RequestStream:
         """Queue a request; raises ValueError if it cannot fit in the model's context."""
         max_len = self.config.max_model_len
@@ -157,12 +159,17 @@ class AsyncEngine:
             cache_salt=cache_salt,
             priority=priority,
             request_id=request_id,
+            kv_transfer=kv_transfer,
         )
         self.scheduler.add(seq)
         stream = RequestStream(seq)
         self._streams[seq.seq_id] = stream
         self._wake.set()
         return stream
+
+    def wake(self) -> None:
+        """Have the loop schedule again now (a KV connector's load finished)."""
+        self._wake.set()
 
     def abort(self, stream: RequestStream) -> None:
         """Stop a request now (client gone); its blocks are freed at once."""

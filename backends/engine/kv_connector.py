@@ -17,8 +17,12 @@ from backends.engine.step import StepInput
 
 
 class KVConnector(Protocol):
-    # -- scheduler side ---------------------------------------------------------------------
     """Moves KV blocks in and out of the engine: scheduler side and worker side."""
+
+    # -- scheduler side ---------------------------------------------------------------------
+    def on_new_request(self, seq: Sequence) -> None:
+        """``seq`` joined the waiting queue (e.g. to keep a remote lease on its KV alive)."""
+        ...
 
     def num_external_tokens(self, seq: Sequence, num_local_tokens: int) -> int:
         """How many tokens after the ``num_local_tokens`` found in the local prefix cache can
@@ -40,8 +44,11 @@ class KVConnector(Protocol):
         """True if the load of ``seq_id`` failed (its tokens are then computed locally)."""
         ...
 
-    def request_finished(self, seq: Sequence) -> None:
-        """``seq`` finished or was aborted; forget it (its blocks are freed by the engine)."""
+    def request_finished(self, seq: Sequence) -> bool:
+        """``seq`` finished or was aborted. True keeps its blocks allocated for the connector
+        (a prefill worker holding them for a decode worker), which frees them later through
+        the block manager; False has the engine free them now. Ignored for an aborted
+        sequence, whose blocks are always freed at once."""
         ...
 
     # -- worker side ------------------------------------------------------------------------
@@ -52,6 +59,9 @@ class KVConnector(Protocol):
 
 class NoKVConnector:
     """Loads nothing, offers nothing: every token's KV is computed by this engine."""
+
+    def on_new_request(self, seq: Sequence) -> None:
+        return None
 
     def num_external_tokens(self, seq: Sequence, num_local_tokens: int) -> int:
         return 0
@@ -65,8 +75,8 @@ class NoKVConnector:
     def failed(self, seq_id: int) -> bool:
         return False
 
-    def request_finished(self, seq: Sequence) -> None:
-        return None
+    def request_finished(self, seq: Sequence) -> bool:
+        return False
 
     def after_step(self, step: StepInput) -> None:
         return None

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from backends.engine.kv_blocks import KVBlockIO
 from backends.engine.step import StepInput, StepOutput
 
 
-class ModelRunner(Protocol):
-    """Computes model steps; owns the KV cache's memory and the resident LoRA adapters.
+class ModelRunner(KVBlockIO, Protocol):
+    """Computes model steps; owns the KV cache's memory (whose blocks it reads and writes for
+    prefill/decode transfers: ``KVBlockIO``) and the resident LoRA adapters.
 
     ``execute`` writes the KV of each sequence's ``input_ids`` into its ``slot_mapping`` slots,
     attends over its ``block_table``, and returns, aligned with ``step.seqs``, the sampled next

@@ -108,6 +108,7 @@ class Scheduler:
             )
         seq.status = SequenceStatus.WAITING
         heapq.heappush(self.waiting, (seq.sort_key(), seq))
+        self.kv_connector.on_new_request(seq)
 
     def abort(self, seq: Sequence) -> None:
         """Stop ``seq`` wherever it is and free its blocks; a finished sequence is ignored."""
@@ -168,8 +169,8 @@ class Scheduler:
             if reason is not None:
                 seq.status = SequenceStatus.FINISHED
                 seq.finish_reason = reason
-                self.block_manager.free(seq)
-                self.kv_connector.request_finished(seq)
+                if not self.kv_connector.request_finished(seq):
+                    self.block_manager.free(seq)  # else the connector frees them later
                 any_finished = True
             updated.append(seq)
         if any_finished:

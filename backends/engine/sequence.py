@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
+from backends.engine.kv_transfer_params import KVTransferParams
+
 
 class SequenceStatus(Enum):
     WAITING = "waiting"
@@ -74,6 +76,7 @@ class Sequence:
     cache_salt: str | None = None  # only requests with the same salt share cached blocks
     priority: int = 0
     request_id: str = ""
+    kv_transfer: KVTransferParams | None = None  # prefill/decode: where its KV goes or is
     arrival_time: float = field(default_factory=time.monotonic)
     seq_id: int = field(default_factory=lambda: next(_ids))
     status: SequenceStatus = SequenceStatus.WAITING

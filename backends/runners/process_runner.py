@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
+from backends.engine.kv_blocks import BlockData
 from backends.engine.step import StepInput, StepOutput
 from backends.models.config import ModelConfig
 from backends.runners.torch_setup import TorchModelSpec, build_torch_runner
@@ -30,6 +31,9 @@ def _serve(conn: Connection, spec: TorchModelSpec, eos_token_ids: tuple[int, ...
     handlers: dict[str, Any] = {
         "blocks": runner.num_kv_blocks,
         "step": runner.run_step,
+        "read_blocks": runner.read_blocks_now,
+        "write_blocks": runner.write_blocks_now,
+        "bytes_per_block": runner.bytes_per_block,
         "release": runner.release,
         "load_lora": runner.loras.load,
         "unload_lora": runner.unload_lora,
@@ -82,6 +86,21 @@ class ProcessRunner:
         loop = asyncio.get_running_loop()
         output: StepOutput = await loop.run_in_executor(self._io, self._call, "step", step)
         return output
+
+    def bytes_per_block(self) -> int:
+        size: int = self._io.submit(self._call, "bytes_per_block").result()
+        return size
+
+    async def read_blocks(self, block_ids: list[int], dtype: str | None) -> BlockData:
+        loop = asyncio.get_running_loop()
+        data: BlockData = await loop.run_in_executor(
+            self._io, self._call, "read_blocks", block_ids, dtype
+        )
+        return data
+
+    async def write_blocks(self, block_ids: list[int], blocks: BlockData) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._io, self._call, "write_blocks", block_ids, blocks)
 
     def is_alive(self) -> bool:
         return self._process.is_alive()

@@ -6,6 +6,8 @@ step (cached prefix tokens cost nothing), decode sequences are those computing o
 tokens read are the context lengths attended over, and a LoRA swap is an adapter made resident
 in one of ``max_loras`` slots (LRU). Sampled tokens are deterministic pseudo-random draws from
 ``vocabulary``, keyed by the run seed, the request's seed (or its prompt) and the position.
+It keeps no KV: blocks moved to another worker carry only the size a real cache's would have
+(``kv_bytes_per_token`` in bfloat16, by default a 1B Llama's: 16 layers x 8 heads x 64 x 2 x 2).
 """
 
 from __future__ import annotations
@@ -18,7 +20,11 @@ from dataclasses import dataclass
 
 import xxhash
 
+from backends.engine.kv_blocks import BlockData
 from backends.engine.step import SeqStep, StepInput, StepOutput
+
+SIM_CACHE_DTYPE = "bfloat16"
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +83,7 @@ class SimRunner:
         *,
         seed: int = 0,
         max_loras: int = 1,
+        kv_bytes_per_token: int = 32768,
     ) -> None:
         if not vocabulary:
             raise ValueError("the simulated runner needs a non-empty vocabulary")
@@ -87,9 +94,26 @@ class SimRunner:
         self.resident_loras: OrderedDict[str, None] = OrderedDict()
         self.num_lora_swaps = 0
         self._seeds: dict[int, int] = {}
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.block_size = 16
 
     def num_kv_blocks(self, block_size: int) -> int | None:
+        self.block_size = block_size
         return None  # no KV is kept: the configured number of blocks is simulated
+
+    def bytes_per_block(self) -> int:
+        return self.kv_bytes_per_token * self.block_size
+
+    async def read_blocks(self, block_ids: list[int], dtype: str | None) -> BlockData:
+        dtype = dtype or SIM_CACHE_DTYPE
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"unknown KV transfer dtype {dtype!r}")
+        per_block = self.bytes_per_block() * DTYPE_BYTES[dtype] // DTYPE_BYTES[SIM_CACHE_DTYPE]
+        return BlockData(dtype, (0, len(block_ids)), b"", per_block * len(block_ids))
+
+    async def write_blocks(self, block_ids: list[int], blocks: BlockData) -> None:
+        if blocks.num_blocks > len(block_ids):
+            raise ValueError(f"{blocks.num_blocks} blocks do not fit in {len(block_ids)}")
 
     async def execute(self, step: StepInput) -> StepOutput:
         swaps = self._make_resident(step.lora_names)

@@ -10,10 +10,12 @@ measurements behind this choice are in docs/benchmarks.md). The runner owns the 
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass
 
 import torch
 
+from backends.engine.kv_blocks import BlockData
 from backends.engine.step import StepInput, StepOutput
 from backends.models.attention import SeqAttention, build_metadata
 from backends.models.config import ModelConfig
@@ -57,6 +59,7 @@ class TorchRunner:
             config, options.max_loras, options.max_lora_rank, self.dtype, self.device
         )
         self.cache: KVCache | None = None
+        self.block_size = 0
         self.thread = thread or TorchThread()
 
     def num_kv_blocks(self, block_size: int) -> int | None:
@@ -71,6 +74,7 @@ class TorchRunner:
                 f"({per_block} bytes per block of {block_size} tokens)"
             )
         self.cache = KVCache(self.config, num_blocks, block_size, self.dtype, self.device)
+        self.block_size = block_size
         log.info(
             "KV cache: %d blocks of %d tokens (%d MiB)",
             num_blocks,
@@ -137,6 +141,56 @@ class TorchRunner:
                     logprobs[i] = lp
         return StepOutput(tokens, logprobs)
 
+    def bytes_per_block(self) -> int:
+        return KVCache.bytes_per_block(self.config, self.block_size, self.dtype)
+
+    async def read_blocks(self, block_ids: list[int], dtype: str | None) -> BlockData:
+        return await self.thread.run(self.read_blocks_now, block_ids, dtype)
+
+    async def write_blocks(self, block_ids: list[int], blocks: BlockData) -> None:
+        await self.thread.run(self.write_blocks_now, block_ids, blocks)
+
+    def read_blocks_now(self, block_ids: list[int], dtype: str | None) -> BlockData:
+        """``read_blocks`` on the calling thread (the torch thread, or an engine process)."""
+        cache = self._cache()
+        target = _torch_dtype(dtype) if dtype else self.dtype
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            blocks = torch.stack(
+                [self._blocks_of(layer).index_select(0, index) for layer in cache.layers]
+            )
+            flat = blocks.to(target).contiguous().reshape(-1).view(torch.uint8).cpu()
+        name = str(target).removeprefix("torch.")
+        return BlockData(name, tuple(blocks.shape), flat.numpy().tobytes(), flat.numel())
+
+    def write_blocks_now(self, block_ids: list[int], blocks: BlockData) -> None:
+        """``write_blocks`` on the calling thread."""
+        cache = self._cache()
+        layers, count, *block_shape = blocks.shape
+        expected = list(self._blocks_of(cache.layers[0]).shape[1:])
+        if layers != len(cache.layers) or block_shape != expected or count > len(block_ids):
+            raise ValueError(
+                f"KV of shape {list(blocks.shape)} does not fit this cache "
+                f"([{len(cache.layers)}, <= {len(block_ids)}, {', '.join(map(str, expected))}])"
+            )
+        with warnings.catch_warnings():  # read only: the bytes are copied into the cache
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            raw = torch.frombuffer(blocks.data, dtype=torch.uint8)
+        source = raw.view(_torch_dtype(blocks.dtype)).reshape(blocks.shape)
+        index = torch.tensor(block_ids[:count], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            values = source.to(self.device, self.dtype)
+            for number, layer in enumerate(cache.layers):
+                self._blocks_of(layer).index_copy_(0, index, values[number])
+
+    def _cache(self) -> KVCache:
+        if self.cache is None:
+            raise RuntimeError("num_kv_blocks must be called before the cache is used")
+        return self.cache
+
+    def _blocks_of(self, layer: torch.Tensor) -> torch.Tensor:
+        return layer.view(-1, self.block_size, *layer.shape[1:])
+
     def is_alive(self) -> bool:
         return True
 
@@ -155,3 +209,10 @@ class TorchRunner:
 
     def close(self) -> None:
         self.thread.close()
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"unknown KV transfer dtype {name!r}")
+    return dtype

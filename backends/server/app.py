@@ -61,9 +61,17 @@ def create_app(state: ServerState) -> web.Application:
     app[STATE] = state
 
     async def engine_context(app: web.Application) -> AsyncIterator[None]:
+        if state.transfer_server is not None and state.pd is not None:
+            state.pd.port = await state.transfer_server.start()
+        if state.pd is not None:
+            state.pd.start()
         state.engine.start()
         yield
         await state.engine.stop()
+        if state.pd is not None:
+            await state.pd.stop()
+        if state.transfer_server is not None:
+            await state.transfer_server.stop()
 
     app.cleanup_ctx.append(engine_context)
     setup_routes(app)

@@ -82,6 +82,7 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
                     cache_salt=req.cache_salt,
                     priority=req.priority,
                     request_id=request_id,
+                    kv_transfer=req.kv_transfer if state.pd is not None else None,
                 )
             )
     except ValueError as exc:
@@ -222,6 +223,8 @@ async def _complete(
     }
     if req.is_chat and req.return_token_ids:
         body["prompt_token_ids"] = list(streams[0].seq.prompt_token_ids)
+    if state.pd is not None and (held := state.pd.response_params(streams[0].seq)) is not None:
+        body["kv_transfer_params"] = held.to_json()
     return web.json_response(body, headers={"x-request-id": request_id})
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from backends.engine.kv_transfer_params import KVTransferParams, KVTransferParamsError
 from backends.engine.sequence import SamplingParams
 from kvgate.wire.request_tokenizer import RequestTokenizer
 from kvgate.wire.tokenizer import ChatTemplateError
@@ -40,6 +41,7 @@ class GenerationRequest:
     is_chat: bool
     return_token_ids: bool = False
     cache_salt: str | None = None  # vLLM's: prefix-cache sharing only within one salt
+    kv_transfer: KVTransferParams | None = None  # prefill/decode disaggregation (vLLM's)
 
 
 def _get_int(body: Mapping[str, object], key: str, default: int | None) -> int | None:
@@ -200,6 +202,7 @@ def parse_request(
         is_chat=is_chat,
         return_token_ids=_get_bool(body, "return_token_ids"),
         cache_salt=_cache_salt(body),
+        kv_transfer=_kv_transfer(body, len(prompts)),
     )
 
 
@@ -210,6 +213,25 @@ def _cache_salt(body: Mapping[str, object]) -> str | None:
     if not isinstance(value, str) or not value:
         raise RequestError("cache_salt must be a non-empty string", "cache_salt")
     return value
+
+
+def _kv_transfer(body: Mapping[str, object], num_prompts: int) -> KVTransferParams | None:
+    raw = body.get("kv_transfer_params")
+    if raw is None:
+        return None
+    try:
+        params = KVTransferParams.parse(raw)
+    except KVTransferParamsError as exc:
+        name = "kv_transfer_params" + (f".{exc.field}" if exc.field else "")
+        raise RequestError(str(exc), name) from exc
+    if num_prompts != 1 and (params.do_remote_decode or params.do_remote_prefill):
+        raise RequestError("kv_transfer_params needs a single prompt", "kv_transfer_params")
+    if params.do_remote_decode and _get_bool(body, "stream"):
+        raise RequestError(
+            "a prefill for a remote decode (do_remote_decode) must not stream",
+            "kv_transfer_params.do_remote_decode",
+        )
+    return params
 
 
 def _stop_token_ids(body: Mapping[str, object]) -> tuple[int, ...]:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from backends.engine.engine import AsyncEngine
+from backends.pd.connector import PdConnector
+from backends.pd.transfer_service import TransferServer
 from backends.server.metrics import ServerMetrics
 from backends.server.protocol import RequestError
 from kvgate.wire.request_tokenizer import RequestTokenizer
@@ -24,6 +26,9 @@ class ServerState:
     lora_adapters: dict[str, str] = field(default_factory=dict)  # name -> path
     created: int = 0
     vocab_size: int | None = None  # the model's (token ids above the tokenizer's are valid)
+    role: str = "both"  # both | prefill | decode
+    pd: PdConnector | None = None  # prefill/decode workers' KV connector
+    transfer_server: TransferServer | None = None  # a prefill worker's KV transfer service
 
     def default_max_tokens(self, is_chat: bool) -> int:
         return self.chat_max_tokens if is_chat else self.completion_max_tokens

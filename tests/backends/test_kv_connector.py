@@ -12,9 +12,11 @@ from tests.fakes import make_scheduler, make_seq, sample_all
 class ScriptedConnector:
     """Offers ``external`` tokens of every request; loads finish when ``done`` is called."""
 
-    def __init__(self, external: int, fail: bool = False) -> None:
+    def __init__(self, external: int, fail: bool = False, hold: bool = False) -> None:
         self.external = external
         self.fail = fail
+        self.hold = hold
+        self.added: list[int] = []
         self.started: dict[int, list[int]] = {}
         self.ready: list[int] = []
         self.finished: list[int] = []
@@ -36,8 +38,12 @@ class ScriptedConnector:
     def failed(self, seq_id: int) -> bool:
         return self.fail
 
-    def request_finished(self, seq: Sequence) -> None:
+    def on_new_request(self, seq: Sequence) -> None:
+        self.added.append(seq.seq_id)
+
+    def request_finished(self, seq: Sequence) -> bool:
         self.finished.append(seq.seq_id)
+        return self.hold
 
     def after_step(self, step: StepInput) -> None:
         self.steps += 1
@@ -106,3 +112,18 @@ def test_without_a_connector_nothing_is_loaded() -> None:
     assert isinstance(scheduler.kv_connector, NoKVConnector)
     scheduler.add(make_seq(10))
     assert [item.num_new_tokens for item in scheduler.schedule().scheduled] == [10]
+
+
+def test_a_connector_that_keeps_a_finished_sequences_blocks_frees_them_itself() -> None:
+    connector = ScriptedConnector(external=0, hold=True)
+    scheduler = with_connector(connector)
+    manager = scheduler.block_manager
+    seq = make_seq(10, max_tokens=1)
+    scheduler.add(seq)
+    assert connector.added == [seq.seq_id]
+    out = scheduler.schedule()
+    scheduler.postprocess(out, sample_all(out.scheduled))
+    assert seq.is_finished and connector.finished == [seq.seq_id]
+    assert seq.block_table and manager.num_free_blocks == manager.num_blocks - 3
+    manager.free(seq)
+    assert manager.num_free_blocks == manager.num_blocks

@@ -21,7 +21,10 @@ def _method_lines(path: Path, package: str) -> list[str]:
 
 
 def test_protos_exist() -> None:
-    assert [p.relative_to(ROOT).as_posix() for p in PROTOS] == ["proto/kvgate/api/epp.proto"]
+    assert [p.relative_to(ROOT).as_posix() for p in PROTOS] == [
+        "proto/kvgate/api/epp.proto",
+        "proto/kvgate/api/kv_transfer.proto",
+    ]
 
 
 @pytest.mark.parametrize("source", PROTOS, ids=lambda p: p.name)

@@ -1,0 +1,1 @@
+"""Prefill/decode disaggregation: the KV connector, the block transfer service and client."""
