@@ -149,6 +149,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
         role=args.role,
         pd=connector,
         transfer_server=None if pd is None else pd.server,
+        prefill_timeout=args.prefill_timeout,
     )
     for module in args.lora_modules:
         name, sep, path = module.partition("=")

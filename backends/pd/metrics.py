@@ -43,6 +43,12 @@ class PdMetrics:
             "Held requests whose lease lapsed before a decode worker pulled them.",
             registry=registry,
         )
+        self.prefill_hops = Counter(
+            "kvgate:prefill_hops",
+            "Prefill hops a decode worker ran for a prefiller header (llm-d's flow), by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
         self.held = Gauge(
             "kvgate:kv_blocks_held",
             "KV blocks held for decode workers (prefill side).",

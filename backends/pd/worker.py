@@ -45,6 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="prefill: how long blocks stay held without a decode worker's heartbeat",
     )
     group.add_argument(
+        "--prefill-timeout",
+        type=float,
+        default=60.0,
+        help="decode: seconds a prefill hop (x-prefiller-host-port) may take before the "
+        "prompt is prefilled here",
+    )
+    group.add_argument(
         "--kv-transfer-dtype",
         default="",
         help="decode: the dtype KV travels in (float16, float8_e4m3fn; default: the cache's)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 
+import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -65,9 +66,13 @@ def create_app(state: ServerState) -> web.Application:
             state.pd.port = await state.transfer_server.start()
         if state.pd is not None:
             state.pd.start()
+        if state.role == "decode":
+            state.prefill_session = aiohttp.ClientSession()
         state.engine.start()
         yield
         await state.engine.stop()
+        if state.prefill_session is not None:
+            await state.prefill_session.close()
         if state.pd is not None:
             await state.pd.stop()
         if state.transfer_server is not None:

@@ -7,6 +7,7 @@ stop string, error), so their KV blocks are freed at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -19,6 +20,7 @@ from backends.engine.engine import RequestStream
 from backends.engine.sequence import FinishReason
 from backends.server.choice_details import logprobs_field, logprobs_of, token_id_fields
 from backends.server.errors import error_response
+from backends.server.prefill_hop import prefillers, run_prefill_hop
 from backends.server.protocol import GenerationRequest, RequestError, parse_request
 from backends.server.sse import DONE, ChunkFormatter
 from backends.server.state import STATE, ServerState
@@ -71,6 +73,16 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
     except RequestError as exc:
         code = "model_not_found" if exc.status == 404 else None
         return error_response(exc.status, exc.message, exc.param, code)
+    if state.prefill_session is not None and req.kv_transfer is None:
+        targets = prefillers(request.headers)
+        if targets:
+            params, outcome = await run_prefill_hop(
+                state.prefill_session, targets, request.path, body, request_id,
+                state.prefill_timeout,
+            )  # fmt: skip
+            if state.pd is not None and state.pd.metrics is not None:
+                state.pd.metrics.prefill_hops.labels(outcome).inc()
+            req = dataclasses.replace(req, kv_transfer=params)
     streams: list[RequestStream] = []
     try:
         for prompt in req.prompts:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import aiohttp
 from aiohttp import web
 
 from backends.engine.engine import AsyncEngine
@@ -29,6 +30,8 @@ class ServerState:
     role: str = "both"  # both | prefill | decode
     pd: PdConnector | None = None  # prefill/decode workers' KV connector
     transfer_server: TransferServer | None = None  # a prefill worker's KV transfer service
+    prefill_session: aiohttp.ClientSession | None = None  # a decode worker's prefill hops
+    prefill_timeout: float = 60.0
 
     def default_max_tokens(self, is_chat: bool) -> int:
         return self.chat_max_tokens if is_chat else self.completion_max_tokens

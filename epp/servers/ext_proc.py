@@ -29,6 +29,7 @@ from kvgate.wire.openai_errors import error_body, error_type_for
 from kvgate.wire.request_id import new_request_id
 from kvgate.wire.routing_headers import (
     DESTINATION,
+    PREFILLER_HEADERS,
     SERVED,
     SUBSET_KEY,
     is_client_routing,
@@ -71,6 +72,8 @@ class StreamState:
     response_body: bytearray = field(default_factory=bytearray)
     relay: SSERelay = field(default_factory=lambda: SSERelay(strip_usage=False))
     dispatch: Dispatch | None = None  # the pick, finished when the stream ends
+    prefiller: str = ""  # a prefill/decode pool's prefill endpoint (the decode worker calls it)
+    prefill_dispatch: Dispatch | None = None
 
 
 def _header_option(key: str, value: str) -> core.HeaderValueOption:
@@ -125,8 +128,9 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
             async for reply in self._process(state, requests):
                 yield reply
         finally:  # the response ended, or Envoy gave up on the stream: no longer in flight
-            if state.dispatch is not None:
-                self.service.finished(state.dispatch)
+            for dispatch in (state.dispatch, state.prefill_dispatch):
+                if dispatch is not None:
+                    self.service.finished(dispatch)
 
     async def _process(
         self, state: StreamState, requests: AsyncIterator[ep.ProcessingRequest]
@@ -177,6 +181,8 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
             body["model"] = state.target_model
             new_body = orjson.dumps(body)
         set_headers = [_header_option(DESTINATION, endpoint)]
+        if state.prefiller:  # llm-d's flow: the decode worker runs the prefill hop itself
+            set_headers += [_header_option(name, state.prefiller) for name in PREFILLER_HEADERS]
         if has_body:
             set_headers.append(_header_option("Content-Length", str(len(new_body))))
         set_headers += [
@@ -184,7 +190,8 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
             for k, v in state.headers.items()
             if not k.startswith(":") and k not in SYSTEM_OWNED and not is_client_routing(k)
         ]
-        removed = [k for k in state.headers if is_client_routing(k) and k != DESTINATION]
+        kept = {DESTINATION, *(PREFILLER_HEADERS if state.prefiller else ())}  # set above
+        removed = [k for k in state.headers if is_client_routing(k) and k not in kept]
         metadata = struct_pb2.Struct()
         metadata.update({"envoy.lb": {DESTINATION: endpoint}})
         yield ep.ProcessingResponse(
@@ -243,11 +250,15 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         scheduling = self.service.scheduling_request(
             pool, request_id, state.target_model, body, state.headers
         )
-        target = self.service.pick(pool, scheduling, subset=subset).result.target
+        decision = self.service.pick(pool, scheduling, subset=subset)
+        target = decision.result.target
         if target is None:
             raise PickError(429, "failed to find target endpoint", "no_endpoint")
         # Envoy sends the request as soon as this reply arrives: it is dispatched now.
         state.dispatch = self.service.dispatched(scheduling, target)
+        if decision.prefill is not None:
+            state.prefiller = decision.prefill.address
+            state.prefill_dispatch = self.service.dispatched(scheduling, decision.prefill)
         return target.address
 
     def _response_headers(

@@ -10,7 +10,9 @@ from __future__ import annotations
 DESTINATION = "x-gateway-destination-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
-PREFILLER = "x-prefiller-host-port"
+PREFILLER = "x-prefiller-host-port"  # llm-d's prefill target (the decode worker runs it)
+PREFILLER_LLM_D = "x-llm-d-prefiller-host-port"  # its newer spelling
+PREFILLER_HEADERS = (PREFILLER_LLM_D, PREFILLER)  # both are set, and either is read
 CLIENT_ROUTING = frozenset({DESTINATION, SERVED, SUBSET_KEY, PREFILLER})
 CLIENT_ROUTING_PREFIX = "x-llm-d-"  # llm-d's routing headers (prefill targets, ...)
 

@@ -242,3 +242,58 @@ async def test_a_monolithic_server_ignores_kv_transfer_params(
         status, reply = await whole.post(session, prefill_body(BODY))
     assert status == 200 and "kv_transfer_params" not in reply
     assert whole.blocks_in_use == 0
+
+
+async def test_a_prefiller_header_makes_the_decode_worker_run_the_prefill_hop(
+    aiohttp_server: ServerFactory,
+) -> None:
+    """llm-d's flow: the request names one destination (the decode worker) and its prefiller."""
+    prefill = await start_worker(aiohttp_server, "--role", "prefill", *ZERO)
+    decode = await start_worker(aiohttp_server, "--role", "decode", *ZERO)
+    whole = await start_worker(aiohttp_server, *ZERO)
+    prefiller = prefill.url.removeprefix("http://")
+    async with aiohttp.ClientSession() as session:
+        _, alone = await whole.post(session, BODY)
+        for header in ("x-prefiller-host-port", "x-llm-d-prefiller-host-port"):
+            async with session.post(
+                decode.url + "/v1/completions", json=BODY, headers={header: prefiller}
+            ) as response:
+                reply = await response.json()
+            assert reply["choices"][0]["text"] == alone["choices"][0]["text"]
+        assert await decode.metric(session, "kvgate:kv_transfer_blocks_total") == 34 + 1
+        assert await decode.metric(session, "kvgate:prefill_hops_total") == 2
+        # a dead prefiller first, then a live one: the second is used
+        dead = f"127.0.0.1:1,{prefiller}"
+        async with session.post(
+            decode.url + "/v1/completions",
+            json={**BODY, "stream": True},
+            headers={"x-prefiller-host-port": dead},
+        ) as response:
+            streamed = await response.text()
+        assert streamed.rstrip().endswith("data: [DONE]")
+        await wait_for(lambda: prefill.blocks_in_use == 0)
+    assert decode.blocks_in_use == 0
+
+
+async def test_without_a_live_prefiller_the_decode_worker_prefills_locally(
+    aiohttp_server: ServerFactory,
+) -> None:
+    decode = await start_worker(aiohttp_server, "--role", "decode", *ZERO)
+    whole = await start_worker(aiohttp_server, *ZERO)
+    monolithic = whole.url.removeprefix("http://")  # answers, but holds no KV for anyone
+    async with aiohttp.ClientSession() as session:
+        _, alone = await whole.post(session, BODY)
+        for prefiller in ("127.0.0.1:1", monolithic):
+            async with session.post(
+                decode.url + "/v1/completions",
+                json=BODY,
+                headers={"x-prefiller-host-port": prefiller},
+            ) as response:
+                assert response.status == 200
+                reply = await response.json()
+            assert reply["choices"][0]["text"] == alone["choices"][0]["text"]
+        for outcome in ("error", "no_params"):
+            name = f'kvgate:prefill_hops_total{{outcome="{outcome}"}}'
+            assert await decode.metric(session, name) == 1
+        assert await decode.metric(session, "kvgate:kv_transfer_blocks_total") == 0
+    assert whole.blocks_in_use == 0 and decode.blocks_in_use == 0
