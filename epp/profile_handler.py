@@ -9,6 +9,7 @@ decode endpoint is at least the pool's ``pd.min_uncached_tokens``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,7 +56,9 @@ class SingleProfileHandler:
 
 class PdProfileHandler:
     """A decode pick, plus a prefill pick when the decode endpoint would have to compute at
-    least ``min_uncached_tokens`` of the prompt (with no prefix index: never)."""
+    least ``min_uncached_tokens`` of the prompt (with no prefix index: never) and the prefill
+    endpoints are not all saturated (a queued prefill would only delay the first token: the
+    decode endpoint prefills it itself)."""
 
     def __init__(
         self,
@@ -63,11 +66,13 @@ class PdProfileHandler:
         prefill: ProfileRunner,
         min_uncached_tokens: int,
         index: PrefixIndex | None,
+        all_saturated: Callable[[list[Endpoint]], bool] = lambda endpoints: False,
     ) -> None:
         self.decode = decode
         self.prefill = prefill
         self.min_uncached_tokens = min_uncached_tokens
         self.index = index
+        self.all_saturated = all_saturated
 
     def decide(self, request: SchedulingRequest, candidates: list[Endpoint]) -> Decision:
         decoders = [e for e in candidates if e.role in DECODE_ROLES]
@@ -77,5 +82,7 @@ class PdProfileHandler:
             return Decision(decode)
         if uncached_tokens(self.index, request, target) < self.min_uncached_tokens:
             return Decision(decode)
-        prefill = self.prefill.schedule(request, [e for e in candidates if e.role == "prefill"])
-        return Decision(decode, prefill.target)
+        prefillers = [e for e in candidates if e.role == "prefill"]
+        if not prefillers or self.all_saturated(prefillers):
+            return Decision(decode)
+        return Decision(decode, self.prefill.schedule(request, prefillers).target)

@@ -88,7 +88,13 @@ class EppService:
                 return self.scheduler
             return ProfileRunner(build_profile(self.policy.epp, name, plugins=plugins))
 
-        return PdProfileHandler(scheduler("decode"), scheduler("prefill"), threshold, self.prefix)
+        return PdProfileHandler(
+            scheduler("decode"),
+            scheduler("prefill"),
+            threshold,
+            self.prefix,
+            self.saturation.all_saturated,
+        )
 
     async def start(self) -> None:
         await self.scraper.start()

@@ -33,29 +33,44 @@ class EmbeddedEpp:
         scheduling = self.service.scheduling_request(
             pool, request.request_id, model, request.body, request.headers
         )
-        ranked = self.service.pick(pool, scheduling).result.ranked
+        decision = self.service.pick(pool, scheduling)
         states = self._states
+        prefill = decision.prefill
         return EppRanking(
-            self.service, scheduling, [(states[(pool, e.address)], e) for e in ranked]
+            self.service,
+            scheduling,
+            [(states[(pool, e.address)], e) for e in decision.result.ranked],
+            None if prefill is None else (states[(pool, prefill.address)], prefill),
         )
 
 
 class EppRanking:
     """The EPP's ranking of one request, walked in order by the upstream call's attempts."""
 
-    __slots__ = ("_cursor", "_dispatches", "_ranked", "_request", "_service")
+    __slots__ = ("_cursor", "_dispatches", "_prefill", "_ranked", "_request", "_service")
 
     def __init__(
         self,
         service: EppService,
         request: SchedulingRequest,
         ranked: list[tuple[EndpointState, Endpoint]],
+        prefill: tuple[EndpointState, Endpoint] | None = None,
     ) -> None:
         self._service = service
         self._request = request
         self._ranked = ranked
+        self._prefill = prefill
         self._cursor = 0
         self._dispatches: list[tuple[EndpointState, Dispatch]] = []
+
+    def prefill(self) -> EndpointState | None:
+        """The prefill endpoint, dispatched now (the prefill hop is about to be sent)."""
+        if self._prefill is None:
+            return None
+        state, target = self._prefill
+        self._prefill = None
+        self._dispatches.append((state, self._service.dispatched(self._request, target)))
+        return state
 
     def next(self, exclude: set[str]) -> EndpointState | None:
         ranked = self._ranked

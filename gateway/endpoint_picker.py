@@ -79,6 +79,11 @@ class Ranking(Protocol):
         """The request's try at ``endpoint`` is over (its attempt closed)."""
         ...
 
+    def prefill(self) -> EndpointState | None:
+        """The endpoint to prefill the prompt on first (a prefill/decode pool whose picker
+        chose to disaggregate this request), or None: the endpoints ranked serve it whole."""
+        ...
+
 
 class EndpointPicker(Protocol):
     """The gateway's contract for choosing endpoints (least-in-flight, or the embedded EPP)."""
@@ -132,6 +137,9 @@ class LeastInFlightRanking:
 
     def finished(self, endpoint: EndpointState) -> None:
         return None  # the in-flight counts it ranks by are the attempts' own
+
+    def prefill(self) -> EndpointState | None:
+        return None
 
     def next(self, exclude: set[str]) -> EndpointState | None:
         """The untried endpoint with the fewest requests in flight (``exclude`` holds the

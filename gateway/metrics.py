@@ -98,6 +98,13 @@ class GatewayMetrics:
         self.retries = Counter(
             "kvgate_retries", "Upstream attempts retried on another endpoint.", ["pool"], registry=r
         )
+        self.prefill_hops = Counter(
+            "kvgate_prefill_hops",
+            "Prefill hops of prefill/decode pools: 'ok', or 'local' when no prefill endpoint "
+            "answered with KV and the decode endpoint prefilled the prompt itself.",
+            ["pool", "outcome"],
+            registry=r,
+        )
 
         self.build_info = Gauge(
             "kvgate_build_info",

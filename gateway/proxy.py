@@ -16,6 +16,7 @@ import orjson
 
 from gateway.body_encoding import decode_body
 from gateway.context import RequestContext
+from gateway.disaggregation import run_prefill
 from gateway.endpoint_picker import PickRequest
 from gateway.errors import (
     BadRequest,
@@ -127,6 +128,9 @@ async def proxy(
     return response
 
 
+KV_TRANSFER = "kv_transfer_params"
+
+
 class Forward:
     """What sending one request upstream needs, whichever pool serves it (a plain slots class:
     one is made per request)."""
@@ -200,10 +204,8 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
             metrics.child(metrics.queue_rejections, ctx.priority_class, reason).inc()
             raise
     try:
-        payload = forward.raw
+        body = forward.pick.body
         add_usage = ctx.stream and not forward.client_wants_usage
-        if pool.model or add_usage:
-            payload = _payload(payload, forward.pick.body, pool, ctx.model, add_usage)
         client_headers = request.headers
         forwarded = runtime.client_address.upstream_lines(
             request.peer,
@@ -211,8 +213,20 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
             client_headers.get("x-forwarded-proto"),
         )
         headers = upstream_headers(request.raw_headers, ctx.request_id, pool, forwarded)
+        call = runtime.calls[pool.name]
+        ranking = call.picker.rank(pool.name, forward.pick)
+        prefiller = ranking.prefill()
+        params = None
+        if prefiller is not None:  # a prefill/decode pool disaggregates this request
+            hop = (
+                body if not pool.model or pool.model == ctx.model else {**body, "model": pool.model}
+            )
+            params = await run_prefill(call, pool, forward.path, hop, headers, prefiller, ranking)
+        payload = forward.raw
+        if pool.model or add_usage or params is not None or KV_TRANSFER in body:
+            payload = _payload(payload, body, pool, ctx.model, add_usage, params)
         attempt = await open_upstream(
-            runtime.calls[pool.name], ctx, pool, forward.path, payload, headers, forward.pick
+            call, ctx, pool, forward.path, payload, headers, forward.pick, ranking
         )
         ctx.endpoint = attempt.endpoint.address
         upstream = attempt.response
@@ -239,10 +253,17 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
 
 
 def _payload(
-    raw: bytes, body: Mapping[str, object], pool: Pool, model: str, add_usage: bool
+    raw: bytes,
+    body: Mapping[str, object],
+    pool: Pool,
+    model: str,
+    add_usage: bool,
+    kv_transfer_params: dict[str, object] | None = None,
 ) -> bytes:
-    """The body for ``pool``: the original bytes unless the pool's model differs or, on a
-    stream the client asked no usage of, ``stream_options.include_usage`` must be added."""
+    """The body for ``pool``: the original bytes unless the pool's model differs, on a
+    stream the client asked no usage of ``stream_options.include_usage`` must be added, or
+    ``kv_transfer_params`` are the gateway's (a decode hop carries its prefill's; a client's
+    own are dropped: they would have a worker pull KV from wherever they name)."""
     changes: dict[str, object] = {}
     if pool.model and pool.model != model:
         changes["model"] = pool.model
@@ -252,6 +273,10 @@ def _payload(
             **(options if isinstance(options, dict) else {}),
             "include_usage": True,
         }
+    if kv_transfer_params is not None:
+        changes[KV_TRANSFER] = kv_transfer_params
+    elif KV_TRANSFER in body:
+        return orjson.dumps({k: v for k, v in {**body, **changes}.items() if k != KV_TRANSFER})
     if not changes:
         return raw
     return orjson.dumps({**body, **changes})

@@ -19,7 +19,7 @@ from opentelemetry.propagate import inject
 from gateway.attempt import CANCELLED, CONNECT_FAILED, SERVER_ERROR, TIMED_OUT, Attempt
 from gateway.breaker import RetryBudget
 from gateway.context import RequestContext
-from gateway.endpoint_picker import EndpointPicker, EndpointState, PickRequest
+from gateway.endpoint_picker import EndpointPicker, EndpointState, PickRequest, Ranking
 from gateway.errors import GatewayError, NoEndpoint, UpstreamError, UpstreamTimeout
 from gateway.metrics import GatewayMetrics
 from kvgate.wire.http.client import ConnectionPool, UpstreamConnectionError, UpstreamResponse
@@ -169,17 +169,20 @@ async def open_upstream(
     payload: bytes,
     headers: bytes,
     pick: PickRequest,
+    ranking: Ranking | None = None,
 ) -> Attempt:
     """The first acceptable upstream response, as an open ``Attempt`` the caller must close.
 
-    The picker ranks the pool once; each retry takes the next endpoint of that ranking that
-    was not tried and whose breaker lets requests through."""
+    The picker ranks the pool once (or the caller did: ``ranking``); each retry takes the
+    next endpoint of that ranking that was not tried and whose breaker lets requests
+    through."""
     tried: set[str] = set()
     last: GatewayError | None = None
     held: Attempt | None = None  # a 5xx kept as last resort, its verdict pending
     first_byte = call.timeouts.first_byte
     call.budget.deposit()
-    ranking = call.picker.rank(pool.name, pick)
+    if ranking is None:
+        ranking = call.picker.rank(pool.name, pick)
     for number in range(call.retries.attempts + 1):
         if number and not call.budget.try_spend():
             call.metrics.retry_budget_exhausted.labels(pool.name).inc()

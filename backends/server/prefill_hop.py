@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
 
 import aiohttp
 
 from backends.engine.kv_transfer_params import KVTransferParams, KVTransferParamsError
+from kvgate.wire.disaggregation import decode_params, prefill_body
 from kvgate.wire.routing_headers import PREFILLER_HEADERS
 
 log = logging.getLogger(__name__)
-DROPPED_FIELDS = ("stream_options", "min_tokens", "max_completion_tokens")
 
 
 def prefillers(headers: Mapping[str, str]) -> list[str]:
@@ -30,26 +29,6 @@ def prefillers(headers: Mapping[str, str]) -> list[str]:
         if value:
             return [part.strip() for part in value.split(",") if part.strip()]
     return []
-
-
-def prefill_request(body: Mapping[str, object]) -> dict[str, object]:
-    """The prefill hop's body: one token, whole, keeping the KV for this decode worker."""
-    payload = {k: v for k, v in body.items() if k not in DROPPED_FIELDS}
-    payload.update(
-        max_tokens=1,
-        stream=False,
-        kv_transfer_params={
-            "do_remote_decode": True,
-            "do_remote_prefill": False,
-            "remote_engine_id": None,
-            "remote_block_ids": None,
-            "remote_host": None,
-            "remote_port": None,
-        },
-    )
-    if "max_completion_tokens" in body:
-        payload["max_completion_tokens"] = 1
-    return payload
 
 
 async def run_prefill_hop(
@@ -62,7 +41,7 @@ async def run_prefill_hop(
 ) -> tuple[KVTransferParams | None, str]:
     """The params of the first prefiller that answers, and how it went (``ok``, or why
     none did: ``error``, ``timeout``, ``no_params``)."""
-    payload = prefill_request(body)
+    payload = prefill_body(body)
     outcome = "error"
     for target in targets:
         try:
@@ -83,21 +62,14 @@ async def run_prefill_hop(
         except (aiohttp.ClientError, ValueError) as exc:
             log.warning("prefill hop to %s failed: %s", target, exc)
             continue
-        raw = reply.get("kv_transfer_params") if isinstance(reply, dict) else None
+        raw = decode_params(reply, target)
         try:
             params = KVTransferParams.parse(raw) if raw is not None else None
         except KVTransferParamsError:
             params = None
-        if params is None or not params.do_remote_prefill:
+        if params is None:
             log.warning("prefill hop to %s returned no kv_transfer_params", target)
             outcome = "no_params"
             continue
-        host = target.rsplit(":", 1)[0].strip("[]")
-        return _with_host(params, host), "ok"
+        return params, "ok"
     return None, outcome
-
-
-def _with_host(params: KVTransferParams, host: str) -> KVTransferParams:
-    """``params`` with the transfer host replaced by the one dialled (as vLLM's proxy does:
-    a prefill worker may announce an address the decode worker cannot reach)."""
-    return replace(params, remote_host=host)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 from epp.framework import Endpoint, SchedulingRequest, SchedulingResult
 from epp.indexes.prefix_index import uncached_tokens
 from epp.service import EppService
@@ -33,8 +36,19 @@ def pick_pd(
     return decision.result, decision.prefill
 
 
+def scraped(service: EppService, prefill_queue: int = 0) -> EppService:
+    """Every endpoint freshly scraped (stale metrics count as saturated), the prefill
+    endpoints with ``prefill_queue`` requests waiting."""
+    for endpoint in service.datastore.all():
+        queue = prefill_queue if endpoint.role == "prefill" else 0
+        endpoint.metrics = dataclasses.replace(
+            endpoint.metrics, scraped_at=time.monotonic(), waiting=queue
+        )
+    return service
+
+
 def test_long_uncached_prompt_gets_a_prefill_endpoint() -> None:
-    service = EppService(load_policy_text(POLICY))
+    service = scraped(EppService(load_policy_text(POLICY)))
     long_prompt = "a distinct long prompt " * 40  # ~230 tokens at 4 chars per token
     decode, prefill = pick_pd(service, request(long_prompt, "r1"))
     assert decode.target is not None and decode.target.role == "decode"
@@ -44,8 +58,17 @@ def test_long_uncached_prompt_gets_a_prefill_endpoint() -> None:
     assert again.target is decode.target and prefill_again is None
 
 
+def test_a_saturated_prefill_pool_means_the_decode_endpoint_prefills() -> None:
+    long_prompt = "a distinct long prompt " * 40
+    service = scraped(EppService(load_policy_text(POLICY)), prefill_queue=1000)
+    decode, prefill = pick_pd(service, request(long_prompt, "r1"))
+    assert decode.target is not None and prefill is None
+    never_scraped = EppService(load_policy_text(POLICY))  # stale metrics: saturated too
+    assert pick_pd(never_scraped, request(long_prompt, "r1"))[1] is None
+
+
 def test_short_prompt_or_no_pd_config_means_decode_only() -> None:
-    service = EppService(load_policy_text(POLICY))
+    service = scraped(EppService(load_policy_text(POLICY)))
     decode, prefill = pick_pd(service, request("short", "r1"))
     assert decode.target is not None and decode.target.role == "decode" and prefill is None
     plain = EppService(

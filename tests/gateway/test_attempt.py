@@ -72,6 +72,9 @@ class _Listed:
     def finished(self, endpoint: EndpointState) -> None:
         self.owner.finished.append(endpoint.address)
 
+    def prefill(self) -> EndpointState | None:
+        return None
+
 
 def runtime_for(addresses: list[str]) -> Runtime:
     policy = load_policy_text(f"""
