@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test test-vllm test-compiled compiled lint format bench bench-engine bench-proxy bench-routing bench-crosscheck bench-epp bench-policy bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
+.PHONY: demo test test-vllm test-compiled compiled lint format bench bench-engine bench-proxy bench-routing bench-pd bench-crosscheck bench-epp bench-policy bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -104,6 +104,11 @@ bench-routing: $(STAMP) compiled
 
 bench-epp: $(STAMP)
 	$(BIN)/python -m loadtest.bench.epp
+
+# Prefill/decode disaggregation: KV transfer between two workers beside a raw loopback socket,
+# then PD against monolithic on two torch workers: docs/benchmarks.md, "Prefill/decode".
+bench-pd: $(STAMP)
+	$(BIN)/python -m loadtest.bench.pd
 
 # The gateway's request path without sockets: CPU time per request, then (under valgrind)
 # instructions per request, which do not move with this shared machine's load.

@@ -7,32 +7,14 @@ from prometheus_client import generate_latest
 from backends.cli import build_state
 from backends.engine.sequence import SamplingParams
 from epp.metrics_parser import SGLANG, parse_metrics
+from kvgate.cli import build_parser
 
 
 def test_parses_the_reference_backends_metrics() -> None:
-    import argparse
-
-    args = argparse.Namespace(
-        runner="sim",
-        host="127.0.0.1",
-        port=1,
-        model="m",
-        num_blocks=64,
-        block_size=16,
-        max_num_seqs=4,
-        max_num_batched_tokens=256,
-        max_model_len=256,
-        no_chunked_prefill=False,
-        no_prefix_caching=False,
-        max_loras=2,
-        lora_modules=["sql=/x"],
-        kv_events_port=None,
-        kv_events_topic=None,
-        kv_events_endpoint=None,
-        kv_events_replay_port=None,
-        cost="zero",
-        seed=0,
-        default_max_tokens=16,
+    args = build_parser().parse_args(
+        "backend --port 1 --model m --num-blocks 64 --max-num-seqs 4 --max-model-len 256 "
+        "--max-num-batched-tokens 256 --max-loras 2 --lora-modules sql=/x --cost zero "
+        "--default-max-tokens 16".split()
     )
     state = build_state(args)
     scheduler = state.engine.scheduler

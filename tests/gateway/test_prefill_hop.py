@@ -21,13 +21,14 @@ BODY = {"model": "kvgate-sim", "prompt": "a prompt " * 60, "max_tokens": 30, "st
         "stream_options": {"include_usage": True}, "min_tokens": 2}  # fmt: skip
 
 
-def pd_runtime(prefillers: list[str]) -> Runtime:
+def pd_runtime(prefillers: list[str], extra: str = "") -> Runtime:
     endpoints = ", ".join(f"{{address: {a}, role: prefill}}" for a in prefillers)
     policy = load_policy_text(f"""
 pools: {{p: {{pd: {{min_uncached_tokens: 8}}, endpoints: [{endpoints}, {{address: 127.0.0.9:1, role: decode}}]}}}}
 routes: [{{model: kvgate-sim, pool: p}}]
 retries: {{attempts: 3, backoff: 1ms, max_backoff: 1ms, min_retries_per_second: 100}}
 breakers: {{consecutive_failures: 1}}
+{extra}
 """)
     parts = RuntimeParts(GatewayMetrics(), EppMetrics(), ConnectionPool(connect_timeout=1.0))
     ordered = InOrder()
@@ -99,3 +100,23 @@ async def test_a_cancelled_prefill_hop_stops_there_and_records_no_verdict() -> N
         assert up.requests == 1
     finally:
         server.close()
+
+
+async def test_a_prefill_endpoint_that_does_not_answer_in_time_is_retried_on_another(
+    aiohttp_server: ServerFactory,
+) -> None:
+    worker = await start_worker(aiohttp_server, "--role", "prefill", "--cost", "zero")
+    up, server = await started(lambda n: None, silent=True)
+    try:
+        stalled = f"127.0.0.1:{up.port}"
+        runtime = pd_runtime(
+            [stalled, worker.url.removeprefix("http://")], "timeouts: {first_byte: 200ms}"
+        )
+        params = await hop(runtime, stalled)
+    finally:
+        server.close()
+    assert params is not None and params["do_remote_prefill"] is True
+    metrics = runtime.calls["p"].metrics
+    assert metrics.upstream_errors.labels(stalled, "timeout")._value.get() == 1
+    assert worker.state.pd is not None and worker.state.pd.held is not None
+    worker.state.pd.held.release_all()

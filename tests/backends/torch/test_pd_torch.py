@@ -59,21 +59,22 @@ async def test_pd_greedy_tokens_are_transformers_own(
     assert prefill.blocks_in_use == 0
 
 
-async def test_a_float16_transfer_moves_half_the_bytes(
-    aiohttp_server: ServerFactory, model_folders: dict[str, Path]
+@pytest.mark.parametrize(("dtype", "share"), [("float16", 2), ("float8_e4m3fn", 4)])
+async def test_a_narrower_transfer_dtype_moves_fewer_bytes(
+    aiohttp_server: ServerFactory, model_folders: dict[str, Path], dtype: str, share: int
 ) -> None:
     folder = model_folders["llama"]
     prefill = await start_worker(aiohttp_server, *torch_args(folder, "--role", "prefill"))
     exact = await start_worker(aiohttp_server, *torch_args(folder, "--role", "decode"))
     half = await start_worker(
-        aiohttp_server, *torch_args(folder, "--role", "decode", "--kv-transfer-dtype", "float16")
+        aiohttp_server, *torch_args(folder, "--role", "decode", "--kv-transfer-dtype", dtype)
     )
     async with aiohttp.ClientSession() as session:
         await pd_tokens(session, prefill, exact, 4)
         await pd_tokens(session, prefill, half, 4)
         full = await exact.metric(session, "kvgate:kv_transfer_bytes_total")
         halved = await half.metric(session, "kvgate:kv_transfer_bytes_total")
-    assert full > 0 and halved == full / 2
+    assert full > 0 and halved == full / share
 
 
 def test_blocks_read_from_one_cache_are_written_bit_for_bit_into_another(
