@@ -72,7 +72,7 @@ def transfer(args: argparse.Namespace) -> dict[str, list[float]]:
 
         async def kv_round(number: int) -> list[Moved]:
             async with aiohttp.ClientSession() as session:
-                prompts = [prompt_ids(args.transfer_tokens, 500, 4 * number + i) for i in range(4)]
+                prompts = [prompt_ids(args.transfer_tokens, 250, 4 * number + i) for i in range(4)]
                 moved = [
                     await into_decode_worker(session, prefill, target, MODEL, prompt)
                     for target, prompt in zip((decode, half, fp8), prompts, strict=False)

@@ -12,9 +12,29 @@ from kvgate.cli import build_parser
 
 def test_parses_the_reference_backends_metrics() -> None:
     args = build_parser().parse_args(
-        "backend --port 1 --model m --num-blocks 64 --max-num-seqs 4 --max-model-len 256 "
-        "--max-num-batched-tokens 256 --max-loras 2 --lora-modules sql=/x --cost zero "
-        "--default-max-tokens 16".split()
+        [
+            "backend",
+            "--port",
+            "1",
+            "--model",
+            "m",
+            "--num-blocks",
+            "64",
+            "--max-num-seqs",
+            "4",
+            "--max-model-len",
+            "256",
+            "--max-num-batched-tokens",
+            "256",
+            "--max-loras",
+            "2",
+            "--lora-modules",
+            "sql=/x",
+            "--cost",
+            "zero",
+            "--default-max-tokens",
+            "16",
+        ]
     )
     state = build_state(args)
     scheduler = state.engine.scheduler
