@@ -15,12 +15,13 @@ from typing import Protocol
 @dataclass(frozen=True, slots=True)
 class BlockData:
     """Some blocks' KV, layer-major: ``shape`` is ``[layers, blocks, block_size, 2, kv_heads,
-    head_dim]`` in ``dtype``, ``data`` its raw bytes. ``num_bytes`` is the KV's size: equal to
-    ``len(data)``, except from a runner that keeps no KV (``data`` is then empty)."""
+    head_dim]`` in ``dtype``, ``data`` its raw bytes (read: ``bytes``; to write: any buffer, such
+    as a view into a received message). ``num_bytes`` is the KV's size: equal to ``len(data)``,
+    except from a runner that keeps no KV (``data`` is then empty)."""
 
     dtype: str
     shape: tuple[int, ...]
-    data: bytes
+    data: bytes | memoryview
     num_bytes: int
 
     @property

@@ -180,11 +180,22 @@ class PdConnector:
                 range(first, last),
                 self.transfer_dtype,
             )
-            async for chunk in chunks:
-                start = first + chunk.first
-                data = BlockData(chunk.dtype, tuple(chunk.shape), chunk.data, chunk.num_bytes)
-                await self.io.write_blocks(block_ids[start : start + chunk.num_blocks], data)
-                moved += chunk.num_bytes
+            writing: asyncio.Future[None] | None = None  # one write while the next arrives
+            try:
+                async for chunk in chunks:
+                    start = first + chunk.first
+                    data = BlockData(chunk.dtype, chunk.shape, chunk.data, chunk.num_bytes)
+                    if writing is not None:
+                        await writing
+                    target = block_ids[start : start + chunk.num_blocks]
+                    writing = asyncio.ensure_future(self.io.write_blocks(target, data))
+                    moved += chunk.num_bytes
+                if writing is not None:
+                    await writing
+                    writing = None
+            finally:
+                if writing is not None:
+                    writing.cancel()
         except asyncio.CancelledError:
             raise
         except (grpc.aio.AioRpcError, ValueError) as exc:

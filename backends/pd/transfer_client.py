@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import grpc
 
-from backends.pd.transfer_service import GRPC_OPTIONS
+from backends.pd.chunk_codec import Chunk, decode_chunk
+from backends.pd.transfer_service import GRPC_OPTIONS, SERVICE
 from kvgate.api import kv_transfer_pb2 as pb
 from kvgate.api import kv_transfer_pb2_grpc as pb_grpc
 
@@ -21,15 +23,23 @@ RPC_TIMEOUT = 5.0  # heartbeats and releases
 class TransferClient:
     def __init__(self, pull_timeout: float = 30.0) -> None:
         self.pull_timeout = pull_timeout
-        self._stubs: dict[str, tuple[grpc.aio.Channel, pb_grpc.KVTransferStub]] = {}
+        self._stubs: dict[str, tuple[grpc.aio.Channel, pb_grpc.KVTransferStub, Any]] = {}
 
-    def _stub(self, address: str) -> pb_grpc.KVTransferStub:
+    def _entry(self, address: str) -> tuple[grpc.aio.Channel, pb_grpc.KVTransferStub, Any]:
         entry = self._stubs.get(address)
         if entry is None:
             channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
-            entry = (channel, pb_grpc.KVTransferStub(channel))  # type: ignore[no-untyped-call]
+            pull = channel.unary_stream(
+                f"/{SERVICE}/Pull",
+                request_serializer=pb.PullRequest.SerializeToString,
+                response_deserializer=decode_chunk,
+            )
+            entry = (channel, pb_grpc.KVTransferStub(channel), pull)  # type: ignore[no-untyped-call]
             self._stubs[address] = entry
-        return entry[1]
+        return entry
+
+    def _stub(self, address: str) -> pb_grpc.KVTransferStub:
+        return self._entry(address)[1]
 
     async def pull(
         self,
@@ -38,15 +48,16 @@ class TransferClient:
         request_id: str,
         block_indexes: Sequence[int],
         dtype: str = "",
-    ) -> AsyncIterator[pb.KVChunk]:
-        """The chunks of ``block_indexes`` of a held request (raises ``grpc.aio.AioRpcError``)."""
+    ) -> AsyncIterator[Chunk]:
+        """The chunks of ``block_indexes`` of a held request (raises ``grpc.aio.AioRpcError``;
+        a chunk's data is a view into the received message)."""
         request = pb.PullRequest(
             remote_request_id=request_id,
             remote_engine_id=engine_id,
             block_indexes=list(block_indexes),
             dtype=dtype,
         )
-        call = self._stub(address).Pull(request, timeout=self.pull_timeout)
+        call = self._entry(address)[2](request, timeout=self.pull_timeout)
         async for chunk in call:
             yield chunk
 
@@ -62,7 +73,7 @@ class TransferClient:
         return bool(reply.released)
 
     async def close(self) -> None:
-        for channel, _ in self._stubs.values():
+        for channel, _, _ in self._stubs.values():
             with contextlib.suppress(Exception):
                 await channel.close()
         self._stubs.clear()

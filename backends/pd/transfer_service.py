@@ -17,11 +17,11 @@ from typing import Any
 
 import grpc
 
-from backends.engine.kv_blocks import KVBlockIO
+from backends.engine.kv_blocks import BlockData, KVBlockIO
+from backends.pd.chunk_codec import encode_chunk
 from backends.pd.held_blocks import HeldBlocks
 from backends.pd.metrics import PdMetrics
 from kvgate.api import kv_transfer_pb2 as pb
-from kvgate.api import kv_transfer_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 CHUNK_BYTES = 4 * 2**20
@@ -32,7 +32,13 @@ GRPC_OPTIONS = [
 ]
 
 
-class KVTransferService(pb_grpc.KVTransferServicer):
+SERVICE = pb.DESCRIPTOR.services_by_name["KVTransfer"].full_name
+
+
+class KVTransferService:
+    """``KVTransfer``'s methods; ``handler`` registers them (``Pull`` streams chunks it
+    encodes itself: ``chunk_codec``)."""
+
     def __init__(
         self,
         engine_id: str,
@@ -49,7 +55,7 @@ class KVTransferService(pb_grpc.KVTransferServicer):
 
     async def Pull(
         self, request: pb.PullRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[pb.KVChunk]:
+    ) -> AsyncIterator[bytes]:
         await self._check_engine(request.remote_engine_id, context)
         held = self.held.get(request.remote_request_id)
         if held is None:
@@ -65,29 +71,44 @@ class KVTransferService(pb_grpc.KVTransferServicer):
                 f"block indexes beyond the {len(held.block_ids)} blocks held",
             )
         per_chunk = max(1, self.chunk_bytes // max(1, self.io.bytes_per_block()))
+        pieces = [indexes[i : i + per_chunk] for i in range(0, len(indexes), per_chunk)]
         started, sent_bytes = time.perf_counter(), 0
         held.pulling = True
+        reading: asyncio.Future[BlockData] | None = None
         try:
-            for first in range(0, len(indexes), per_chunk):
-                ids = [held.block_ids[i] for i in indexes[first : first + per_chunk]]
+            for number, piece in enumerate(pieces):
+                if reading is None:
+                    reading = self._read(held.block_ids, piece, request.dtype)
                 try:
-                    blocks = await self.io.read_blocks(ids, request.dtype or None)
+                    blocks = await reading
                 except ValueError as exc:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
                     return
+                reading = None
+                if number + 1 < len(pieces):  # the next chunk is read while this one is sent
+                    reading = self._read(held.block_ids, pieces[number + 1], request.dtype)
                 sent_bytes += blocks.num_bytes
-                yield pb.KVChunk(
-                    first=first,
-                    num_blocks=len(ids),
-                    dtype=blocks.dtype,
-                    shape=list(blocks.shape),
-                    data=blocks.data,
-                    num_bytes=blocks.num_bytes,
+                yield encode_chunk(
+                    number * per_chunk,
+                    len(piece),
+                    blocks.dtype,
+                    blocks.shape,
+                    blocks.data,
+                    blocks.num_bytes,
                 )
         finally:
             held.pulling = False
+            if reading is not None:
+                reading.cancel()
         self.held.release(request.remote_request_id)
         self.metrics.moved("sent", len(indexes), sent_bytes, time.perf_counter() - started)
+
+    def _read(
+        self, block_ids: tuple[int, ...], piece: list[int], dtype: str
+    ) -> asyncio.Future[BlockData]:
+        return asyncio.ensure_future(
+            self.io.read_blocks([block_ids[i] for i in piece], dtype or None)
+        )
 
     async def Heartbeat(
         self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -113,6 +134,29 @@ class KVTransferService(pb_grpc.KVTransferServicer):
             )
 
 
+def handler(service: KVTransferService) -> grpc.GenericRpcHandler:
+    """The ``KVTransfer`` service's methods, as the generated code would register them, except
+    that ``Pull``'s messages are already encoded."""
+    return grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "Pull": grpc.unary_stream_rpc_method_handler(
+                service.Pull, request_deserializer=pb.PullRequest.FromString
+            ),
+            "Heartbeat": grpc.unary_unary_rpc_method_handler(
+                service.Heartbeat,
+                request_deserializer=pb.HeartbeatRequest.FromString,
+                response_serializer=pb.HeartbeatResponse.SerializeToString,
+            ),
+            "Release": grpc.unary_unary_rpc_method_handler(
+                service.Release,
+                request_deserializer=pb.ReleaseRequest.FromString,
+                response_serializer=pb.ReleaseResponse.SerializeToString,
+            ),
+        },
+    )
+
+
 class TransferServer:
     """The ``KVTransfer`` gRPC server and the loop that frees lapsed leases."""
 
@@ -126,7 +170,7 @@ class TransferServer:
     async def start(self) -> int:
         """Serve; returns the bound port (``port`` 0 picks a free one)."""
         server = grpc.aio.server(options=GRPC_OPTIONS)
-        pb_grpc.add_KVTransferServicer_to_server(self.service, server)  # type: ignore[no-untyped-call]
+        server.add_generic_rpc_handlers((handler(self.service),))
         self.port = server.add_insecure_port(f"{self.host}:{self.port}")
         await server.start()
         self._server = server

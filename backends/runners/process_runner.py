@@ -9,6 +9,7 @@ one ``kvgate backend`` uses, and why, is measured in docs/benchmarks.md.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import multiprocessing
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
@@ -31,7 +32,7 @@ def _serve(conn: Connection, spec: TorchModelSpec, eos_token_ids: tuple[int, ...
     handlers: dict[str, Any] = {
         "blocks": runner.num_kv_blocks,
         "step": runner.run_step,
-        "read_blocks": runner.read_blocks_now,
+        "read_blocks": lambda ids, dtype: _picklable(runner.read_blocks_now(ids, dtype)),
         "write_blocks": runner.write_blocks_now,
         "bytes_per_block": runner.bytes_per_block,
         "release": runner.release,
@@ -49,6 +50,13 @@ def _serve(conn: Connection, spec: TorchModelSpec, eos_token_ids: tuple[int, ...
             conn.send(("ok", handlers[kind](*args)))
         except Exception as exc:  # the parent re-raises it where it called
             conn.send(("error", exc))
+
+
+def _picklable(blocks: BlockData) -> BlockData:
+    """``blocks`` with its data as bytes (a view cannot cross the pipe)."""
+    if isinstance(blocks.data, memoryview):
+        return dataclasses.replace(blocks, data=bytes(blocks.data))
+    return blocks
 
 
 class ProcessRunner:
@@ -99,6 +107,7 @@ class ProcessRunner:
         return data
 
     async def write_blocks(self, block_ids: list[int], blocks: BlockData) -> None:
+        blocks = _picklable(blocks)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._io, self._call, "write_blocks", block_ids, blocks)
 

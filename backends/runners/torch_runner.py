@@ -156,12 +156,19 @@ class TorchRunner:
         target = _torch_dtype(dtype) if dtype else self.dtype
         index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            blocks = torch.stack(
-                [self._blocks_of(layer).index_select(0, index) for layer in cache.layers]
+            first = self._blocks_of(cache.layers[0])
+            blocks = torch.empty(
+                (len(cache.layers), len(block_ids), *first.shape[1:]),
+                dtype=self.dtype,
+                device=self.device,
             )
-            flat = blocks.to(target).contiguous().reshape(-1).view(torch.uint8).cpu()
+            for number, layer in enumerate(cache.layers):
+                torch.index_select(self._blocks_of(layer), 0, index, out=blocks[number])
+            flat = blocks.to(target).reshape(-1).view(torch.uint8).cpu()
         name = str(target).removeprefix("torch.")
-        return BlockData(name, tuple(blocks.shape), flat.numpy().tobytes(), flat.numel())
+        # a view of the gathered tensor: whoever sends it copies it once, into its message
+        data = memoryview(flat.numpy())  # type: ignore[arg-type]
+        return BlockData(name, tuple(blocks.shape), data, flat.numel())
 
     def write_blocks_now(self, block_ids: list[int], blocks: BlockData) -> None:
         """``write_blocks`` on the calling thread."""

@@ -30,6 +30,7 @@ import aiohttp
 
 from loadtest.bench.pd_transfer import (
     Moved,
+    grpc_stream_bytes_per_s,
     into_decode_worker,
     prompt_ids,
     raw_socket_bytes_per_s,
@@ -59,7 +60,8 @@ def worker(stack: ExitStack, *args: str) -> str:
 
 def transfer(args: argparse.Namespace) -> dict[str, list[float]]:
     """GB/s per round: raw socket, into a decode worker (float32, float16, float8), bare client."""
-    rows: dict[str, list[float]] = {"raw loopback socket": [], "KV into a decode worker": [],
+    rows: dict[str, list[float]] = {"raw loopback socket": [], "gRPC stream of opaque bytes": [],
+                                    "KV into a decode worker": [],
                                     "KV into a decode worker, float16": [],
                                     "KV into a decode worker, float8_e4m3fn": [],
                                     "KV to a bare gRPC client": []}  # fmt: skip
@@ -82,9 +84,10 @@ def transfer(args: argparse.Namespace) -> dict[str, list[float]]:
         for number in range(args.rounds):
             moved = asyncio.run(kv_round(number))
             sizes.append(moved[0].num_bytes)
-            raw = raw_socket_bytes_per_s(max(2**28, int(moved[0].num_bytes) * 4))
-            rows["raw loopback socket"].append(raw / 1e9)
-            for name, one in zip(list(rows)[1:], moved, strict=True):
+            volume = max(2**28, int(moved[0].num_bytes) * 4)
+            rows["raw loopback socket"].append(raw_socket_bytes_per_s(volume) / 1e9)
+            rows["gRPC stream of opaque bytes"].append(grpc_stream_bytes_per_s(volume) / 1e9)
+            for name, one in zip(list(rows)[2:], moved, strict=True):
                 rows[name].append(one.bytes_per_s / 1e9)
             print(
                 f"transfer round {number}: "

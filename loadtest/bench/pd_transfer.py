@@ -6,21 +6,27 @@ Each round prefills a fresh prompt on a prefill worker (torch runner, float32 ca
 moves its KV three ways: into a decode worker's paged cache (the product path: gRPC stream,
 the prefill worker's block gather, the decode worker's scatter; timed by the decode worker's
 ``kvgate:kv_transfer_seconds``), into decode workers asking for float16 and float8_e4m3fn
-(half and a quarter of the bytes), and to a bare gRPC client that discards it (the wire alone).
+(half and a quarter of the bytes), and to a bare gRPC client that discards it. Beside them, the
+same volume as opaque messages on one gRPC stream between two processes: Python grpc's own
+throughput, the library floor under any gRPC transfer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import random
 import socket
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aiohttp
+import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.pd.transfer_client import TransferClient
+from backends.pd.transfer_service import GRPC_OPTIONS
 
 CHUNK = 4 * 2**20
 
@@ -57,6 +63,49 @@ def raw_socket_bytes_per_s(total: int) -> float:
             return sent / (time.perf_counter() - started)
     finally:
         reader.join(timeout=10)
+
+
+def _grpc_bytes_server(port_queue: multiprocessing.Queue[int], total: int) -> None:
+    payload = bytes(CHUNK)
+
+    async def pull(request: bytes, context: object) -> AsyncIterator[bytes]:
+        for _ in range(total // CHUNK):
+            yield payload
+
+    async def serve() -> None:
+        server = grpc.aio.server(options=GRPC_OPTIONS)
+        method = grpc.unary_stream_rpc_method_handler(pull)
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("floor.Floor", {"Pull": method}),)
+        )
+        port_queue.put(server.add_insecure_port("127.0.0.1:0"))
+        await server.start()
+        await server.wait_for_termination()
+
+    asyncio.run(serve())
+
+
+def grpc_stream_bytes_per_s(total: int) -> float:
+    """Opaque ``CHUNK``-byte messages on one gRPC stream between two processes (Python's grpc,
+    no protobuf, no KV): the floor the library sets under the KV transfer."""
+    context = multiprocessing.get_context("spawn")
+    ports: multiprocessing.Queue[int] = context.Queue()
+    server = context.Process(target=_grpc_bytes_server, args=(ports, total), daemon=True)
+    server.start()
+
+    async def pull(port: int) -> float:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=GRPC_OPTIONS) as channel:
+            call = channel.unary_stream("/floor.Floor/Pull")
+            started, moved = time.perf_counter(), 0
+            async for message in call(b""):
+                moved += len(message)
+            return moved / (time.perf_counter() - started)
+
+    try:
+        return asyncio.run(pull(ports.get(timeout=30)))
+    finally:
+        server.kill()
+        server.join(timeout=10)
 
 
 @dataclass(frozen=True, slots=True)
