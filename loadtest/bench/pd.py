@@ -6,10 +6,12 @@ beside a raw loopback TCP stream's throughput (the physical floor here), rounds 
 Part two: serving, PD against monolithic on the same cores. Two torch workers (preset
 ``small``, random weights, one thread each: ``OMP_NUM_THREADS=1``) behind kvgate's gateway
 with its embedded picker: either two monolithic workers, or one prefill and one decode worker
-in a prefill/decode pool (every long prompt disaggregated). The load tester sends long random
-prompts at a low and a high rate (open loop, Poisson); reported per configuration and load:
-TTFT and TPOT p50/p99 and ITL p99 (vLLM's definitions), and PD's ÷ monolithic's. Markdown to
-stdout, JSON to ``build/bench-pd.json``.
+in a prefill/decode pool whose picker disaggregates by its decider (uncached prompt ≥ 256
+tokens and the prefill worker unsaturated), always, or never (``CONFIGS``). The load tester
+sends long random prompts at a low and a high rate (open loop, Poisson); reported per
+configuration and load: TTFT and TPOT p50/p99, ITL p99 (vLLM's definitions), output tokens/s,
+the share of requests disaggregated, and each ÷ monolithic's. Markdown to stdout, JSON to
+``build/bench-pd.json``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -32,6 +35,7 @@ from loadtest.bench.pd_transfer import (
     Moved,
     grpc_stream_bytes_per_s,
     into_decode_worker,
+    metric_sum,
     prompt_ids,
     raw_socket_bytes_per_s,
     to_bare_client,
@@ -81,6 +85,7 @@ def transfer(args: argparse.Namespace) -> dict[str, list[float]]:
                 ]
                 return [*moved, await to_bare_client(session, prefill, MODEL, prompts[3])]
 
+        asyncio.run(kv_round(-1))  # warm-up: channels, first-touched cache pages
         for number in range(args.rounds):
             moved = asyncio.run(kv_round(number))
             sizes.append(moved[0].num_bytes)
@@ -98,15 +103,28 @@ def transfer(args: argparse.Namespace) -> dict[str, list[float]]:
     return rows
 
 
-def pd_policy(endpoints: list[str], pd: bool) -> str:
+# Serving configurations on the same two single-threaded workers: two monolithic ones, or one
+# prefill and one decode worker with the picker's decider, or forced either way.
+CONFIGS = {
+    "monolithic": None,
+    "PD decider": "pd: {min_uncached_tokens: 256}",
+    "PD always disaggregate": "pd: {min_uncached_tokens: 0}",
+    "PD always local": "pd: {min_uncached_tokens: 1000000000}",
+}
+# "always disaggregate" must not fall back while the prefill worker is saturated
+NEVER_SATURATED = "epp: {saturation: {queue_depth: 1000000, kv_usage: 1.0, max_metrics_age: 1h}}"
+
+
+def pd_policy(endpoints: list[str], config: str) -> str:
     key = hashlib.sha256(KEY.encode()).hexdigest()
     addresses = [e.removeprefix("http://") for e in endpoints]
+    pd = CONFIGS[config]
     if pd:
         listed = (
             f"[{{address: {addresses[0]}, role: prefill}}, "
             f"{{address: {addresses[1]}, role: decode}}]"
         )
-        pool = f"{{pd: {{min_uncached_tokens: 256}}, endpoints: {listed}}}"
+        pool = f"{{{pd}, endpoints: {listed}}}"
     else:
         pool = f"{{endpoints: [{', '.join(addresses)}]}}"
     return f"""
@@ -115,15 +133,17 @@ pools: {{p: {pool}}}
 routes: [{{model: {MODEL}, pool: p}}]
 observability: {{access_log: "off"}}
 timeouts: {{first_byte: 300s}}
+{NEVER_SATURATED if config == "PD always disaggregate" else ""}
 """
 
 
-def serve_once(args: argparse.Namespace, pd: bool, rate: float, out: Path) -> dict[str, float]:
+def serve_once(args: argparse.Namespace, config: str, rate: float, out: Path) -> dict[str, float]:
     with ExitStack() as stack:
+        pd = CONFIGS[config] is not None
         roles = (("--role", "prefill"), ("--role", "decode")) if pd else ((), ())
         endpoints = [worker(stack, *role, "--max-model-len", "4096") for role in roles]
         policy = out / "policy.yaml"
-        policy.write_text(pd_policy(endpoints, pd))
+        policy.write_text(pd_policy(endpoints, config))
         port = free_port()
         stack.enter_context(gateway_process(str(policy), port))
         command = [
@@ -136,30 +156,34 @@ def serve_once(args: argparse.Namespace, pd: bool, rate: float, out: Path) -> di
             "--no-plots", "--no-progress",
         ]  # fmt: skip
         subprocess.run(command, check=True, capture_output=True, timeout=900)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            hops = metric_sum(reply.read().decode(), "kvgate_prefill_hops_total", {"outcome": "ok"})
     result: dict[str, float] = json.loads((out / "results.json").read_text())
+    result["disaggregated"] = hops / max(1.0, float(result["completed"]))
     return result
 
 
 def serving(args: argparse.Namespace) -> dict[str, dict[str, list[dict[str, float]]]]:
     loads = {"low": args.low_rate, "high": args.high_rate}
     runs: dict[str, dict[str, list[dict[str, float]]]] = {
-        load: {"monolithic": [], "PD": []} for load in loads
+        load: {name: [] for name in CONFIGS} for load in loads
     }
     with tempfile.TemporaryDirectory(prefix="kvgate-bench-pd-") as tmp:
         for number in range(args.rounds):
-            order = [False, True] if number % 2 == 0 else [True, False]
+            order = list(CONFIGS) if number % 2 == 0 else list(reversed(CONFIGS))
             for load, rate in loads.items():
-                for pd in order:
-                    name = "PD" if pd else "monolithic"
-                    out = Path(tmp) / f"{number}-{load}-{name}"
+                for name in order:
+                    out = Path(tmp) / f"{number}-{load}-{name.replace(' ', '-')}"
                     out.mkdir()
-                    result = serve_once(args, pd, rate, out)
+                    result = serve_once(args, name, rate, out)
                     row = {key: float(result[key]) for _, key in SERVING_KEYS}
                     row["completed"] = float(result["completed"])
+                    row["disaggregated"] = result["disaggregated"]
                     runs[load][name].append(row)
                     print(
                         f"round {number} {load} {name}: "
-                        + ", ".join(f"{t} {row[k]:.1f}" for t, k in SERVING_KEYS),
+                        + ", ".join(f"{t} {row[k]:.1f}" for t, k in SERVING_KEYS)
+                        + f", disaggregated {row['disaggregated']:.0%}",
                         file=sys.stderr,
                     )
     return runs
@@ -179,29 +203,20 @@ def report(
     size = statistics.median(moved["KV bytes per request (MB)"])
     print(f"\nKV per request: {size:.0f} MB (float32 cache)")
     for load, configs in served.items():
-        print(f"\nServing at {load} load (median of rounds)\n")
-        print("| config | " + " | ".join(t for t, _ in SERVING_KEYS) + " | completed |")
+        print(f"\nServing at {load} load (median of rounds; ÷ monolithic in brackets)\n")
+        print("| config | " + " | ".join(t for t, _ in SERVING_KEYS) + " | disaggregated |")
         print("|---|" + "---:|" * (len(SERVING_KEYS) + 1))
         table = {
             name: {k: statistics.median(r[k] for r in rows) for k in rows[0]}
             for name, rows in configs.items()
         }
+        base = table["monolithic"]
         for name, row in table.items():
-            print(
-                f"| {name} | "
-                + " | ".join(f"{row[k]:.1f}" for _, k in SERVING_KEYS)
-                + f" | {row['completed']:.0f} |"
-            )
-        ratio = {
-            k: table["PD"][k] / table["monolithic"][k]
-            for _, k in SERVING_KEYS
-            if table["monolithic"][k]
-        }
-        print(
-            "| PD ÷ monolithic | "
-            + " | ".join(f"{ratio.get(k, 0):.2f}" for _, k in SERVING_KEYS)
-            + " | |"
-        )
+            cells = [
+                f"{row[k]:.1f}" + (f" ({row[k] / base[k]:.2f})" if name != "monolithic" else "")
+                for _, k in SERVING_KEYS
+            ]
+            print(f"| {name} | " + " | ".join(cells) + f" | {row['disaggregated']:.0%} |")
 
 
 def main() -> int:
@@ -212,7 +227,7 @@ def main() -> int:
     parser.add_argument("--output-tokens", type=int, default=48)
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--low-rate", type=float, default=0.3)
-    parser.add_argument("--high-rate", type=float, default=1.5)
+    parser.add_argument("--high-rate", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-serving", action="store_true")
     args = parser.parse_args()
