@@ -57,8 +57,9 @@ class SingleProfileHandler:
 class PdProfileHandler:
     """A decode pick, plus a prefill pick when the decode endpoint would have to compute at
     least ``min_uncached_tokens`` of the prompt (with no prefix index: never) and the prefill
-    endpoints are not all saturated (a queued prefill would only delay the first token: the
-    decode endpoint prefills it itself)."""
+    endpoints are not all saturated, nor all busy with ``max_prefill_in_flight`` prefills from
+    this picker (a queued prefill would only delay the first token: the decode endpoint
+    prefills it itself)."""
 
     def __init__(
         self,
@@ -67,12 +68,14 @@ class PdProfileHandler:
         min_uncached_tokens: int,
         index: PrefixIndex | None,
         all_saturated: Callable[[list[Endpoint]], bool] = lambda endpoints: False,
+        max_prefill_in_flight: int | None = None,
     ) -> None:
         self.decode = decode
         self.prefill = prefill
         self.min_uncached_tokens = min_uncached_tokens
         self.index = index
         self.all_saturated = all_saturated
+        self.max_prefill_in_flight = max_prefill_in_flight
 
     def decide(self, request: SchedulingRequest, candidates: list[Endpoint]) -> Decision:
         decoders = [e for e in candidates if e.role in DECODE_ROLES]
@@ -83,6 +86,9 @@ class PdProfileHandler:
         if uncached_tokens(self.index, request, target) < self.min_uncached_tokens:
             return Decision(decode)
         prefillers = [e for e in candidates if e.role == "prefill"]
+        busy = self.max_prefill_in_flight
+        if busy is not None:  # a prefill that would queue behind others: prefill it here
+            prefillers = [e for e in prefillers if e.in_flight < busy]
         if not prefillers or self.all_saturated(prefillers):
             return Decision(decode)
         return Decision(decode, self.prefill.schedule(request, prefillers).target)

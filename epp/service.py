@@ -94,6 +94,7 @@ class EppService:
             threshold,
             self.prefix,
             self.saturation.all_saturated,
+            self.policy.pools[pool].pd_max_prefill_in_flight,
         )
 
     async def start(self) -> None:

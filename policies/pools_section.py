@@ -44,7 +44,7 @@ def load_pools(top: Fields) -> dict[str, Pool]:
             )
         names = f.sub("metrics", set(METRIC_OVERRIDES))
         metric_names = {key: names.text(key) for key in METRIC_OVERRIDES if names.has(key)}
-        pd = f.sub("pd", {"min_uncached_tokens"})
+        pd = f.sub("pd", {"min_uncached_tokens", "max_prefill_in_flight"})
         endpoints: list[EndpointSpec] = []
         for item_path, item in f.items("endpoints", required=True):
             endpoint = _endpoint(f, item_path, item)
@@ -66,6 +66,7 @@ def load_pools(top: Fields) -> dict[str, Pool]:
             kv_events_bind=bind,
             kv_events_replay_port=kv_events.opt_int("replay_port", low=1, high=65535),
             pd_min_uncached_tokens=pd.opt_int("min_uncached_tokens", low=0),
+            pd_max_prefill_in_flight=pd.opt_int("max_prefill_in_flight", low=1),
             max_concurrency=f.opt_int("max_concurrency", low=1),
             metric_names=metric_names,
         )

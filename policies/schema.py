@@ -125,6 +125,7 @@ class Pool:
     kv_events_bind: str | None = None  # or a ZMQ address the EPP binds and the engines connect to
     kv_events_replay_port: int | None = None  # the engines' replay (ROUTER) port, if they have one
     pd_min_uncached_tokens: int | None = None  # prefill/decode pools: when to add a prefill pick
+    pd_max_prefill_in_flight: int | None = None  # a prefill endpoint with this many hops busy
     max_concurrency: int | None = None  # requests in flight per gateway process; more are queued
     metric_names: Mapping[str, str] = field(default_factory=dict)  # METRIC_OVERRIDES -> name
 

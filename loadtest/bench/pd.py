@@ -78,7 +78,7 @@ def transfer(args: argparse.Namespace) -> dict[str, list[float]]:
 
         async def kv_round(number: int) -> list[Moved]:
             async with aiohttp.ClientSession() as session:
-                prompts = [prompt_ids(args.transfer_tokens, 250, 4 * number + i) for i in range(4)]
+                prompts = [prompt_ids(args.transfer_tokens, 250, 1000 + 4 * number + i) for i in range(4)]
                 moved = [
                     await into_decode_worker(session, prefill, target, MODEL, prompt)
                     for target, prompt in zip((decode, half, fp8), prompts, strict=False)
@@ -86,7 +86,7 @@ def transfer(args: argparse.Namespace) -> dict[str, list[float]]:
                 return [*moved, await to_bare_client(session, prefill, MODEL, prompts[3])]
 
         asyncio.run(kv_round(-1))  # warm-up: channels, first-touched cache pages
-        for number in range(args.rounds):
+        for number in range(args.transfer_rounds):
             moved = asyncio.run(kv_round(number))
             sizes.append(moved[0].num_bytes)
             volume = max(2**28, int(moved[0].num_bytes) * 4)
@@ -107,7 +107,7 @@ def transfer(args: argparse.Namespace) -> dict[str, list[float]]:
 # prefill and one decode worker with the picker's decider, or forced either way.
 CONFIGS = {
     "monolithic": None,
-    "PD decider": "pd: {min_uncached_tokens: 256}",
+    "PD decider": "pd: {min_uncached_tokens: 256, max_prefill_in_flight: 1}",
     "PD always disaggregate": "pd: {min_uncached_tokens: 0}",
     "PD always local": "pd: {min_uncached_tokens: 1000000000}",
 }
@@ -221,7 +221,8 @@ def report(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="serving part")
+    parser.add_argument("--transfer-rounds", type=int, default=7, help="transfer part")
     parser.add_argument("--transfer-tokens", type=int, default=3000, help="prompt of a transfer")
     parser.add_argument("--input-tokens", type=int, default=1500, help="serving prompts")
     parser.add_argument("--output-tokens", type=int, default=48)

@@ -67,6 +67,20 @@ def test_a_saturated_prefill_pool_means_the_decode_endpoint_prefills() -> None:
     assert pick_pd(never_scraped, request(long_prompt, "r1"))[1] is None
 
 
+def test_a_prefill_endpoint_busy_with_its_limit_of_hops_is_not_chosen() -> None:
+    limited = POLICY.replace(
+        "pd: {min_uncached_tokens: 64}", "pd: {min_uncached_tokens: 64, max_prefill_in_flight: 1}"
+    )
+    service = scraped(EppService(load_policy_text(limited)))
+    first_decode, first = pick_pd(service, request("a distinct long prompt " * 40, "r1"))
+    assert first is not None and first.in_flight == 1  # its prefill hop is in flight
+    _, second = pick_pd(service, request("another distinct long prompt " * 40, "r2"))
+    assert second is None  # it would queue behind the first: the decode endpoint prefills
+    first.in_flight -= 1  # the first hop is over
+    _, third = pick_pd(service, request("a third distinct long prompt " * 40, "r3"))
+    assert third is first
+
+
 def test_short_prompt_or_no_pd_config_means_decode_only() -> None:
     service = scraped(EppService(load_policy_text(POLICY)))
     decode, prefill = pick_pd(service, request("short", "r1"))

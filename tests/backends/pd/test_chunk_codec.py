@@ -31,7 +31,12 @@ def test_encoded_chunks_parse_with_the_generated_class_and_back(
         first=first, num_blocks=num_blocks, dtype=dtype, shape=shape, data=data, num_bytes=num_bytes
     ).SerializeToString()
     chunk = decode_chunk(reference)
-    assert (chunk.first, chunk.num_blocks, chunk.dtype, chunk.shape) == (first, num_blocks, dtype, tuple(shape))
+    assert (chunk.first, chunk.num_blocks, chunk.dtype, chunk.shape) == (
+        first,
+        num_blocks,
+        dtype,
+        tuple(shape),
+    )
     assert bytes(chunk.data) == data and chunk.num_bytes == num_bytes
 
 
