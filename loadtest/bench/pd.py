@@ -78,7 +78,8 @@ def transfer(args: argparse.Namespace) -> dict[str, list[float]]:
 
         async def kv_round(number: int) -> list[Moved]:
             async with aiohttp.ClientSession() as session:
-                prompts = [prompt_ids(args.transfer_tokens, 250, 1000 + 4 * number + i) for i in range(4)]
+                seeds = range(1000 + 4 * number, 1004 + 4 * number)  # never negative (see random)
+                prompts = [prompt_ids(args.transfer_tokens, 250, seed) for seed in seeds]
                 moved = [
                     await into_decode_worker(session, prefill, target, MODEL, prompt)
                     for target, prompt in zip((decode, half, fp8), prompts, strict=False)

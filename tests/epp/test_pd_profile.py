@@ -72,7 +72,7 @@ def test_a_prefill_endpoint_busy_with_its_limit_of_hops_is_not_chosen() -> None:
         "pd: {min_uncached_tokens: 64}", "pd: {min_uncached_tokens: 64, max_prefill_in_flight: 1}"
     )
     service = scraped(EppService(load_policy_text(limited)))
-    first_decode, first = pick_pd(service, request("a distinct long prompt " * 40, "r1"))
+    _, first = pick_pd(service, request("a distinct long prompt " * 40, "r1"))
     assert first is not None and first.in_flight == 1  # its prefill hop is in flight
     _, second = pick_pd(service, request("another distinct long prompt " * 40, "r2"))
     assert second is None  # it would queue behind the first: the decode endpoint prefills
