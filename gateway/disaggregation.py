@@ -16,11 +16,10 @@ import asyncio
 from collections.abc import Mapping
 
 import orjson
-from opentelemetry import trace
 
 from gateway.attempt import CANCELLED, CONNECT_FAILED, TIMED_OUT, Attempt
 from gateway.endpoint_picker import EndpointState, Ranking
-from gateway.upstream import RETRYABLE, UpstreamCall
+from gateway.upstream import RETRYABLE, UpstreamCall, send_traced
 from kvgate.wire.disaggregation import decode_params, prefill_body
 from kvgate.wire.http.client import UpstreamConnectionError
 from policies.schema import Pool
@@ -76,19 +75,7 @@ async def _prefill_on(
                 first_byte=call.timeouts.first_byte,
             )
         else:
-            with call.tracer.start_as_current_span(
-                f"prefill POST {path}",
-                kind=trace.SpanKind.CLIENT,
-                attributes={"server.address": endpoint.address},
-            ):
-                response = await call.pool.request(
-                    endpoint.address,
-                    "POST",
-                    path,
-                    headers,
-                    payload,
-                    first_byte=call.timeouts.first_byte,
-                )
+            response = await send_traced(call, endpoint, path, payload, headers)
     except RETRYABLE as exc:
         timed_out = isinstance(exc, asyncio.TimeoutError)
         attempt.fail(TIMED_OUT if timed_out else CONNECT_FAILED)

@@ -205,7 +205,7 @@ async def open_upstream(
                     endpoint.address, "POST", path, headers, payload, first_byte=first_byte
                 )
             else:
-                response = await _send_traced(call, endpoint, path, payload, headers)
+                response = await send_traced(call, endpoint, path, payload, headers)
         except RETRYABLE as exc:
             timed_out = isinstance(exc, asyncio.TimeoutError)
             attempt.fail(TIMED_OUT if timed_out else CONNECT_FAILED)
@@ -243,13 +243,15 @@ async def open_upstream(
     raise last
 
 
-async def _send_traced(
+async def send_traced(
     call: UpstreamCall,
     endpoint: EndpointState,
     path: str,
     payload: bytes,
     headers: bytes,
 ) -> UpstreamResponse:
+    """Send under a client span of its own, whose context the upstream receives (W3C
+    ``traceparent``): one span per attempt, and per hop of a prefill/decode request."""
     assert call.tracer is not None
     with call.tracer.start_as_current_span(
         f"POST {path}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import AsyncIterator
 
@@ -11,11 +12,14 @@ from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
+import gateway.app
 from gateway.app import create_app
 from gateway.keys import TRACER
 from gateway.lifecycle import running
 from policies.loader import load_policy_text
+from tests.backends.pd.servers import ServerFactory, start_worker
 from tests.http_servers import serving
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -74,3 +78,39 @@ observability: {{tracing: {{exporter: console}}}}
     assert "Authorization" not in seen[0] and "authorization" not in {k.lower() for k in seen[0]}
     for span in exporter.get_finished_spans():
         assert "secret-xyz" not in str(span.attributes)
+
+
+async def test_each_hop_of_a_prefill_decode_request_has_its_client_span(
+    aiohttp_server: ServerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefill = await start_worker(aiohttp_server, "--role", "prefill", "--cost", "zero")
+    decode = await start_worker(aiohttp_server, "--role", "decode", "--cost", "zero")
+    addresses = [w.url.removeprefix("http://") for w in (prefill, decode)]
+    policy = load_policy_text(f"""
+pools: {{p: {{pd: {{min_uncached_tokens: 16}}, endpoints: [{{address: {addresses[0]}, role: prefill}},
+                                                        {{address: {addresses[1]}, role: decode}}]}}}}
+routes: [{{model: kvgate-sim, pool: p}}]
+auth: {{api_keys: [{{sha256: {KEY_HASH}, tenant: t}}]}}
+observability: {{tracing: {{exporter: console}}}}
+""")
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")  # the upstream calls' tracer too
+    monkeypatch.setattr(gateway.app, "make_tracer", lambda settings: (tracer, provider))
+    app = create_app(policy)
+    async with running(app, "127.0.0.1", 0) as server, aiohttp.ClientSession() as client:
+        await asyncio.sleep(0.5)  # the picker's first scrapes (stale metrics are saturated)
+        async with client.post(
+            f"http://127.0.0.1:{server.port}/v1/completions",
+            json={"model": "kvgate-sim", "prompt": "a long prompt " * 40, "max_tokens": 4},
+            headers={"Authorization": "Bearer secret-xyz"},
+        ) as response:
+            assert response.status == 200, await response.text()
+    hops = [
+        span.attributes["server.address"]
+        for span in exporter.get_finished_spans()
+        if span.kind is SpanKind.CLIENT and span.attributes
+    ]
+    assert hops == addresses  # the prefill hop, then the decode hop
+    assert len({span.context.trace_id for span in exporter.get_finished_spans()}) == 1
