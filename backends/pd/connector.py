@@ -122,6 +122,7 @@ class PdConnector:
     def request_finished(self, seq: Sequence) -> bool:
         unpulled = self._waiting.pop(seq.seq_id, None) is not None
         self._pulled.discard(seq.seq_id)
+        self._failed.discard(seq.seq_id)  # a failed load of a sequence aborted meanwhile
         load = self._loads.pop(seq.seq_id, None)
         if load is not None and not load.done():
             load.cancel()
@@ -181,8 +182,10 @@ class PdConnector:
                 self.transfer_dtype,
             )
             writing: asyncio.Future[None] | None = None  # one write while the next arrives
+            received = 0
             try:
                 async for chunk in chunks:
+                    received += chunk.num_blocks
                     start = first + chunk.first
                     data = BlockData(chunk.dtype, chunk.shape, chunk.data, chunk.num_bytes)
                     if writing is not None:
@@ -193,13 +196,15 @@ class PdConnector:
                 if writing is not None:
                     await writing
                     writing = None
+                if received != last - first:
+                    raise ValueError(f"{received} of {last - first} blocks arrived")
             finally:
                 if writing is not None:
                     writing.cancel()
         except asyncio.CancelledError:
             raise
         except (grpc.aio.AioRpcError, ValueError) as exc:
-            reason = exc.code().name.lower() if isinstance(exc, grpc.aio.AioRpcError) else "shape"
+            reason = exc.code().name.lower() if isinstance(exc, grpc.aio.AioRpcError) else "invalid"
             log.warning("KV pull of %s failed (%s): computing it here", seq.request_id, exc)
             self._failed.add(seq.seq_id)
             self._spawn(self._release(params))

@@ -130,7 +130,9 @@ def test_the_gateway_proxies_vllm_for_the_official_client(gateway: tuple[str, st
 
 def test_the_epp_reads_real_metrics(vllm_servers: list[VllmServer]) -> None:
     metrics = parse_metrics(scrape(vllm_servers[0]))
-    for _ in range(40):  # vLLM sets lora_requests_info when it logs its stats, not at once
+    # vLLM sets lora_requests_info when it logs its stats (VLLM_LOG_STATS_INTERVAL, 10 s), not
+    # at once: wait up to three intervals (it failed once in CI waiting for one)
+    for _ in range(120):
         if metrics.max_loras:
             break
         time.sleep(0.25)
