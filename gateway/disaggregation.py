@@ -111,7 +111,7 @@ def _another_prefiller(endpoints: list[EndpointState], tried: set[str]) -> Endpo
     for endpoint in endpoints:
         if endpoint.endpoint.role != "prefill" or endpoint.address in tried:
             continue
-        if not endpoint.breaker.closed and not endpoint.breaker.available():
+        if not endpoint.breaker.available():
             continue
         if best is None or endpoint.in_flight < best.in_flight:
             best = endpoint

@@ -74,11 +74,10 @@ class KVTransferService:
         pieces = [indexes[i : i + per_chunk] for i in range(0, len(indexes), per_chunk)]
         started, sent_bytes = time.perf_counter(), 0
         held.pulling = True
-        reading: asyncio.Future[BlockData] | None = None
+        reading = self._read(held.block_ids, pieces[0], request.dtype) if pieces else None
         try:
             for number, piece in enumerate(pieces):
-                if reading is None:
-                    reading = self._read(held.block_ids, piece, request.dtype)
+                assert reading is not None  # each piece's read was started before its turn
                 try:
                     blocks = await reading
                 except ValueError as exc:
