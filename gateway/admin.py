@@ -1,4 +1,5 @@
-"""The admin API, on its own listener: policy version, breakers, queues, limiter, reload.
+"""The admin API, on its own listener: policy version, breakers, queues, limiter, SLOs, canaries,
+reload.
 
 Every request needs ``Authorization: Bearer <listen.admin.token>`` (compared in constant time).
 With ``--workers N`` each worker answers for itself (the port is shared); a file change reloads
@@ -13,7 +14,8 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from gateway.keys import ADMISSION, RUNTIME
+from gateway.canary.controller import ACTIONS
+from gateway.keys import ADMISSION, CANARIES, RUNTIME, SLOS
 from gateway.reload import RELOADER
 from kvgate.wire.openai_errors import error_body
 
@@ -73,6 +75,47 @@ async def limits(request: web.Request) -> web.Response:
     )
 
 
+async def slo(request: web.Request) -> web.Response:
+    """Every objective's events, budget and burn rates in this process's windows (with
+    ``--workers N``, the worker that answered; ``kvgate_slo_events_total`` adds them up)."""
+    tracker = _gateway(request)[SLOS]
+    return web.json_response(
+        {
+            "per_process": True,
+            "shed_when_exhausted": tracker.shed_when_exhausted,
+            "objectives": tracker.snapshot(),
+        }
+    )
+
+
+async def canaries(request: web.Request) -> web.Response:
+    controllers = _gateway(request)[CANARIES].controllers
+    return web.json_response({model: c.summary() for model, c in controllers.items()})
+
+
+async def canary_action(request: web.Request) -> web.Response:
+    """``POST /admin/canaries/{model}/{action}``: pause, resume, promote (one step), rollback,
+    restart (from the first step). Saved at once; the other workers adopt it within a tick."""
+    model, action = request.match_info["model"], request.match_info["action"]
+    if action not in ACTIONS:
+        body = error_body(
+            f"unknown action {action!r} (expected: {', '.join(ACTIONS)})",
+            "invalid_request_error",
+            code="unknown_action",
+        )
+        return web.json_response(body, status=400)
+    try:
+        summary = _gateway(request)[CANARIES].act(model, action)
+    except KeyError:
+        body = error_body(
+            f"the route {model!r} has no automatic canary",
+            "invalid_request_error",
+            code="not_found",
+        )
+        return web.json_response(body, status=404)
+    return web.json_response(summary)
+
+
 async def reload(request: web.Request) -> web.Response:
     gateway = _gateway(request)
     applied, errors = await gateway[RELOADER].reload()
@@ -103,6 +146,9 @@ def create_admin_app(gateway: web.Application, token: str) -> web.Application:
     app.router.add_get("/admin/breakers", breakers)
     app.router.add_get("/admin/queues", queues)
     app.router.add_get("/admin/limits", limits)
+    app.router.add_get("/admin/slo", slo)
+    app.router.add_get("/admin/canaries", canaries)
+    app.router.add_post("/admin/canaries/{model:.+}/{action:[a-z]+}", canary_action)
     app.router.add_post("/admin/reload", reload)
     return app
 

@@ -18,14 +18,17 @@ from aiohttp import web
 from epp.metrics import EppMetrics
 from gateway.admin import serve_admin
 from gateway.admission import AdmissionQueue
+from gateway.canary.canaries import Canaries
 from gateway.endpoint_picker import EndpointPicker
 from gateway.keys import (
     ADMISSION,
+    CANARIES,
     HTTP_SESSION,
     METRICS,
     RUNTIME,
     SHADOW,
     SHUTTING_DOWN,
+    SLOS,
     TRACER,
     UPSTREAMS,
 )
@@ -35,6 +38,7 @@ from gateway.reload import RELOADER, Reloader, capacity_gate
 from gateway.remote_jwks import jwks_urls
 from gateway.routing.shadow import ShadowMirror
 from gateway.runtime import RuntimeHolder, RuntimeParts, build_runtime
+from gateway.slo.tracker import SloTracker
 from gateway.tracing import make_tracer
 from kvgate.wire.http.client import ConnectionPool
 from policies.schema import Policy
@@ -63,6 +67,11 @@ def create_app(
     app[ADMISSION] = AdmissionQueue(dict(policy.classes), capacity_gate(runtime))
     metrics.registry.register(QueueCollector(app[ADMISSION]))
     metrics.registry.register(LimiterCollector(lambda: holder.current.limiter))
+    slos = app[SLOS] = SloTracker(metrics.registry)
+    slos.update(policy)
+    metrics.finished_sink = slos.record
+    canaries = app[CANARIES] = Canaries(metrics.registry)
+    canaries.update(policy)
     app[SHUTTING_DOWN] = [False]
     app[RELOADER] = Reloader(app, policy_path, parts)
 
@@ -74,6 +83,7 @@ def create_app(
         )
         app[HTTP_SESSION] = session
         app[SHADOW] = ShadowMirror(session, app[METRICS])
+        app[SHADOW].on_result = canaries.shadow_result
         yield
         app[UPSTREAMS].close()
         await app[SHADOW].close()
@@ -104,7 +114,12 @@ def create_app(
         if first.embedded is not None:
             await first.embedded.start()
         watcher = asyncio.create_task(app[RELOADER].watch(watch_interval)) if policy_path else None
+        canary_clock = asyncio.create_task(canaries.run())
         yield
+        canary_clock.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await canary_clock
+        canaries.close()
         if watcher is not None:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -12,6 +12,7 @@ class RequestContext:
 
     __slots__ = (
         "attempts",
+        "canary_arm",
         "completion_tokens",
         "cors",
         "elapsed",
@@ -54,6 +55,7 @@ class RequestContext:
         self.queue_wait: float | None = None  # seconds waited for capacity, once admitted
         self.extra_headers: dict[str, str] | None = None  # added to the client's response
         self.cors = b""  # the response's CORS header lines (policy cors:, allowed origins)
+        self.canary_arm = ""  # the pool an automatic canary's route chose
 
     @property
     def tenant(self) -> str:

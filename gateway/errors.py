@@ -98,6 +98,13 @@ class QueueFull(Rejected):
     pass
 
 
+class SloShed(Rejected):
+    """Refused because a budget of the route's SLOs is spent and the caller's class is among
+    those shed first (``slos.shed_when_exhausted``)."""
+
+    code = "slo_budget_exhausted"
+
+
 class Evicted(GatewayError):
     """Given up after queueing."""
 

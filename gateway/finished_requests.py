@@ -17,11 +17,11 @@ if TYPE_CHECKING:
     from gateway.context import RequestContext
 
 
-class _Totals:
+class RequestTotals:
     """What the finished requests of one route, model, status and priority class added up to
     since the last flush."""
 
-    __slots__ = ("completion", "count", "latencies", "prompt", "ttfts", "waits")
+    __slots__ = ("completion", "count", "latencies", "prompt", "tpots", "ttfts", "waits")
 
     def __init__(self) -> None:
         self.count = 0
@@ -29,7 +29,11 @@ class _Totals:
         self.completion = 0
         self.latencies: list[float] = []
         self.ttfts: list[float] = []
+        self.tpots: list[float] = []  # streams of two tokens or more: seconds per later token
         self.waits: list[float] = []
+
+
+TotalsKey = tuple[str, str, int, str]  # route (path), model, status, priority class
 
 
 class FinishedRequests:
@@ -40,17 +44,20 @@ class FinishedRequests:
     __slots__ = ("_totals",)
 
     def __init__(self) -> None:
-        self._totals: dict[tuple[str, str, int, str], _Totals] = {}
+        self._totals: dict[TotalsKey, RequestTotals] = {}
 
     def add(self, ctx: RequestContext) -> None:
         key = (ctx.route, ctx.model, ctx.status, ctx.priority_class)
         totals = self._totals.get(key)
         if totals is None:
-            totals = self._totals[key] = _Totals()
+            totals = self._totals[key] = RequestTotals()
         totals.count += 1
         totals.latencies.append(ctx.elapsed)
-        if ctx.ttft is not None:
-            totals.ttfts.append(ctx.ttft)
+        ttft = ctx.ttft
+        if ttft is not None:
+            totals.ttfts.append(ttft)
+            if ctx.stream and ctx.completion_tokens > 1:
+                totals.tpots.append((ctx.elapsed - ttft) / (ctx.completion_tokens - 1))
         totals.prompt += ctx.prompt_tokens
         totals.completion += ctx.completion_tokens
         if ctx.queue_wait is not None:
@@ -63,8 +70,9 @@ class FinishedRequests:
         ttft: BatchedHistogram,
         tokens: BatchedCounter,
         queue_wait: BatchedHistogram,
-    ) -> None:
-        """Move everything added so far into the batches, and start again."""
+    ) -> dict[TotalsKey, RequestTotals]:
+        """Move everything added so far into the batches, and start again; the totals moved
+        are returned (the SLO tracker reads them too)."""
         totals, self._totals = self._totals, {}
         latencies: dict[str, list[float]] = {}
         ttfts: dict[str, list[float]] = {}
@@ -82,3 +90,4 @@ class FinishedRequests:
         for histogram, values in ((latency, latencies), (ttft, ttfts), (queue_wait, waits)):
             for label, observed in values.items():
                 histogram.observe_many((label,), observed)
+        return totals

@@ -12,9 +12,11 @@ from aiohttp import ClientSession, web
 from opentelemetry.trace import Tracer
 
 from gateway.admission import AdmissionQueue
+from gateway.canary.canaries import Canaries
 from gateway.metrics import GatewayMetrics
 from gateway.routing.shadow import ShadowMirror
 from gateway.runtime import RuntimeHolder
+from gateway.slo.tracker import SloTracker
 from kvgate.wire.http.client import ConnectionPool
 
 RUNTIME = web.AppKey("runtime", RuntimeHolder)
@@ -25,3 +27,5 @@ TRACER: web.AppKey[Tracer | None] = web.AppKey("tracer")
 SHUTTING_DOWN = web.AppKey("shutting_down", list[bool])
 ADMISSION = web.AppKey("admission", AdmissionQueue)
 SHADOW = web.AppKey("shadow", ShadowMirror)
+SLOS = web.AppKey("slos", SloTracker)
+CANARIES = web.AppKey("canaries", Canaries)

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from gateway.breaker import BreakerState
 from gateway.build_info import request_path_compiled, version
-from gateway.finished_requests import FinishedRequests
+from gateway.finished_requests import FinishedRequests, RequestTotals, TotalsKey
 from gateway.metric_batch import BatchedCounter, BatchedHistogram
 
 if TYPE_CHECKING:
@@ -196,6 +196,8 @@ class GatewayMetrics:
         )
         # requests in flight per pool, read when flushing (set by the application)
         self.in_flight_source: Callable[[], dict[str, int]] | None = None
+        # given each flush's finished requests (the SLO tracker; set by the application)
+        self.finished_sink: Callable[[dict[TotalsKey, RequestTotals]], None] | None = None
 
     def finished(self, ctx: RequestContext) -> None:
         """Count a finished request (its route, model, status, timings, tokens, queue wait)."""
@@ -203,13 +205,15 @@ class GatewayMetrics:
 
     def flush(self) -> None:
         """Move the finished requests and batched updates into the metrics."""
-        self._finished.drain_into(
+        totals = self._finished.drain_into(
             self.requests_batch,
             self.latency_batch,
             self.ttft_batch,
             self.tokens_batch,
             self.queue_wait_batch,
         )
+        if self.finished_sink is not None:
+            self.finished_sink(totals)
         for batch in self._batches:
             batch.flush()
         if self.in_flight_source is not None:

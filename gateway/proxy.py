@@ -25,11 +25,12 @@ from gateway.errors import (
     NoEndpoint,
     NotFound,
     Rejected,
+    SloShed,
     UpstreamError,
     UpstreamTimeout,
 )
 from gateway.forwarded import forwarded_chain
-from gateway.keys import ADMISSION, METRICS, RUNTIME, SHADOW
+from gateway.keys import ADMISSION, CANARIES, METRICS, RUNTIME, SHADOW, SLOS
 from gateway.metrics import GatewayMetrics
 from gateway.relay import body_response, read_body, relay_stream
 from gateway.routing.selector import select
@@ -92,7 +93,12 @@ async def proxy(
     ctx.stream = streams and body.get("stream") is True
     options = body.get("stream_options")
     client_wants_usage = isinstance(options, dict) and options.get("include_usage") is True
-    selection = select(route, body, request.headers, ctx.identity)
+    if route.auto_canary is None:
+        selection = select(route, body, request.headers, ctx.identity)
+    else:
+        split = app[CANARIES].split(model)
+        selection = select(route, body, request.headers, ctx.identity, canary=split)
+        ctx.canary_arm = selection.pool
     if selection.ab_arm:
         ctx.add_headers({"x-kvgate-ab-arm": selection.ab_arm})
     limiter = runtime.limiter
@@ -193,6 +199,13 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
     ctx.priority_class = admission.class_of(
         ctx.identity.priority_class if ctx.identity else None
     ).name
+    shedding = app[SLOS].shedding
+    if shedding and ctx.priority_class in shedding.get(ctx.model, ()):
+        raise SloShed(
+            f"an SLO budget of `{ctx.model}` is spent; {ctx.priority_class} requests are shed "
+            "until it recovers",
+            headers={"retry-after": "30"},
+        )
     if admission.try_admit(pool.name):  # the common case: room, nobody queued
         ctx.queue_wait = 0.0
     else:

@@ -30,7 +30,7 @@ from gateway.errors import (
     Unauthorized,
 )
 from gateway.forwarded import is_loopback
-from gateway.keys import METRICS, RUNTIME, SHUTTING_DOWN, TRACER
+from gateway.keys import CANARIES, METRICS, RUNTIME, SHUTTING_DOWN, TRACER
 from gateway.relay import CUT_BY_SHUTDOWN
 from gateway.request_context import (
     QUIET_PATHS,
@@ -253,5 +253,7 @@ def _finish(request: Request, ctx: RequestContext) -> None:
         return
     ctx.elapsed = time.perf_counter() - ctx.start
     request.app[METRICS].finished(ctx)
+    if ctx.canary_arm:
+        request.app[CANARIES].observe(ctx)
     if observability.access_log == "json":
         log_access(request, ctx, runtime.client_address)

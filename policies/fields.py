@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from policies.yaml_source import Source
 
 MISSING = object()
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$")
-_DURATION_UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d)?\s*$")
+_DURATION_UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _SIZE = re.compile(r"^\s*([0-9]+)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$")
 _SIZE_UNITS = {
     None: 1,
@@ -127,7 +127,7 @@ class Fields:
         return value
 
     def duration(self, key: str, default: object = MISSING) -> float:
-        """Seconds, from a number or ``"20ms"``, ``"5s"``, ``"10m"``, ``"1h"``."""
+        """Seconds, from a number or ``"20ms"``, ``"5s"``, ``"10m"``, ``"1h"``, ``"28d"``."""
         value = self._get(key, default)
         if isinstance(value, bool):
             value = None

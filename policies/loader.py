@@ -29,6 +29,7 @@ from policies.schema import (
     Timeouts,
     Tracing,
 )
+from policies.slo_section import load_slos
 from policies.yaml_source import Source, parse_yaml
 
 TOP_LEVEL = {
@@ -46,6 +47,8 @@ TOP_LEVEL = {
     "limits",
     "breakers",
     "classes",
+    "slos",
+    "state_dir",
 }
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -101,8 +104,16 @@ def _build(src: Source, source: str, base_dir: Path, plugins: PluginCatalog | No
         cors=load_cors(top),
         epp=load_epp(top, plugins),
         limits=load_limits(top),
+        slos=load_slos(top, tuple(r.model for r in routes), tuple(classes)),
+        state_dir=_state_dir(top, base_dir),
         source=source,
     )
+
+
+def _state_dir(top: Fields, base_dir: Path) -> str:
+    """``state_dir``, relative to the policy file's folder; "" when unset."""
+    value = top.opt_str("state_dir")
+    return str(base_dir / value) if value else ""
 
 
 def _listen(top: Fields) -> Listen:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from policies.canary_section import load_canary_mapping
 from policies.fields import Fields, child
 from policies.schema import AbTest, Pool, Route, Shadow, WeightedPool
 
@@ -37,10 +38,23 @@ def load_routes(top: Fields, pools: dict[str, Pool]) -> tuple[Route, ...]:
         if model in seen:
             f.error(f"{path}.model", f"model {model!r} is routed twice")
         seen.add(model)
+        mapping_canary = isinstance(f.raw("canary"), dict)  # `pool:` is then the baseline
         kinds = [k for k in ("pool", "canary", "ab_test") if f.has(k)]
+        if mapping_canary:
+            kinds = [k for k in kinds if k != "pool"]
         if len(kinds) != 1:
             f.error(path, "needs exactly one of pool, canary, ab_test")
-        canary = _weighted(f, "canary", pools) if f.has("canary") else ()
+        auto = None
+        if mapping_canary:
+            baseline = f.text("pool", None) or ""
+            candidate, weight, auto = load_canary_mapping(f, baseline)
+            _check_pool(f, child(path, "canary.pool"), candidate, pools)
+            canary: tuple[WeightedPool, ...] = (
+                WeightedPool(baseline, 100.0 - weight, baseline),
+                WeightedPool(candidate, weight, candidate),
+            )
+        else:
+            canary = _weighted(f, "canary", pools) if f.has("canary") else ()
         ab_test = _ab_test(f, pools) if f.has("ab_test") else None
         pool = (
             f.text("pool", None)
@@ -58,7 +72,7 @@ def load_routes(top: Fields, pools: dict[str, Pool]) -> tuple[Route, ...]:
                     f"{extra_path!r} is not an extra path (/name/..., not one the gateway serves)",
                 )
         routes.append(
-            Route(model, pool, canary, ab_test, shadow, f.str_list("fallback") or (), extra)
+            Route(model, pool, canary, ab_test, shadow, f.str_list("fallback") or (), extra, auto)
         )
     known = {r.model for r in routes}
     for i, route in enumerate(routes):

@@ -10,7 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from policies.canary_section import AutoCanary
 from policies.cors_section import Cors
+from policies.slo_section import Slos
 
 DEFAULT_CLASS = "standard"
 ROLES = ("both", "prefill", "decode")
@@ -308,6 +310,7 @@ class Route:
     # more upstream paths this model's requests may take, passed through unchanged (JSON
     # bodies naming the model; authenticated, limited and metered like the OpenAI ones)
     paths: tuple[str, ...] = ()
+    auto_canary: AutoCanary | None = None  # the canary's weight is the gateway's to advance
 
 
 @dataclass(frozen=True)
@@ -373,6 +376,10 @@ class Policy:
     limits: Limits = field(default_factory=Limits)
     classes: Mapping[str, PriorityClass] = field(default_factory=lambda: dict(DEFAULT_CLASSES))
     cors: Cors | None = None  # browsers' cross-origin calls: refused unless configured
+    slos: Slos = field(default_factory=Slos)
+    # where state that outlives a process is kept (automatic canaries); "" is
+    # $KVGATE_STATE_DIR, else $XDG_STATE_HOME/kvgate (~/.local/state/kvgate)
+    state_dir: str = ""
     source: str = "<policy>"
 
     def route_for(self, model: str) -> Route | None:

@@ -60,12 +60,15 @@ def select(
     headers: Mapping[str, str],
     identity: Identity | None,
     rng: random.Random = random._inst,
+    canary: tuple[WeightedPool, ...] | None = None,
 ) -> Selection:
+    """The pool for this request (``canary``: an automatic canary's weights now, instead of the
+    route's)."""
     if route.ab_test is not None:
         arm = ab_arm(route.ab_test, ab_user(route.ab_test, body, headers, identity))
         return Selection(arm.pool, f"{route.ab_test.name}={arm.name}")
-    if route.canary:
-        pools = route.canary
+    if canary or route.canary:
+        pools = canary or route.canary
         chosen = rng.choices(pools, weights=[p.weight for p in pools])[0]
         return _plain(chosen.pool)
     found = _PLAIN.get(route.pool)

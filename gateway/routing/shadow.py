@@ -14,6 +14,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -59,6 +60,8 @@ class ShadowMirror:
         self.metrics = metrics
         self.in_flight: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # told each comparison's (route, "match" or "mismatch"): the automatic canaries' gate
+        self.on_result: Callable[[str, str], None] | None = None
 
     def start(
         self,
@@ -148,6 +151,8 @@ class ShadowMirror:
             )
         result = "mismatch" if mismatches else "match"
         self.metrics.child(self.metrics.shadow_results, route.model, result).inc()
+        if self.on_result is not None:
+            self.on_result(route.model, result)
         log.info(
             json.dumps(
                 {

@@ -1,0 +1,184 @@
+"""The gateway's automatic canaries: one controller per route with ``canary.auto``, kept across
+reloads that leave the canary unchanged, ticked once a second, and their metrics.
+
+Each worker routes by the saved state's weight and keeps the evidence of its own requests;
+the worker holding the judge lock decides from its share (``SO_REUSEPORT`` spreads
+connections over the workers, so its share is a sample of the route's traffic).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gateway.canary.controller import CanaryController
+from gateway.canary.state import STATUSES, StateFile, state_dir, state_file_name
+from gateway.context import RequestContext
+from policies.schema import Policy, WeightedPool
+
+log = logging.getLogger("kvgate.gateway")
+
+TICK_INTERVAL = 1.0  # seconds
+
+
+class Canaries:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        clock: Callable[[], float] = time.time,
+        tick_interval: float = TICK_INTERVAL,
+    ) -> None:
+        self.clock = clock
+        self.tick_interval = tick_interval
+        self.controllers: dict[str, CanaryController] = {}
+        self._dirs: dict[str, Path | None] = {}
+        self.weight = Gauge(
+            "kvgate_canary_weight",
+            "Percent of the route's requests sent to each pool of its automatic canary.",
+            ["route", "pool"],
+            registry=registry,
+            multiprocess_mode="max",
+        )
+        self.step = Gauge(
+            "kvgate_canary_step",
+            "The automatic canary's step (0 is the first).",
+            ["route"],
+            registry=registry,
+            multiprocess_mode="max",
+        )
+        self.status = Gauge(
+            "kvgate_canary_status",
+            "1 for the automatic canary's status: running, paused, promoted, rolled_back.",
+            ["route", "status"],
+            registry=registry,
+            multiprocess_mode="max",
+        )
+        self.decisions = Counter(
+            "kvgate_canary_decisions",
+            "Decisions of automatic canaries: promote, complete, rollback (by the gates or "
+            "an operator), pause, resume, restart.",
+            ["route", "decision", "by"],
+            registry=registry,
+        )
+        self.gate_value = Gauge(
+            "kvgate_canary_gate_ratio",
+            "The canary's figure over its gate's limit at the last judgement (above 1: breached).",
+            ["route", "gate"],
+            registry=registry,
+            multiprocess_mode="max",
+        )
+
+    def update(self, policy: Policy) -> None:
+        """Control the policy's automatic canaries; an unchanged one keeps its controller."""
+        autos = [route for route in policy.routes if route.auto_canary is not None]
+        directory = self._directory(policy.state_dir) if autos else None
+        now = self.clock()
+        kept = self.controllers
+        self.controllers = {}
+        for route in autos:
+            auto = route.auto_canary
+            old = kept.pop(route.model, None)
+            if old is not None and old.auto == auto and self._dirs.get(route.model) == directory:
+                old.has_shadow = route.shadow is not None
+                self.controllers[route.model] = old
+                continue
+            if old is not None and old.store is not None:
+                old.store.close()
+            store = StateFile(directory / state_file_name(route.model)) if directory else None
+            self.controllers[route.model] = CanaryController(route, store, now)
+            self._dirs[route.model] = directory
+        for gone in kept.values():
+            if gone.store is not None:
+                gone.store.close()
+        self._export()
+
+    def _directory(self, configured: str) -> Path | None:
+        path = state_dir(configured)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            log.warning(
+                "canary state cannot be kept in %s (%s): it lasts this process only", path, exc
+            )
+            return None
+        return path
+
+    def split(self, model: str) -> tuple[WeightedPool, ...] | None:
+        """The route's pools and their weights now; None when it has no automatic canary."""
+        controller = self.controllers.get(model)
+        return controller.weights if controller is not None else None
+
+    def observe(self, ctx: RequestContext) -> None:
+        """A finished request of an automatic canary's route (``ctx.canary_arm`` set)."""
+        controller = self.controllers.get(ctx.model)
+        if controller is None:
+            return
+        ttft = ctx.ttft
+        tpot = None
+        if ttft is not None and ctx.stream and ctx.completion_tokens > 1:
+            tpot = (ctx.elapsed - ttft) / (ctx.completion_tokens - 1)
+        controller.observe(ctx.canary_arm, ctx.status, ttft, tpot)
+
+    def shadow_result(self, model: str, result: str) -> None:
+        controller = self.controllers.get(model)
+        if controller is not None:
+            controller.shadow_result(result)
+
+    def tick(self) -> None:
+        now = self.clock()
+        for controller in self.controllers.values():
+            judge = controller.store.is_judge() if controller.store is not None else True
+            try:
+                decisions = controller.tick(now, judge)
+            except OSError as exc:
+                log.warning("canary of %s: state file unusable: %s", controller.route, exc)
+                continue
+            for decision in decisions:
+                self.decisions.labels(controller.route, decision, "gates").inc()
+            if judge:
+                self._export_gates(controller)
+        self._export()
+
+    def act(self, model: str, action: str) -> dict[str, object]:
+        """An operator's action on the route's canary; its summary after it."""
+        controller = self.controllers.get(model)
+        if controller is None:
+            raise KeyError(model)
+        decision = controller.act(action, self.clock())
+        self.decisions.labels(model, decision, "admin").inc()
+        self._export()
+        return controller.summary()
+
+    def _export(self) -> None:
+        for model, controller in self.controllers.items():
+            weight = controller.weight
+            self.weight.labels(model, controller.auto.pool).set(weight)
+            self.weight.labels(model, controller.auto.baseline).set(100.0 - weight)
+            self.step.labels(model).set(controller.state.step)
+            for status in STATUSES:
+                self.status.labels(model, status).set(1 if controller.state.status == status else 0)
+
+    def _export_gates(self, controller: CanaryController) -> None:
+        for name, verdict in controller.last_judgement.items():
+            limit, value = verdict["limit"], verdict["canary"]
+            if isinstance(limit, float) and isinstance(value, float) and limit > 0:
+                self.gate_value.labels(controller.route, name).set(value / limit)
+
+    async def run(self) -> None:
+        """Tick for as long as the gateway runs (a task of the application)."""
+        while True:
+            await asyncio.sleep(self.tick_interval)
+            try:
+                self.tick()
+            except Exception:  # a bug here must not stop the canaries' clock
+                log.exception("canary tick failed")
+
+    def close(self) -> None:
+        for controller in self.controllers.values():
+            if controller.store is not None:
+                controller.store.close()

@@ -1,0 +1,217 @@
+"""One route's automatic canary: its arms' evidence for the current step, the gates, and the
+decisions (promote a step, roll back), by the gates or forced from the admin API."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+from gateway.canary.arm_stats import ArmStats
+from gateway.canary.state import CanaryState, StateFile
+from policies.canary_section import AutoCanary
+from policies.schema import Route, WeightedPool
+
+log = logging.getLogger("kvgate.gateway")
+
+MIN_SHADOW_COMPARISONS = 20  # before the shadow_mismatch gate is judged
+ACTIONS = ("pause", "resume", "promote", "rollback", "restart")
+
+
+class CanaryController:
+    def __init__(self, route: Route, store: StateFile | None, now: float) -> None:
+        assert route.auto_canary is not None
+        self.route = route.model
+        self.auto: AutoCanary = route.auto_canary
+        self.has_shadow = route.shadow is not None
+        self.store = store
+        self._rng = random.Random(route.model)
+        saved = store.load() if store is not None else None
+        if saved is not None and saved.fingerprint == self.auto.fingerprint:
+            self.state = saved
+        else:
+            self.state = CanaryState(self.auto.fingerprint, now)
+            self._save()
+        self.weights: tuple[WeightedPool, ...] = ()
+        self.last_judgement: dict[str, dict[str, object]] = {}  # the gates at the last tick
+        self._fresh_step()
+
+    # -- evidence --------------------------------------------------------------------------
+
+    def _fresh_step(self) -> None:
+        self.arms = {self.auto.baseline: ArmStats(self._rng), self.auto.pool: ArmStats(self._rng)}
+        self.shadow = {"match": 0, "mismatch": 0}
+        self._seen = (self.state.step, self.state.status, self.state.step_started)
+        share = self.weight
+        self.weights = (
+            WeightedPool(self.auto.baseline, 100.0 - share, self.auto.baseline),
+            WeightedPool(self.auto.pool, share, self.auto.pool),
+        )
+
+    @property
+    def weight(self) -> float:
+        """The canary's share of the route's requests, in percent."""
+        return self.weight_of(self.state)
+
+    def observe(self, arm: str, status: int, ttft: float | None, tpot: float | None) -> None:
+        stats = self.arms.get(arm)
+        if stats is not None:
+            stats.observe(status, ttft, tpot)
+
+    def shadow_result(self, result: str) -> None:
+        if result in self.shadow:
+            self.shadow[result] += 1
+
+    def evidence(self) -> dict[str, object]:
+        """Both arms' figures and each gate's verdict (None: not judged yet)."""
+        baseline, canary = self.arms[self.auto.baseline], self.arms[self.auto.pool]
+        gates = self.auto.gates
+        verdicts: dict[str, dict[str, object]] = {}
+        if gates.error_rate is not None:
+            limit = gates.error_rate * max(baseline.error_rate, gates.error_floor)
+            verdicts["error_rate"] = _verdict(canary.error_rate, limit, baseline.error_rate)
+        for name, factor in (("ttft_p95", gates.ttft_p95), ("tpot_p95", gates.tpot_p95)):
+            ours = getattr(canary, name[:4]).quantile(0.95)
+            theirs = getattr(baseline, name[:4]).quantile(0.95)
+            if factor is not None and ours is not None and theirs is not None:
+                verdicts[name] = _verdict(ours, factor * max(theirs, 1e-3), theirs)
+        compared = self.shadow["match"] + self.shadow["mismatch"]
+        if gates.shadow_mismatch is not None and self.has_shadow:
+            share = self.shadow["mismatch"] / compared if compared else 0.0
+            verdict = _verdict(share, gates.shadow_mismatch, None)
+            if compared < MIN_SHADOW_COMPARISONS:
+                verdict["held"] = None
+            verdicts["shadow_mismatch"] = verdict
+        return {
+            "arms": {"baseline": baseline.summary(), "canary": canary.summary()},
+            "shadow": dict(self.shadow),
+            "gates": verdicts,
+        }
+
+    # -- decisions -------------------------------------------------------------------------
+
+    def tick(self, now: float, judge: bool) -> list[str]:
+        """Adopt a newer saved state; as the judge, decide. Returns the decisions made here."""
+        if self.store is not None:
+            saved = self.store.load()
+            if saved is not None and saved.generation > self.state.generation:
+                self.state = saved
+        if (self.state.step, self.state.status, self.state.step_started) != self._seen:
+            self._fresh_step()
+        if not judge or self.state.status != "running":
+            return []
+        baseline, canary = self.arms[self.auto.baseline], self.arms[self.auto.pool]
+        if min(baseline.requests, canary.requests) < self.auto.min_requests:
+            return []
+        evidence = self.evidence()
+        gates = evidence["gates"]
+        assert isinstance(gates, dict)
+        self.last_judgement = gates
+        if any(g["held"] is False for g in gates.values()):
+            breached = sorted(name for name, g in gates.items() if g["held"] is False)
+            return [self._decide("rollback", now, "gates", evidence, breached=breached)]
+        if now - self.state.step_started >= self.auto.hold:
+            return [self._decide("promote", now, "gates", evidence)]
+        return []
+
+    def act(self, action: str, now: float) -> str:
+        """An operator's ``action`` (one of ``ACTIONS``); the decision recorded."""
+        if action not in ACTIONS:
+            raise ValueError(f"unknown action {action!r} (expected: {', '.join(ACTIONS)})")
+        return self._decide(action, now, "admin", self.evidence())
+
+    def _decide(
+        self, action: str, now: float, by: str, evidence: dict[str, object], **extra: object
+    ) -> str:
+        def change(saved: CanaryState | None) -> CanaryState:
+            state = (
+                saved
+                if saved is not None and saved.fingerprint == self.auto.fingerprint
+                else self.state
+            )
+            before = self.weight_of(state)
+            decision = _apply(state, action, len(self.auto.steps), now)
+            state.record(
+                {
+                    "at": now,
+                    "decision": decision,
+                    "by": by,
+                    "from_weight": before,
+                    "to_weight": self.weight_of(state),
+                    "step": state.step,
+                    "evidence": evidence,
+                    **extra,
+                }
+            )
+            self._last = decision
+            return state
+
+        self._last = action
+        updated = self.store.update(change) if self.store is not None else change(self.state)
+        if updated is not None:
+            self.state = updated
+        self._fresh_step()
+        event = self.state.events[-1] if self.state.events else {}
+        level = logging.WARNING if self._last in ("rollback", "rolled_back") else logging.INFO
+        log.log(level, json.dumps({"canary": self.route, **event}, default=str))
+        return self._last
+
+    def weight_of(self, state: CanaryState) -> float:
+        if state.status == "rolled_back":
+            return 0.0
+        if state.status == "promoted":
+            return 100.0
+        return self.auto.steps[min(state.step, len(self.auto.steps) - 1)]
+
+    def _save(self) -> None:
+        if self.store is not None:
+            state = self.state
+            self.store.update(lambda saved: state)
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "route": self.route,
+            "baseline": self.auto.baseline,
+            "canary": self.auto.pool,
+            "status": self.state.status,
+            "step": self.state.step,
+            "steps": list(self.auto.steps),
+            "weight": self.weight,
+            "step_started": self.state.step_started,
+            "hold_seconds": self.auto.hold,
+            "min_requests": self.auto.min_requests,
+            "evidence": self.evidence(),
+            "events": self.state.events,
+        }
+
+
+def _verdict(value: float, limit: float, baseline: float | None) -> dict[str, object]:
+    return {"canary": value, "baseline": baseline, "limit": limit, "held": value <= limit}
+
+
+def _apply(state: CanaryState, action: str, steps: int, now: float) -> str:
+    """Change ``state`` by ``action``; the decision's name."""
+    if action == "pause":
+        if state.status == "running":
+            state.status = "paused"
+        return "pause"
+    if action == "resume":
+        if state.status == "paused":
+            state.status = "running"
+            state.step_started = now  # the evidence starts over
+        return "resume"
+    if action == "restart":
+        state.status, state.step, state.step_started = "running", 0, now
+        return "restart"
+    if action == "rollback":
+        state.status = "rolled_back"
+        return "rollback"
+    # promote: the next step; the last step (100%) is the promotion's end
+    if state.status in ("rolled_back", "promoted"):
+        return "none"
+    state.step = min(state.step + 1, steps - 1)
+    state.step_started = now
+    if state.step == steps - 1:
+        state.status = "promoted"
+        return "complete"
+    return "promote"

@@ -1,0 +1,139 @@
+"""An automatic canary's state (its step, status and decisions), kept in a small JSON file so
+that it survives a restart and is shared by the workers of one gateway.
+
+Every change is a read-modify-write under an exclusive ``flock`` of ``<file>.lock``, and the
+file is replaced atomically; ``generation`` counts the changes, so a worker that sees a newer
+one adopts it. One worker judges the canary: the one holding ``<file>.judge`` (taken without
+waiting, held for the process's life, passed on when that process exits).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO
+
+log = logging.getLogger("kvgate.gateway")
+
+STATUSES = ("running", "paused", "promoted", "rolled_back")
+MAX_EVENTS = 20
+
+
+@dataclass
+class CanaryState:
+    fingerprint: str  # the policy's canary this state belongs to (AutoCanary.fingerprint)
+    step_started: float  # wall-clock seconds
+    step: int = 0  # index into the steps
+    status: str = "running"
+    generation: int = 0
+    events: list[dict[str, object]] = field(default_factory=list)  # the latest decisions
+
+    def record(self, event: dict[str, object]) -> None:
+        self.events = [*self.events, event][-MAX_EVENTS:]
+        self.generation += 1
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> CanaryState:
+        data = json.loads(text)
+        state = cls(str(data["fingerprint"]), float(data["step_started"]))
+        state.step = int(data.get("step", 0))
+        state.status = str(data.get("status", "running"))
+        state.generation = int(data.get("generation", 0))
+        events = data.get("events", [])
+        state.events = (
+            [e for e in events if isinstance(e, dict)] if isinstance(events, list) else []
+        )
+        if state.status not in STATUSES:
+            raise ValueError(f"unknown status {state.status!r}")
+        return state
+
+
+def state_file_name(model: str) -> str:
+    return "canary-" + re.sub(r"[^A-Za-z0-9._-]", "_", model) + ".json"
+
+
+class StateFile:
+    """One canary's state file (and its lock and judge files)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._judge: IO[bytes] | None = None
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(f"{self.path}.lock", "ab") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _read(self) -> CanaryState | None:
+        try:
+            return CanaryState.from_json(self.path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring the unreadable canary state %s: %s", self.path, exc)
+            return None
+
+    def _write(self, state: CanaryState) -> None:
+        temporary = self.path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(state.to_json())
+        os.replace(temporary, self.path)
+
+    def load(self) -> CanaryState | None:
+        with self._locked():
+            return self._read()
+
+    def update(
+        self, change: Callable[[CanaryState | None], CanaryState | None]
+    ) -> CanaryState | None:
+        """Apply ``change`` to the saved state under the lock; what it returns is saved (and
+        returned), unless it is the very state it was given unchanged or None."""
+        with self._locked():
+            current = self._read()
+            before = current.to_json() if current is not None else None
+            changed = change(current)
+            if changed is not None and changed.to_json() != before:
+                self._write(changed)
+            return changed
+
+    def is_judge(self) -> bool:
+        """Whether this process judges the canary (taking the role when it is free)."""
+        if self._judge is not None:
+            return True
+        handle = open(f"{self.path}.judge", "ab")  # noqa: SIM115 (held while the process lives)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            return False
+        self._judge = handle
+        return True
+
+    def close(self) -> None:
+        if self._judge is not None:
+            self._judge.close()
+            self._judge = None
+
+
+def state_dir(configured: str) -> Path:
+    """The policy's ``state_dir``, else ``$KVGATE_STATE_DIR``, else ``$XDG_STATE_HOME/kvgate``
+    (``~/.local/state/kvgate``)."""
+    if configured:
+        return Path(configured)
+    if os.environ.get("KVGATE_STATE_DIR"):
+        return Path(os.environ["KVGATE_STATE_DIR"])
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "kvgate"

@@ -1,0 +1,208 @@
+"""SLOs and automatic canaries through a real gateway and real simulated backends: a slower
+canary is rolled back, an equal one promoted to 100% (and still there after a restart), the
+SLO events and budgets are exported, and a spent budget sheds the lower classes."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from loadtest.harness.processes import KvgateProcess, free_port
+from tests.integration.metrics_util import scrape
+
+TOKEN = "admin-token-0123456789"
+ADMIN_KEY, BATCH_KEY = "sk-ops-interactive", "sk-ops-batch"
+
+Start = Callable[..., str]
+StartGateway = Callable[..., tuple[str, KvgateProcess]]
+
+
+def admin(port: int, path: str, method: str = "GET") -> dict[str, object]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        method=method,
+        headers={"authorization": f"Bearer {TOKEN}"},
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        body = json.loads(response.read())
+    assert isinstance(body, dict)
+    return body
+
+
+def canary_policy(stable: str, candidate: str, admin_port: int, state: Path, gates: str) -> str:
+    return f"""
+listen: {{admin: {{port: {admin_port}, token: {TOKEN}}}}}
+pools:
+  stable: {{model: kvgate-sim, endpoints: [{stable.removeprefix("http://")}]}}
+  candidate: {{model: kvgate-sim, endpoints: [{candidate.removeprefix("http://")}]}}
+routes:
+  - model: chat
+    pool: stable
+    canary:
+      pool: candidate
+      auto: {{steps: [25, 50, 100], hold: 1s, min_requests: 20, gates: {{{gates}}}}}
+state_dir: {state}
+observability: {{access_log: "off"}}
+"""
+
+
+async def drive(url: str, until: Callable[[], bool], *, limit: float = 60.0) -> int:
+    """Streamed requests, 8 at a time, until ``until()`` holds; the number sent."""
+    sent = 0
+    deadline = time.monotonic() + limit
+    body = {"model": "chat", "prompt": "hello canary", "max_tokens": 4, "stream": True}
+    async with aiohttp.ClientSession() as session:
+
+        async def one() -> None:
+            async with session.post(f"{url}/v1/completions", json=body) as response:
+                await response.read()
+
+        while not until():
+            assert time.monotonic() < deadline, "the canary reached no decision in time"
+            await asyncio.gather(*(one() for _ in range(8)))
+            sent += 8
+    return sent
+
+
+def status_of(admin_port: int) -> str:
+    return str(admin(admin_port, "/admin/canaries")["chat"]["status"])  # type: ignore[index]
+
+
+async def test_a_slower_canary_is_rolled_back(
+    start_backend: Start, start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    stable = start_backend("--cost", "0.002,0,0,0")
+    slow = start_backend("--cost", "0.05,0,0,0")  # 50 ms a step: TTFT 25x the baseline's
+    port = free_port()
+    url, _ = start_gateway(canary_policy(stable, slow, port, tmp_path, "tpot_p95: false"))
+    await drive(url, lambda: status_of(port) != "running")
+    summary = admin(port, "/admin/canaries")["chat"]
+    assert isinstance(summary, dict)
+    assert (summary["status"], summary["weight"]) == ("rolled_back", 0.0)
+    (event,) = summary["events"]
+    assert event["breached"] == ["ttft_p95"] and event["by"] == "gates"
+    gates = event["evidence"]["gates"]
+    assert gates["ttft_p95"]["canary"] > 1.1 * gates["ttft_p95"]["baseline"]
+    samples = scrape(url)
+    weights = {s.labels["pool"]: s.value for s in samples["kvgate_canary_weight"]}
+    assert weights == {"stable": 100.0, "candidate": 0.0}
+    decisions = {s.labels["decision"]: s.value for s in samples["kvgate_canary_decisions_total"]}
+    assert decisions == {"rollback": 1.0}
+    # rolled back: every later request goes to the baseline
+    before = sum(s.value for s in scrape(slow)["vllm:request_success_total"])
+    await drive(url, lambda: True)
+    async with aiohttp.ClientSession() as session:
+        for _ in range(20):
+            async with session.post(
+                f"{url}/v1/completions", json={"model": "chat", "prompt": "x", "max_tokens": 1}
+            ) as response:
+                assert response.status == 200
+    assert sum(s.value for s in scrape(slow)["vllm:request_success_total"]) == before
+
+
+async def test_an_equal_canary_is_promoted_to_100_and_stays_there_after_a_restart(
+    start_backend: Start, start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    # the same cost model on both: 10 ms a step keeps the latencies well above the noise
+    stable, candidate = (start_backend("--cost", "0.01,0,0,0") for _ in range(2))
+    port = free_port()
+    policy = canary_policy(stable, candidate, port, tmp_path, "ttft_p95: 1.25x, tpot_p95: 1.25x")
+    url, gateway = start_gateway(policy)
+    await drive(url, lambda: status_of(port) != "running")
+    summary = admin(port, "/admin/canaries")["chat"]
+    assert isinstance(summary, dict)
+    assert (summary["status"], summary["weight"]) == ("promoted", 100.0), summary["events"]
+    assert [e["to_weight"] for e in summary["events"]] == [50.0, 100.0]  # type: ignore[union-attr]
+    gateway.stop()
+    url, _ = start_gateway(policy)
+    summary = admin(port, "/admin/canaries")["chat"]
+    assert (summary["status"], summary["weight"]) == ("promoted", 100.0)  # type: ignore[index]
+    before = sum(s.value for s in scrape(stable)["vllm:request_success_total"])
+    async with aiohttp.ClientSession() as session:
+        for _ in range(10):
+            async with session.post(
+                f"{url}/v1/completions", json={"model": "chat", "prompt": "x", "max_tokens": 1}
+            ) as response:
+                assert response.status == 200
+    assert sum(s.value for s in scrape(stable)["vllm:request_success_total"]) == before
+    # an operator restarts it: back to the first step, recorded as the admin's
+    restarted = admin(port, "/admin/canaries/chat/restart", "POST")
+    assert (restarted["status"], restarted["weight"]) == ("running", 25.0)
+
+
+async def test_slo_events_budgets_and_shedding(
+    start_backend: Start, start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    backend = start_backend("--cost", "zero")
+    port = free_port()
+    keys = "\n".join(
+        f"    - {{sha256: {hashlib.sha256(k.encode()).hexdigest()}, tenant: t-{c}, class: {c}}}"
+        for k, c in ((ADMIN_KEY, "interactive"), (BATCH_KEY, "batch"))
+    )
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens: every request fails (5xx)
+    url, _ = start_gateway(f"""
+listen: {{admin: {{port: {port}, token: {TOKEN}}}}}
+auth:
+  api_keys:
+{keys}
+pools:
+  sims: {{model: kvgate-sim, endpoints: [{backend.removeprefix("http://")}]}}
+  dead: {{model: kvgate-sim, endpoints: [{dead}]}}
+routes:
+  - {{model: chat, pool: sims}}
+  - {{model: broken, pool: dead}}
+slos:
+  shed_when_exhausted: true
+  objectives:
+    - {{route: chat, class: interactive, ttft_p95: 2s, availability: 99%}}
+    - {{route: broken, availability: 99%}}
+retries: {{attempts: 0}}
+breakers: {{consecutive_failures: 1000}}
+observability: {{access_log: "off"}}
+""")
+
+    async def post(session: aiohttp.ClientSession, model: str, key: str) -> int:
+        body = {"model": model, "prompt": "slo", "max_tokens": 2, "stream": True}
+        headers = {"authorization": f"Bearer {key}"}
+        async with session.post(f"{url}/v1/completions", json=body, headers=headers) as response:
+            await response.read()
+            return response.status
+
+    async with aiohttp.ClientSession() as session:
+        statuses = [await post(session, "chat", ADMIN_KEY) for _ in range(30)]
+        assert statuses == [200] * 30
+        statuses = [await post(session, "broken", BATCH_KEY) for _ in range(120)]
+        assert all(status >= 500 for status in statuses)
+        await asyncio.sleep(6)  # a flush and the gauges' refresh
+        samples = scrape(url)
+        events = {
+            (s.labels["route"], s.labels["slo"], s.labels["good"]): s.value
+            for s in samples["kvgate_slo_events_total"]
+        }
+        assert events[("chat", "availability", "true")] == 30
+        assert events[("chat", "ttft_p95", "true")] == 30
+        assert events[("broken", "availability", "false")] == 120
+        budgets = {s.labels["route"]: s.value for s in samples["kvgate_slo_budget_remaining"]}
+        assert budgets["chat"] == 1.0 and budgets["broken"] == pytest.approx(1 - 120 / 1.2)
+        report = admin(port, "/admin/slo")
+        broken = next(o for o in report["objectives"] if o["route"] == "broken")  # type: ignore[union-attr]
+        assert broken["shedding"] == ["batch", "standard"]
+        # the broken route's budget is spent: its batch callers are refused before any upstream
+        async with session.post(
+            f"{url}/v1/completions",
+            json={"model": "broken", "prompt": "x", "max_tokens": 1},
+            headers={"authorization": f"Bearer {BATCH_KEY}"},
+        ) as response:
+            assert response.status == 429
+            assert response.headers["retry-after"] == "30"
+            assert (await response.json())["error"]["code"] == "slo_budget_exhausted"
+        # the interactive class of a route whose budget holds is served
+        assert await post(session, "chat", ADMIN_KEY) == 200
