@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test test-vllm test-compiled compiled lint format bench bench-engine bench-proxy bench-routing bench-pd bench-crosscheck bench-epp bench-policy bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
+.PHONY: demo test test-vllm test-compiled compiled lint format prometheus bench bench-engine bench-proxy bench-routing bench-pd bench-crosscheck bench-epp bench-policy bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,7 +33,7 @@ proto: $(STAMP)
 demo: $(DEMO_STAMP)
 	$(BIN)/kvgate demo
 
-test: $(STAMP) redis
+test: $(STAMP) redis prometheus
 	$(BIN)/python -m pytest -q --cov --cov-report=term
 
 # The integration tier against real vLLM servers (vLLM's CPU build in its own cached venv, a
@@ -60,13 +60,19 @@ $(COMPILED)/.stamp: $(STAMP) $(SOURCES)
 	touch $@
 
 # The whole suite again, against the compiled build (mypyc checks annotations at run time).
-test-compiled: compiled redis
+test-compiled: compiled redis prometheus
 	cd $(COMPILED) && KVGATE_EXPECT_COMPILED=1 $(CURDIR)/$(BIN)/python -m pytest -q -p no:cacheprovider
 
 # The rate-limit tests run a real redis-server.
 redis:
 	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null)
 	@command -v redis-server >/dev/null || (echo "redis-server is required by the tests" && false)
+
+# The alert rules are tested by promtool and a real Prometheus (Debian's package has both).
+prometheus:
+	@command -v promtool >/dev/null || (apt-get update -qq && \
+		apt-get install -y -qq --no-install-recommends prometheus >/dev/null)
+	@command -v promtool >/dev/null || (echo "prometheus is required by the tests" && false)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -68,6 +68,7 @@ class FinishedRequests:
         requests: BatchedCounter,
         latency: BatchedHistogram,
         ttft: BatchedHistogram,
+        tpot: BatchedHistogram,
         tokens: BatchedCounter,
         queue_wait: BatchedHistogram,
     ) -> dict[TotalsKey, RequestTotals]:
@@ -76,18 +77,26 @@ class FinishedRequests:
         totals, self._totals = self._totals, {}
         latencies: dict[str, list[float]] = {}
         ttfts: dict[str, list[float]] = {}
+        tpots: dict[str, list[float]] = {}
         waits: dict[str, list[float]] = {}
         for (route, model, status, priority_class), added in totals.items():
             requests.add((route, model, str(status)), added.count)
             latencies.setdefault(route, []).extend(added.latencies)
             if added.ttfts:
                 ttfts.setdefault(model, []).extend(added.ttfts)
+            if added.tpots:
+                tpots.setdefault(model, []).extend(added.tpots)
             if added.waits:
                 waits.setdefault(priority_class, []).extend(added.waits)
             if added.prompt or added.completion:
                 tokens.add((model, "prompt"), added.prompt)
                 tokens.add((model, "completion"), added.completion)
-        for histogram, values in ((latency, latencies), (ttft, ttfts), (queue_wait, waits)):
+        for histogram, values in (
+            (latency, latencies),
+            (ttft, ttfts),
+            (tpot, tpots),
+            (queue_wait, waits),
+        ):
             for label, observed in values.items():
                 histogram.observe_many((label,), observed)
         return totals

@@ -49,6 +49,9 @@ LATENCY_BUCKETS = (
 )
 
 
+TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+
+
 class GatewayMetrics:
     """The metrics, with label children cached (``labels()`` locks and hashes every call)."""
 
@@ -74,6 +77,13 @@ class GatewayMetrics:
             "Time from request to the first response byte (first token when streaming).",
             ["model"],
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "kvgate_time_per_output_token_seconds",
+            "Seconds per output token after the first, of streams of two tokens or more.",
+            ["model"],
+            buckets=TPOT_BUCKETS,
             registry=r,
         )
         self.tokens = Counter(
@@ -185,12 +195,14 @@ class GatewayMetrics:
         self.requests_batch = BatchedCounter(self.requests)
         self.latency_batch = BatchedHistogram(self.latency, LATENCY_BUCKETS)
         self.ttft_batch = BatchedHistogram(self.ttft, LATENCY_BUCKETS)
+        self.tpot_batch = BatchedHistogram(self.tpot, TPOT_BUCKETS)
         self.tokens_batch = BatchedCounter(self.tokens)
         self.queue_wait_batch = BatchedHistogram(self.queue_wait, LATENCY_BUCKETS)
         self._batches = (
             self.requests_batch,
             self.latency_batch,
             self.ttft_batch,
+            self.tpot_batch,
             self.tokens_batch,
             self.queue_wait_batch,
         )
@@ -209,6 +221,7 @@ class GatewayMetrics:
             self.requests_batch,
             self.latency_batch,
             self.ttft_batch,
+            self.tpot_batch,
             self.tokens_batch,
             self.queue_wait_batch,
         )
