@@ -32,8 +32,8 @@ class Chart:
     unit: str = "short"
 
 
-def p95(metric: str, by: str) -> str:
-    return f"histogram_quantile(0.95, sum by ({by}, le) (rate({metric}_bucket[5m])))"
+def p95(metric: str, by: str, q: float = 0.95) -> str:
+    return f"histogram_quantile({q}, sum by ({by}, le) (rate({metric}_bucket[5m])))"
 
 
 DASHBOARDS: dict[str, tuple[str, list[Chart]]] = {
@@ -130,7 +130,7 @@ DASHBOARDS: dict[str, tuple[str, list[Chart]]] = {
             Chart("Model servers up", 'up{job="model-servers"}', "{{pool}} {{instance}}"),
             Chart(
                 "Picker: pick time p99 by pool",
-                "histogram_quantile(0.99, sum by (pool, le) (rate(kvgate_epp_pick_duration_seconds_bucket[5m])))",
+                p95("kvgate_epp_pick_duration_seconds", "pool", 0.99),
                 "{{pool}}",
                 "s",
             ),
