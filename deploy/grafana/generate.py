@@ -32,7 +32,7 @@ class Chart:
     unit: str = "short"
 
 
-def p95(metric: str, by: str, q: float = 0.95) -> str:
+def quantile_of(metric: str, by: str, q: float = 0.95) -> str:
     return f"histogram_quantile({q}, sum by ({by}, le) (rate({metric}_bucket[5m])))"
 
 
@@ -56,7 +56,7 @@ DASHBOARDS: dict[str, tuple[str, list[Chart]]] = {
             Chart("TPOT p95 by model", "kvgate:tpot_seconds:p95_5m", "{{model}}", "s"),
             Chart(
                 "Request duration p95 by route",
-                p95("kvgate_request_duration_seconds", "route"),
+                quantile_of("kvgate_request_duration_seconds", "route"),
                 "{{route}}",
                 "s",
             ),
@@ -69,7 +69,7 @@ DASHBOARDS: dict[str, tuple[str, list[Chart]]] = {
             Chart("In flight by pool", "sum by (pool) (kvgate_in_flight_requests)", "{{pool}}"),
             Chart(
                 "Queue wait p95 by class",
-                p95("kvgate_queue_wait_seconds", "class"),
+                quantile_of("kvgate_queue_wait_seconds", "class"),
                 "{{class}}",
                 "s",
             ),
@@ -130,7 +130,7 @@ DASHBOARDS: dict[str, tuple[str, list[Chart]]] = {
             Chart("Model servers up", 'up{job="model-servers"}', "{{pool}} {{instance}}"),
             Chart(
                 "Picker: pick time p99 by pool",
-                p95("kvgate_epp_pick_duration_seconds", "pool", 0.99),
+                quantile_of("kvgate_epp_pick_duration_seconds", "pool", 0.99),
                 "{{pool}}",
                 "s",
             ),
