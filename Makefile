@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test test-vllm test-compiled compiled lint format prometheus bench bench-engine bench-proxy bench-routing bench-pd bench-crosscheck bench-epp bench-policy bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
+.PHONY: demo test test-vllm test-compiled compiled lint format prometheus kubectl check-images bench bench-engine bench-proxy bench-routing bench-pd bench-crosscheck bench-epp bench-policy bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,7 +33,7 @@ proto: $(STAMP)
 demo: $(DEMO_STAMP)
 	$(BIN)/kvgate demo
 
-test: $(STAMP) redis prometheus
+test: $(STAMP) redis prometheus kubectl
 	$(BIN)/python -m pytest -q --cov --cov-report=term
 
 # The integration tier against real vLLM servers (vLLM's CPU build in its own cached venv, a
@@ -60,7 +60,7 @@ $(COMPILED)/.stamp: $(STAMP) $(SOURCES)
 	touch $@
 
 # The whole suite again, against the compiled build (mypyc checks annotations at run time).
-test-compiled: compiled redis prometheus
+test-compiled: compiled redis prometheus kubectl
 	cd $(COMPILED) && KVGATE_EXPECT_COMPILED=1 $(CURDIR)/$(BIN)/python -m pytest -q -p no:cacheprovider
 
 # The rate-limit tests run a real redis-server.
@@ -74,10 +74,22 @@ prometheus:
 		apt-get install -y -qq --no-install-recommends prometheus >/dev/null)
 	@command -v promtool >/dev/null || (echo "prometheus is required by the tests" && false)
 
+# The Kubernetes manifests are rendered with kubectl's kustomize (Debian's kubernetes-client).
+kubectl:
+	@command -v kubectl >/dev/null || (apt-get update -qq && \
+		apt-get install -y -qq --no-install-recommends kubernetes-client >/dev/null)
+	@command -v kubectl >/dev/null || (echo "kubectl is required by the tests" && false)
+
+# The container recipes' steps (deploy/docker/*.sh) in fresh venvs, and what they install
+# serving requests: images cannot be built on these machines.
+check-images:
+	sh deploy/docker/check-images.sh
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/mypy deploy/grafana/generate.py
 	$(BIN)/lint-imports
 
 format: $(STAMP)

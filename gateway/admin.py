@@ -8,6 +8,7 @@ every worker, ``POST /admin/reload`` the one that answered.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from collections.abc import AsyncIterator
 
@@ -105,7 +106,7 @@ async def canary_action(request: web.Request) -> web.Response:
         )
         return web.json_response(body, status=400)
     try:
-        summary = _gateway(request)[CANARIES].act(model, action)
+        summary = await asyncio.to_thread(_gateway(request)[CANARIES].act, model, action)
     except KeyError:
         body = error_body(
             f"the route {model!r} has no automatic canary",
@@ -113,6 +114,11 @@ async def canary_action(request: web.Request) -> web.Response:
             code="not_found",
         )
         return web.json_response(body, status=404)
+    except OSError as exc:  # the state store is unreachable: nothing was changed
+        body = error_body(
+            f"canary state not saved: {exc}", "server_error", code="state_unavailable"
+        )
+        return web.json_response(body, status=503)
     return web.json_response(summary)
 
 

@@ -27,7 +27,20 @@ def summary(policy: Policy) -> str:
         model = f" as {pool.model}" if pool.model else ""
         lines.append(f"  pool {pool.name}{model}: {len(pool.endpoints)} endpoint(s)")
     for route in policy.routes:
-        lines.append(f"  route {route.model} -> {route.pool}")
+        auto = route.auto_canary
+        canary = ""
+        if auto is not None:
+            steps = ", ".join(f"{s:g}%" for s in auto.steps)
+            canary = f", automatic canary {auto.pool} ({steps}; hold {auto.hold:g}s)"
+        lines.append(f"  route {route.model} -> {route.pool}{canary}")
+    for slo in policy.slos.slos:
+        objectives = ", ".join(
+            f"{o.name} {o.threshold * 1000:g}ms at {o.target:.2%}"
+            if o.threshold
+            else f"{o.name} {o.target:.2%}"
+            for o in slo.objectives
+        )
+        lines.append(f"  slo {slo.route} ({slo.class_label}): {objectives}")
     return "\n".join(lines)
 
 

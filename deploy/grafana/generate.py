@@ -1,6 +1,6 @@
 """kvgate's Grafana dashboards, built with Grafana's own SDK (grafana-foundation-sdk) and
 written to ``dashboards/*.json``: ``python deploy/grafana/generate.py`` (``--check`` fails when
-the committed JSON differs from what this file builds; ``make lint`` runs it).
+the committed JSON differs from what this file builds; tests/deploy runs it).
 
 Every panel is a time series of one PromQL query, over the metrics of kvgate's gateways
 (job ``kvgate``), the model servers (job ``model-servers``, labelled with their ``pool``) and

@@ -17,7 +17,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.canary.controller import CanaryController
-from gateway.canary.state import STATUSES, StateFile, state_dir, state_file_name
+from gateway.canary.redis_state import RedisStateStore
+from gateway.canary.state import STATUSES, CanaryStore, StateFile, state_dir, state_file_name
 from gateway.context import RequestContext
 from policies.schema import Policy, WeightedPool
 
@@ -36,7 +37,7 @@ class Canaries:
         self.clock = clock
         self.tick_interval = tick_interval
         self.controllers: dict[str, CanaryController] = {}
-        self._dirs: dict[str, Path | None] = {}
+        self._places: dict[str, str] = {}  # where each route's state is kept
         self.weight = Gauge(
             "kvgate_canary_weight",
             "Percent of the route's requests sent to each pool of its automatic canary.",
@@ -76,22 +77,29 @@ class Canaries:
     def update(self, policy: Policy) -> None:
         """Control the policy's automatic canaries; an unchanged one keeps its controller."""
         autos = [route for route in policy.routes if route.auto_canary is not None]
-        directory = self._directory(policy.state_dir) if autos else None
+        limit_store = policy.limits.store
+        redis_url = limit_store.url if limit_store.kind == "redis" else None
+        directory = self._directory(policy.state_dir) if autos and not redis_url else None
+        place = f"redis {redis_url}" if redis_url else f"file {directory}"
         now = self.clock()
         kept = self.controllers
         self.controllers = {}
         for route in autos:
             auto = route.auto_canary
             old = kept.pop(route.model, None)
-            if old is not None and old.auto == auto and self._dirs.get(route.model) == directory:
+            if old is not None and old.auto == auto and self._places.get(route.model) == place:
                 old.has_shadow = route.shadow is not None
                 self.controllers[route.model] = old
                 continue
             if old is not None and old.store is not None:
                 old.store.close()
-            store = StateFile(directory / state_file_name(route.model)) if directory else None
+            store: CanaryStore | None = None
+            if redis_url:
+                store = RedisStateStore(redis_url, route.model)
+            elif directory is not None:
+                store = StateFile(directory / state_file_name(route.model))
             self.controllers[route.model] = CanaryController(route, store, now)
-            self._dirs[route.model] = directory
+            self._places[route.model] = place
         for gone in kept.values():
             if gone.store is not None:
                 gone.store.close()
@@ -131,9 +139,9 @@ class Canaries:
 
     def tick(self) -> None:
         now = self.clock()
-        for controller in self.controllers.values():
-            judge = controller.store.is_judge() if controller.store is not None else True
+        for controller in list(self.controllers.values()):
             try:
+                judge = controller.store.is_judge() if controller.store is not None else True
                 decisions = controller.tick(now, judge)
             except OSError as exc:
                 log.warning("canary of %s: state file unusable: %s", controller.route, exc)
@@ -170,11 +178,12 @@ class Canaries:
                 self.gate_value.labels(controller.route, name).set(value / limit)
 
     async def run(self) -> None:
-        """Tick for as long as the gateway runs (a task of the application)."""
+        """Tick for as long as the gateway runs (a task of the application), off the event
+        loop: a slow state store must not hold up requests."""
         while True:
             await asyncio.sleep(self.tick_interval)
             try:
-                self.tick()
+                await asyncio.to_thread(self.tick)
             except Exception:  # a bug here must not stop the canaries' clock
                 log.exception("canary tick failed")
 

@@ -8,7 +8,7 @@ import logging
 import random
 
 from gateway.canary.arm_stats import ArmStats
-from gateway.canary.state import CanaryState, StateFile
+from gateway.canary.state import CanaryState, CanaryStore
 from policies.canary_section import AutoCanary
 from policies.schema import Route, WeightedPool
 
@@ -19,14 +19,18 @@ ACTIONS = ("pause", "resume", "promote", "rollback", "restart")
 
 
 class CanaryController:
-    def __init__(self, route: Route, store: StateFile | None, now: float) -> None:
+    def __init__(self, route: Route, store: CanaryStore | None, now: float) -> None:
         assert route.auto_canary is not None
         self.route = route.model
         self.auto: AutoCanary = route.auto_canary
         self.has_shadow = route.shadow is not None
         self.store = store
         self._rng = random.Random(route.model)
-        saved = store.load() if store is not None else None
+        try:
+            saved = store.load() if store is not None else None
+        except OSError as exc:  # adopted later, when the store answers (its generation is newer)
+            log.warning("canary of %s starts without its saved state: %s", self.route, exc)
+            saved = None
         if saved is not None and saved.fingerprint == self.auto.fingerprint:
             self.state = saved
         else:
@@ -94,7 +98,11 @@ class CanaryController:
         """Adopt a newer saved state; as the judge, decide. Returns the decisions made here."""
         if self.store is not None:
             saved = self.store.load()
-            if saved is not None and saved.generation > self.state.generation:
+            if (
+                saved is not None
+                and saved.fingerprint == self.auto.fingerprint
+                and saved.generation > self.state.generation
+            ):
                 self.state = saved
         if (self.state.step, self.state.status, self.state.step_started) != self._seen:
             self._fresh_step()
@@ -164,9 +172,20 @@ class CanaryController:
         return self.auto.steps[min(state.step, len(self.auto.steps) - 1)]
 
     def _save(self) -> None:
-        if self.store is not None:
-            state = self.state
-            self.store.update(lambda saved: state)
+        """Save a fresh state (a new or changed canary) unless one for it is saved already."""
+        if self.store is None:
+            return
+        state = self.state
+
+        def keep_current(saved: CanaryState | None) -> CanaryState:
+            if saved is not None and saved.fingerprint == state.fingerprint:
+                return saved
+            return state
+
+        try:
+            self.state = self.store.update(keep_current) or state
+        except OSError as exc:
+            log.warning("canary of %s: its state is not saved yet: %s", self.route, exc)
 
     def summary(self) -> dict[str, object]:
         return {

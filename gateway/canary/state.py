@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 log = logging.getLogger("kvgate.gateway")
 
@@ -58,6 +58,30 @@ class CanaryState:
         return state
 
 
+class CanaryStore(Protocol):
+    """Where a canary's state is kept: a local file (``StateFile``) or Redis
+    (``gateway.canary.redis_state``)."""
+
+    def load(self) -> CanaryState | None: ...
+
+    def update(
+        self, change: Callable[[CanaryState | None], CanaryState | None]
+    ) -> CanaryState | None: ...
+
+    def is_judge(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+def parse_state(text: str, where: object) -> CanaryState | None:
+    """A saved state, or None (with a warning) when it cannot be read."""
+    try:
+        return CanaryState.from_json(text)
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("ignoring the unreadable canary state %s: %s", where, exc)
+        return None
+
+
 def state_file_name(model: str) -> str:
     return "canary-" + re.sub(r"[^A-Za-z0-9._-]", "_", model) + ".json"
 
@@ -80,12 +104,10 @@ class StateFile:
 
     def _read(self) -> CanaryState | None:
         try:
-            return CanaryState.from_json(self.path.read_text())
+            text = self.path.read_text()
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("ignoring the unreadable canary state %s: %s", self.path, exc)
-            return None
+        return parse_state(text, self.path)
 
     def _write(self, state: CanaryState) -> None:
         temporary = self.path.with_suffix(f".{os.getpid()}.tmp")

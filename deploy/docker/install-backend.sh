@@ -1,0 +1,16 @@
+#!/bin/sh
+# Install kvgate's reference backend (the torch runner: the `backend` extra) into the virtual
+# environment $1 from the source tree $2. backend.Dockerfile runs this; so does
+# `make check-images`. TORCH names the torch to install (a CPU build by default: set
+# PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu where PyPI would give a CUDA one).
+set -eu
+venv=$1
+src=$2
+build=$(mktemp -d)
+tar -C "$src" --exclude=./.venv --exclude=./build --exclude=./.git -cf - . | tar -C "$build" -xf -
+python3 -m venv "$venv"
+"$venv/bin/pip" install --no-cache-dir --quiet --upgrade pip
+"$venv/bin/pip" install --no-cache-dir --quiet "${TORCH:-torch==2.13.0}"
+"$venv/bin/pip" install --no-cache-dir --quiet "$build[backend]"
+rm -rf "$build"
+(cd / && "$venv/bin/python" -c "import torch, safetensors, backends.runners")

@@ -1,0 +1,21 @@
+#!/bin/sh
+# Install kvgate for the gateway and EPP image into the virtual environment $1 from the source
+# tree $2, with the request path compiled by mypyc. gateway.Dockerfile runs this; so does
+# `make check-images` (in a fresh venv on the CI machine, where images cannot be built).
+set -eu
+venv=$1
+src=$2
+# a copy of the tree (not its venv, builds or git), so that the build leaves nothing behind
+build=$(mktemp -d)
+tar -C "$src" --exclude=./.venv --exclude=./build --exclude=./.git -cf - . | tar -C "$build" -xf -
+python3 -m venv "$venv"
+"$venv/bin/pip" install --no-cache-dir --quiet --upgrade pip
+# the runtime dependencies first: mypyc type-checks the modules against them
+"$venv/bin/pip" install --no-cache-dir --quiet "$build"
+"$venv/bin/pip" install --no-cache-dir --quiet 'mypy>=1.10' 'types-PyYAML>=6.0' \
+    'types-protobuf>=5.0' 'types-tqdm>=4.66' 'setuptools>=77' wheel
+(cd "$build" && KVGATE_COMPILE=1 "$venv/bin/pip" install --no-cache-dir --quiet \
+    --no-build-isolation --no-deps --force-reinstall .)
+rm -rf "$build"
+"$venv/bin/pip" uninstall --quiet --yes mypy types-PyYAML types-protobuf types-tqdm
+(cd / && "$venv/bin/python" -c "from gateway.build_info import request_path_compiled as c; assert c(), 'not compiled'")

@@ -1,0 +1,108 @@
+"""An automatic canary's state in Redis, for gateways whose limits already share a Redis:
+every replica (and every worker of each) routes by the same saved weight, and one of them
+judges, the holder of a lease that it renews every tick and that lapses ``JUDGE_LEASE``
+seconds after its holder stops.
+
+A change is a compare-and-set (``WATCH`` / ``MULTI``), retried when another replica changed
+the state in between. Redis errors become ``StateUnavailable`` (an ``OSError``): the canaries
+then keep routing by the state they last read, and judge nothing, until Redis answers again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+import redis
+from redis.exceptions import RedisError, WatchError
+
+from gateway.canary.state import CanaryState, parse_state
+
+JUDGE_LEASE = 10.0  # seconds
+TIMEOUT = 0.5  # seconds per Redis call (the canaries' clock runs off the event loop)
+RETRIES = 5
+
+# take the lease if it is free, renew it if it is ours
+CLAIM = """
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class StateUnavailable(OSError):
+    """Redis could not be read or written."""
+
+
+class RedisStateStore:
+    """One canary's state under ``kvgate:canary:<model>`` (and its judge's lease)."""
+
+    def __init__(self, url: str, model: str) -> None:
+        self.client = redis.Redis.from_url(
+            url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT
+        )
+        self.key = f"kvgate:canary:{model}"
+        self.judge_key = f"{self.key}:judge"
+        self.identity = uuid.uuid4().hex
+        self._judge = False
+
+    def load(self) -> CanaryState | None:
+        try:
+            text = self.client.get(self.key)
+        except RedisError as exc:
+            raise StateUnavailable(f"canary state in Redis: {exc}") from exc
+        return self._parse(text)
+
+    def _parse(self, value: object) -> CanaryState | None:
+        if isinstance(value, bytes):
+            value = value.decode()
+        return parse_state(value, self.key) if isinstance(value, str) and value else None
+
+    def update(
+        self, change: Callable[[CanaryState | None], CanaryState | None]
+    ) -> CanaryState | None:
+        try:
+            for _ in range(RETRIES):
+                with self.client.pipeline() as pipe:
+                    try:
+                        pipe.watch(self.key)  # type: ignore[no-untyped-call]
+                        current = self._parse(pipe.get(self.key))
+                        before = current.to_json() if current is not None else None
+                        changed = change(current)
+                        pipe.multi()
+                        if changed is not None and changed.to_json() != before:
+                            pipe.set(self.key, changed.to_json())
+                        pipe.execute()
+                        return changed
+                    except WatchError:
+                        continue
+        except RedisError as exc:
+            raise StateUnavailable(f"canary state in Redis: {exc}") from exc
+        raise StateUnavailable(f"canary state in Redis: changed {RETRIES} times while writing")
+
+    def is_judge(self) -> bool:
+        try:
+            claimed = self.client.eval(
+                CLAIM, 1, self.judge_key, self.identity, int(JUDGE_LEASE * 1000)
+            )
+        except RedisError:
+            self._judge = False
+            return False  # no lease can be known: nobody here judges
+        self._judge = claimed == 1
+        return self._judge
+
+    def close(self) -> None:
+        try:
+            if self._judge:
+                self.client.eval(RELEASE, 1, self.judge_key, self.identity)
+        except RedisError:
+            pass  # the lease lapses on its own
+        self._judge = False
+        self.client.close()
