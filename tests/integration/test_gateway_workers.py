@@ -1,4 +1,5 @@
-"""``--workers 2``: two processes share the port; /metrics sums over both; a taken port fails
+"""``--workers 2``: two processes share the port; /metrics sums over both (SLO events too, while
+each worker's SLO gauges carry its pid); a taken port fails
 fast; the metrics files go with a clean stop."""
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ async def test_two_workers_share_the_port_and_the_metrics(
         f"""
 pools: {{p: {{endpoints: [{backend}]}}}}
 routes: [{{model: kvgate-sim, pool: p}}]
+slos: {{objectives: [{{route: kvgate-sim, availability: 99%}}]}}
 """,
         "--workers",
         "2",
@@ -53,6 +55,12 @@ routes: [{{model: kvgate-sim, pool: p}}]
             break
         await asyncio.sleep(0.1)
     assert total == 60
+    # the SLO events add up over the workers; each worker's own burn rates say whose they are
+    samples = scrape(url)
+    events = sum(s.value for s in samples["kvgate_slo_events_total"] if s.labels["good"] == "true")
+    assert events == 60
+    pids = {s.labels.get("pid") for s in samples["kvgate_slo_burn_rate"]}
+    assert pids and None not in pids
     children = await asyncio.create_subprocess_exec(
         "pgrep",
         "-P",

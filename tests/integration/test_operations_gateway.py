@@ -76,6 +76,23 @@ def status_of(admin_port: int) -> str:
     return str(admin(admin_port, "/admin/canaries")["chat"]["status"])  # type: ignore[index]
 
 
+async def test_a_failing_canary_is_rolled_back(
+    start_backend: Start, start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    stable = start_backend("--cost", "0.002,0,0,0")
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: the canary's requests fail
+    port = free_port()
+    url, _ = start_gateway(canary_policy(stable, dead, port, tmp_path, "tpot_p95: false"))
+    await drive(url, lambda: status_of(port) != "running")
+    summary = admin(port, "/admin/canaries")["chat"]
+    assert isinstance(summary, dict)
+    assert (summary["status"], summary["weight"]) == ("rolled_back", 0.0)
+    (event,) = summary["events"]
+    assert event["breached"] == ["error_rate"]
+    arms = event["evidence"]["arms"]
+    assert arms["canary"]["error_rate"] == 1.0 and arms["baseline"]["error_rate"] == 0.0
+
+
 async def test_a_slower_canary_is_rolled_back(
     start_backend: Start, start_gateway: StartGateway, tmp_path: Path
 ) -> None:
