@@ -58,6 +58,14 @@ class RequestContext:
         self.canary_arm = ""  # the pool an automatic canary's route chose
 
     @property
+    def tpot(self) -> float | None:
+        """Seconds per output token after the first, of a stream of two tokens or more."""
+        ttft = self.ttft
+        if ttft is None or not self.stream or self.completion_tokens < 2:
+            return None
+        return (self.elapsed - ttft) / (self.completion_tokens - 1)
+
+    @property
     def tenant(self) -> str:
         return self.identity.tenant if self.identity else ""
 

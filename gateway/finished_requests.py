@@ -53,11 +53,11 @@ class FinishedRequests:
             totals = self._totals[key] = RequestTotals()
         totals.count += 1
         totals.latencies.append(ctx.elapsed)
-        ttft = ctx.ttft
-        if ttft is not None:
-            totals.ttfts.append(ttft)
-            if ctx.stream and ctx.completion_tokens > 1:
-                totals.tpots.append((ctx.elapsed - ttft) / (ctx.completion_tokens - 1))
+        if ctx.ttft is not None:
+            totals.ttfts.append(ctx.ttft)
+            tpot = ctx.tpot
+            if tpot is not None:
+                totals.tpots.append(tpot)
         totals.prompt += ctx.prompt_tokens
         totals.completion += ctx.completion_tokens
         if ctx.queue_wait is not None:

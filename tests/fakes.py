@@ -73,3 +73,13 @@ def step(scheduler: Scheduler, token: int = 7) -> list[ScheduledSeq]:
     out = scheduler.schedule()
     scheduler.postprocess(out, sample_all(out.scheduled, token))
     return out.scheduled
+
+
+class ManualClock:
+    """A clock the test moves by hand (``clock.now += 60``)."""
+
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now

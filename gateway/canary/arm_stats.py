@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+from gateway.outcomes import counted, failed, succeeded
+
 SAMPLES = 10_000  # latencies kept per arm and metric (a uniform sample beyond that)
 
 
@@ -37,16 +39,18 @@ class ArmStats:
     __slots__ = ("errors", "requests", "tpot", "ttft")
 
     def __init__(self, rng: random.Random) -> None:
-        self.requests = 0
+        self.requests = 0  # but those the client gave up on
         self.errors = 0  # answered with a 5xx (the gateway's own included)
         self.ttft = Reservoir(rng)  # successful requests
         self.tpot = Reservoir(rng)  # successful streams of two tokens or more
 
     def observe(self, status: int, ttft: float | None, tpot: float | None) -> None:
+        if not counted(status):
+            return
         self.requests += 1
-        if status >= 500:
+        if failed(status):
             self.errors += 1
-        elif 200 <= status < 300:
+        elif succeeded(status):
             if ttft is not None:
                 self.ttft.add(ttft)
             if tpot is not None:

@@ -126,11 +126,7 @@ class Canaries:
         controller = self.controllers.get(ctx.model)
         if controller is None:
             return
-        ttft = ctx.ttft
-        tpot = None
-        if ttft is not None and ctx.stream and ctx.completion_tokens > 1:
-            tpot = (ctx.elapsed - ttft) / (ctx.completion_tokens - 1)
-        controller.observe(ctx.canary_arm, ctx.status, ttft, tpot)
+        controller.observe(ctx.canary_arm, ctx.status, ctx.ttft, ctx.tpot)
 
     def shadow_result(self, model: str, result: str) -> None:
         controller = self.controllers.get(model)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import redis
 from redis.exceptions import RedisError, WatchError
 
-from gateway.canary.state import CanaryState, parse_state
+from gateway.canary.state import CanaryState, apply_change, parse_state
 
 JUDGE_LEASE = 10.0  # seconds
 TIMEOUT = 0.5  # seconds per Redis call (the canaries' clock runs off the event loop)
@@ -73,11 +73,9 @@ class RedisStateStore:
                 with self.client.pipeline() as pipe:
                     try:
                         pipe.watch(self.key)  # type: ignore[no-untyped-call]
-                        current = self._parse(pipe.get(self.key))
-                        before = current.to_json() if current is not None else None
-                        changed = change(current)
+                        changed, write = apply_change(self._parse(pipe.get(self.key)), change)
                         pipe.multi()
-                        if changed is not None and changed.to_json() != before:
+                        if changed is not None and write:
                             pipe.set(self.key, changed.to_json())
                         pipe.execute()
                         return changed

@@ -73,6 +73,16 @@ class CanaryStore(Protocol):
     def close(self) -> None: ...
 
 
+def apply_change(
+    current: CanaryState | None, change: Callable[[CanaryState | None], CanaryState | None]
+) -> tuple[CanaryState | None, bool]:
+    """``change`` applied to the saved state: (the result, whether it is to be written: it is
+    a state, and not the one it was given unchanged)."""
+    before = current.to_json() if current is not None else None
+    changed = change(current)
+    return changed, changed is not None and changed.to_json() != before
+
+
 def parse_state(text: str, where: object) -> CanaryState | None:
     """A saved state, or None (with a warning) when it cannot be read."""
     try:
@@ -124,10 +134,8 @@ class StateFile:
         """Apply ``change`` to the saved state under the lock; what it returns is saved (and
         returned), unless it is the very state it was given unchanged or None."""
         with self._locked():
-            current = self._read()
-            before = current.to_json() if current is not None else None
-            changed = change(current)
-            if changed is not None and changed.to_json() != before:
+            changed, write = apply_change(self._read(), change)
+            if changed is not None and write:
                 self._write(changed)
             return changed
 

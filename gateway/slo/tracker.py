@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.finished_requests import RequestTotals, TotalsKey
+from gateway.outcomes import counted, failed, succeeded
 from gateway.slo.event_window import EventWindow
 from policies.schema import Policy, PriorityClass
 from policies.slo_section import Slo, SloObjective
@@ -41,11 +42,11 @@ class TrackedObjective:
     def events(self, status: int, totals: RequestTotals) -> tuple[int, int]:
         """(good, total) of one flush's totals of a status."""
         objective = self.objective
+        if not counted(status):
+            return 0, 0
         if objective.sli == "availability":
-            if status == 499:
-                return 0, 0
-            return (totals.count if status < 500 else 0), totals.count
-        if not 200 <= status < 300:
+            return (0 if failed(status) else totals.count), totals.count
+        if not succeeded(status):
             return 0, 0
         values = totals.ttfts if objective.sli == "ttft" else totals.tpots
         threshold = objective.threshold

@@ -51,6 +51,10 @@ routes: [{{model: mock, pool: mocks}}]
 observability: {{access_log: "off"}}
 epp: {{picker: least-in-flight}}
 """
+# --slos: the SLO tracker's share (objectives on every SLI of the route)
+SLOS = """
+slos: {objectives: [{route: mock, ttft_p95: 500ms, tpot_p95: 40ms, availability: 99.9%}]}
+"""
 _BODY = orjson.dumps(CHAT)
 REQUEST = (
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n"
@@ -151,9 +155,9 @@ def _layers_handler(pool: ConnectionPool) -> Handler:
     return handler
 
 
-async def measure(requests: int, peer: str) -> float:
+async def measure(requests: int, peer: str, slos: bool = False) -> float:
     """CPU seconds per request over ``requests`` requests (after 500 of warm-up)."""
-    app = create_app(load_policy_text(POLICY))
+    app = create_app(load_policy_text(POLICY + (SLOS if slos else "")))
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     try:
@@ -193,8 +197,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--peer", choices=["kvgate", "layers"], default="kvgate")
     parser.add_argument("--label", help="the name to print (default: the peer's)")
+    parser.add_argument("--slos", action="store_true", help="with SLOs on the route")
     args = parser.parse_args()
-    seconds = uvloop.run(measure(args.requests, args.peer))
+    seconds = uvloop.run(measure(args.requests, args.peer, args.slos))
     label = args.label or args.peer
     print(f"{label}: {seconds * 1e6:.1f} us of CPU per request over {args.requests:,}")
 

@@ -39,7 +39,7 @@ def harness_module(checkout: Path) -> str:
     return ".".join(path.with_suffix("").parts)
 
 
-def instructions(checkout: Path, peer: str, requests: int) -> int:
+def instructions(checkout: Path, peer: str, requests: int, slos: bool = False) -> int:
     """Instructions that ``requests`` requests add to a run of the in-process harness (the two
     runs side by side, one per core)."""
     env = dict(os.environ, PYTHONPATH=str(checkout))
@@ -57,6 +57,7 @@ def instructions(checkout: Path, peer: str, requests: int) -> int:
                 str(total),
                 "--peer",
                 peer,
+                *(["--slos"] if slos else []),
             ],
             cwd=checkout,
             env=env,
@@ -110,6 +111,9 @@ def main() -> int:
     parser.add_argument(
         "--ref-harness", action="store_true", help="run REF with its own loadtest.bench.inprocess"
     )
+    parser.add_argument(
+        "--slos", action="store_true", help="SLOs on the route (this checkout's rows only)"
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         print("valgrind is required (make bench-instructions installs it)", file=sys.stderr)
@@ -131,8 +135,10 @@ def main() -> int:
         print("| checkout | kvgate instructions/request | http layers only | gateway's own |")
         print("|---|---:|---:|---:|")
         for name, path in checkouts:
+            slos = args.slos and path in (ROOT, compiled)
             counts = {
-                peer: instructions(path, peer, args.requests) for peer in ("kvgate", "layers")
+                peer: instructions(path, peer, args.requests, slos and peer == "kvgate")
+                for peer in ("kvgate", "layers")
             }
             results[name] = counts
             own = counts["kvgate"] - counts["layers"]

@@ -14,6 +14,7 @@ from gateway.canary.controller import CanaryController
 from gateway.canary.state import StateFile, state_file_name
 from policies.loader import load_policy_text
 from policies.schema import Policy
+from tests.fakes import ManualClock
 
 POLICY = """pools: {{a: {{endpoints: [127.0.0.1:8001]}}, b: {{endpoints: [127.0.0.1:8002]}}}}
 routes:
@@ -32,15 +33,7 @@ def policy(state: Path, gates: str = "", shadow: str = "") -> Policy:
     return load_policy_text(text, plugins=CATALOG)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def canaries(state: Path, clock: Clock, **kwargs: str) -> tuple[Canaries, CollectorRegistry]:
+def canaries(state: Path, clock: ManualClock, **kwargs: str) -> tuple[Canaries, CollectorRegistry]:
     registry = CollectorRegistry()
     manager = Canaries(registry, clock)
     manager.update(policy(state, **kwargs))
@@ -64,7 +57,7 @@ def serve(
 
 
 def test_equal_arms_promote_step_by_step_to_100(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     manager, registry = canaries(tmp_path, clock)
     controller = manager.controllers["chat"]
     assert [(p.pool, p.weight) for p in manager.split("chat") or ()] == [("a", 90.0), ("b", 10.0)]
@@ -97,7 +90,7 @@ def test_equal_arms_promote_step_by_step_to_100(tmp_path: Path) -> None:
 def test_a_worse_canary_is_rolled_back_before_its_hold_ends(
     tmp_path: Path, canary: tuple[int, float], breached: list[str]
 ) -> None:
-    clock = Clock()
+    clock = ManualClock()
     manager, registry = canaries(tmp_path, clock)
     controller = manager.controllers["chat"]
     serve(controller, 49, canary=canary)
@@ -120,7 +113,7 @@ def test_a_worse_canary_is_rolled_back_before_its_hold_ends(
 
 
 def test_errors_under_the_floor_do_not_roll_back(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     manager, _ = canaries(tmp_path, clock)
     controller = manager.controllers["chat"]
     serve(controller, 300)
@@ -131,7 +124,7 @@ def test_errors_under_the_floor_do_not_roll_back(tmp_path: Path) -> None:
 
 
 def test_the_shadow_gate_reads_the_routes_comparisons(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     shadow = "    shadow: {pool: b, sample: 1.0}"
     manager, _ = canaries(tmp_path, clock, shadow=shadow)
     controller = manager.controllers["chat"]
@@ -148,7 +141,7 @@ def test_the_shadow_gate_reads_the_routes_comparisons(tmp_path: Path) -> None:
 
 
 def test_the_state_survives_a_restart_unless_the_canary_changed(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     manager, _ = canaries(tmp_path, clock)
     serve(manager.controllers["chat"], 60)
     clock.now += 61
@@ -162,7 +155,7 @@ def test_the_state_survives_a_restart_unless_the_canary_changed(tmp_path: Path) 
 
 
 def test_a_reload_of_the_unchanged_canary_keeps_its_evidence(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     manager, _ = canaries(tmp_path, clock)
     controller = manager.controllers["chat"]
     serve(controller, 10)
@@ -172,7 +165,7 @@ def test_a_reload_of_the_unchanged_canary_keeps_its_evidence(tmp_path: Path) -> 
 
 
 def test_one_worker_judges_and_the_others_follow_the_file(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     judge, _ = canaries(tmp_path, clock)
     follower, _ = canaries(tmp_path, clock)
     judge.tick()
@@ -195,7 +188,7 @@ def test_one_worker_judges_and_the_others_follow_the_file(tmp_path: Path) -> Non
 
 
 def test_operators_pause_resume_force_and_restart(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     manager, _ = canaries(tmp_path, clock)
     controller = manager.controllers["chat"]
     assert manager.act("chat", "pause")["status"] == "paused"
@@ -213,3 +206,15 @@ def test_operators_pause_resume_force_and_restart(tmp_path: Path) -> None:
         manager.act("chat", "explode")
     with pytest.raises(KeyError):
         manager.act("other", "pause")
+
+
+def test_requests_the_client_gave_up_on_are_no_evidence(tmp_path: Path) -> None:
+    clock = ManualClock()
+    manager, _ = canaries(tmp_path, clock)
+    controller = manager.controllers["chat"]
+    for _ in range(100):
+        controller.observe("b", 499, None, None)
+    assert controller.arms["b"].requests == 0
+    controller.observe("b", 404, 0.1, None)  # answered: counted, neither an error nor a latency
+    assert (controller.arms["b"].requests, controller.arms["b"].errors) == (1, 0)
+    assert controller.arms["b"].ttft.quantile(0.95) is None

@@ -12,6 +12,7 @@ from gateway.slo.event_window import EventWindow
 from gateway.slo.tracker import SloTracker
 from policies.loader import load_policy_text
 from policies.schema import Policy
+from tests.fakes import ManualClock
 
 POLICY = """pools: {a: {endpoints: [127.0.0.1:8001]}}
 routes: [{model: chat, pool: a}]
@@ -27,14 +28,6 @@ def policy(shed: bool = False) -> Policy:
     return load_policy_text(POLICY % str(shed).lower(), plugins=CATALOG)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def totals(count: int, ttfts: list[float] = (), tpots: list[float] = ()) -> RequestTotals:  # type: ignore[assignment]
     added = RequestTotals()
     added.count = count
@@ -47,8 +40,8 @@ def key(status: int, priority_class: str = "interactive") -> TotalsKey:
     return ("/v1/chat/completions", "chat", status, priority_class)
 
 
-def tracker_for(shed: bool = False) -> tuple[SloTracker, Clock, CollectorRegistry]:
-    clock, registry = Clock(), CollectorRegistry()
+def tracker_for(shed: bool = False) -> tuple[SloTracker, ManualClock, CollectorRegistry]:
+    clock, registry = ManualClock(1_000_000.0), CollectorRegistry()
     tracker = SloTracker(registry, clock)
     tracker.update(policy(shed))
     return tracker, clock, registry

@@ -13,6 +13,7 @@ from epp.registry import CATALOG
 from gateway.canary.canaries import Canaries
 from loadtest.harness.processes import free_port
 from policies.loader import load_policy_text
+from tests.fakes import ManualClock
 from tests.integration.redis_server import RedisServer
 
 POLICY = """pools: {{a: {{endpoints: [127.0.0.1:8001]}}, b: {{endpoints: [127.0.0.1:8002]}}}}
@@ -24,14 +25,6 @@ limits: {{store: {{kind: redis, url: "{url}"}}}}
 """
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def redis_server() -> Iterator[RedisServer]:
     server = RedisServer(free_port()).start()
@@ -39,7 +32,7 @@ def redis_server() -> Iterator[RedisServer]:
     server.stop()
 
 
-def replica(url: str, clock: Clock) -> Canaries:
+def replica(url: str, clock: ManualClock) -> Canaries:
     manager = Canaries(CollectorRegistry(), clock)
     manager.update(load_policy_text(POLICY.format(url=url), plugins=CATALOG))
     return manager
@@ -54,7 +47,7 @@ def serve(manager: Canaries, n: int) -> None:
 
 def test_replicas_share_one_judge_and_its_decisions(redis_server: RedisServer) -> None:
     redis_url = redis_server.url
-    clock = Clock()
+    clock = ManualClock()
     first, second = replica(redis_url, clock), replica(redis_url, clock)
     for manager in (first, second):
         serve(manager, 30)
@@ -85,7 +78,7 @@ def test_without_redis_the_route_keeps_its_weights_and_nothing_is_decided(
     redis_server: RedisServer,
 ) -> None:
     redis_url = redis_server.url
-    clock = Clock()
+    clock = ManualClock()
     manager = replica(redis_url, clock)
     controller = manager.controllers["chat"]
     serve(manager, 30)
