@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +38,8 @@ class Canaries:
         self.clock = clock
         self.tick_interval = tick_interval
         self.controllers: dict[str, CanaryController] = {}
+        # ticks and operators' actions run in worker threads: one at a time
+        self._changing = threading.Lock()
         self._places: dict[str, str] = {}  # where each route's state is kept
         self.weight = Gauge(
             "kvgate_canary_weight",
@@ -76,6 +79,10 @@ class Canaries:
 
     def update(self, policy: Policy) -> None:
         """Control the policy's automatic canaries; an unchanged one keeps its controller."""
+        with self._changing:
+            self._update(policy)
+
+    def _update(self, policy: Policy) -> None:
         autos = [route for route in policy.routes if route.auto_canary is not None]
         limit_store = policy.limits.store
         redis_url = limit_store.url if limit_store.kind == "redis" else None
@@ -134,6 +141,10 @@ class Canaries:
             controller.shadow_result(result)
 
     def tick(self) -> None:
+        with self._changing:
+            self._tick()
+
+    def _tick(self) -> None:
         now = self.clock()
         for controller in list(self.controllers.values()):
             try:
@@ -153,7 +164,8 @@ class Canaries:
         controller = self.controllers.get(model)
         if controller is None:
             raise KeyError(model)
-        decision = controller.act(action, self.clock())
+        with self._changing:
+            decision = controller.act(action, self.clock())
         self.decisions.labels(model, decision, "admin").inc()
         self._export()
         return controller.summary()
