@@ -128,10 +128,11 @@ async def test_a_slower_canary_is_rolled_back(
 async def test_an_equal_canary_is_promoted_to_100_and_stays_there_after_a_restart(
     start_backend: Start, start_gateway: StartGateway, tmp_path: Path
 ) -> None:
-    # the same cost model on both: 10 ms a step keeps the latencies well above the noise
+    # the same cost model on both: 10 ms a step keeps the latencies well above the noise, and
+    # gates of 1.5x leave room for a p95 of a few dozen requests on a loaded 2-core machine
     stable, candidate = (start_backend("--cost", "0.01,0,0,0") for _ in range(2))
     port = free_port()
-    policy = canary_policy(stable, candidate, port, tmp_path, "ttft_p95: 1.25x, tpot_p95: 1.25x")
+    policy = canary_policy(stable, candidate, port, tmp_path, "ttft_p95: 1.5x, tpot_p95: 1.5x")
     url, gateway = start_gateway(policy)
     await drive(url, lambda: status_of(port) != "running")
     summary = admin(port, "/admin/canaries")["chat"]
