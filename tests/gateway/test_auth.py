@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jwt
 import pytest
+from multidict import CIMultiDict
 
 from gateway.auth import Authenticator
 from gateway.errors import Unauthorized
@@ -188,3 +189,21 @@ def test_time_claims_must_be_numbers(authenticator: Authenticator, keys: Keys) -
         value = str(int(time.time()) + (300 if claim == "exp" else -10))
         with pytest.raises(Unauthorized, match=f"'{claim}' must be a number"):
             authenticator.authenticate(bearer(keys.token(**{claim: value})))
+
+
+def test_a_gateway_without_auth_serves_every_client_key() -> None:
+    """No keys and no issuers: the gateway does not authenticate, so the key every OpenAI
+    client sends (the SDKs require one) is not a credential to check but a value to ignore."""
+    open_gateway = Authenticator(
+        load_policy_text("pools: {a: {endpoints: [127.0.0.1:1]}}\nroutes: [{model: m, pool: a}]")
+    )
+    for headers in ({"authorization": "Bearer sk-anything"}, {"api-key": "k"}, {}):
+        assert open_gateway.authenticate(CIMultiDict(headers)).tenant == "anonymous"
+    closed = Authenticator(
+        load_policy_text(
+            "pools: {a: {endpoints: [127.0.0.1:1]}}\nroutes: [{model: m, pool: a}]\n"
+            "auth: {allow_anonymous: false}"
+        )
+    )
+    with pytest.raises(Unauthorized):
+        closed.authenticate(CIMultiDict({"authorization": "Bearer sk-anything"}))

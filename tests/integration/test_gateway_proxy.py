@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
 
+from loadtest.harness.processes import KvgateProcess
 from tests.integration.gateway_stack import API_KEY, OTHER_KEY, Stack, gateway_stack
 from tests.integration.metrics_util import scrape
 
@@ -197,3 +198,16 @@ def test_metrics_and_health(stack: Stack) -> None:
     for path in ("/healthz", "/readyz"):
         with urllib.request.urlopen(stack.url + path) as response:
             assert response.status == 200
+
+
+def test_the_openai_client_needs_no_registered_key_where_auth_is_off(
+    start_backend: Callable[..., str], start_gateway: Callable[..., tuple[str, KvgateProcess]]
+) -> None:
+    """A drop-in with no `auth:` section: the SDK's mandatory key (any value) is ignored."""
+    backend = start_backend("--cost", "zero").removeprefix("http://")
+    url, _ = start_gateway(
+        f"pools: {{p: {{endpoints: [{backend}]}}}}\nroutes: [{{model: kvgate-sim, pool: p}}]\n"
+    )
+    sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-not-registered-anywhere", max_retries=0)
+    answer = sdk.completions.create(model="kvgate-sim", prompt="x", max_tokens=2)
+    assert answer.usage is not None and answer.usage.completion_tokens == 2
