@@ -10,13 +10,15 @@ from epp.registry import CATALOG
 from epp.server import serve
 from kvgate.wire import app_logging
 from policies.errors import PolicyError
-from policies.loader import load_policy
+from policies.loader import load_policy, with_picker_config
 
 
 def _run(args: argparse.Namespace) -> int:
     app_logging.configure()
     try:
         policy = load_policy(args.policy, plugins=CATALOG)
+        if args.config:
+            policy = with_picker_config(policy, args.config, plugins=CATALOG)
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -32,7 +34,12 @@ def _run(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("epp", help="run the endpoint picker (ext_proc, Pick API, health)")
-    p.add_argument("--policy", required=True)
+    p.add_argument("--policy", required=True, help="the policy file (pools, routes, epp)")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a GIE / llm-d EndpointPickerConfig: its plugins and profiles replace the policy's",
+    )
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--grpc-port", type=int, default=9002)
     p.add_argument("--metrics-port", type=int, default=9090)

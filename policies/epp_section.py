@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from policies.fields import Fields, child
+from policies.gie_config import TOP_LEVEL as GIE_TOP_LEVEL
+from policies.gie_config import load_gie_config
 from policies.plugin_catalog import PluginCatalog
 from policies.schema import (
     DEFAULT_EPP_PLUGINS,
@@ -27,43 +29,77 @@ def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
             "scrape_idle_interval",
             "saturation",
             "objectives",
+            "config",
         },
     )
     picker = f.text("picker", "epp", choices=("epp", "least-in-flight"))
-    plugins: list[PluginSpec] = []
-    kinds: dict[str, str] = {}
-    for path, item in f.items("plugins"):
-        p = Fields(f.source, item, path, {"name", "type", "params"})
-        name, type_name = p.text("name"), p.text("type")
-        params = p.raw("params") or {}
-        if not isinstance(params, dict):
-            p.error(child(path, "params"), "must be a mapping")
-            params = {}
-        if name in kinds:
-            p.error(child(path, "name"), f"plugin name {name!r} is used twice")
-        if name and type_name and plugin_types is None:
-            kinds[name] = ""
-        elif name and type_name and plugin_types is not None:
-            kind = plugin_types.kind_of(type_name)
-            try:
-                plugin_types.check(type_name, name, params)
-            except ValueError as exc:
-                p.error(child(path, "params" if kind else "type"), str(exc))
-            else:
-                kinds[name] = kind or ""
-        plugins.append(PluginSpec(name, type_name, params))
-    if not plugins:
-        plugins, kinds = list(DEFAULT_EPP_PLUGINS), {p.name: "" for p in DEFAULT_EPP_PLUGINS}
-    profiles = _profiles(f, kinds) if f.has("profiles") else list(DEFAULT_EPP_PROFILES)
+    if f.has("config"):  # a GIE EndpointPickerConfig, in place of plugins, profiles, saturation
+        for key in ("plugins", "profiles", "saturation"):
+            if f.has(key):
+                f.error(child(f.path, key), "cannot be set beside epp.config (the GIE config)")
+        gie = f.sub("config", GIE_TOP_LEVEL)
+        translated = load_gie_config(gie)
+        check_plugins(gie, child(gie.path, "plugins"), translated.plugins, plugin_types)
+        plugins, profiles, saturation = (
+            list(translated.plugins),
+            list(translated.profiles),
+            translated.saturation,
+        )
+    else:
+        plugins = []
+        for path, item in f.items("plugins"):
+            p = Fields(f.source, item, path, {"name", "type", "params"})
+            params = p.raw("params") or {}
+            if not isinstance(params, dict):
+                p.error(child(path, "params"), "must be a mapping")
+                params = {}
+            plugins.append(PluginSpec(p.text("name"), p.text("type"), params))
+        kinds = check_plugins(f, child(f.path, "plugins"), plugins, plugin_types, itemised=True)
+        if not plugins:
+            plugins, kinds = list(DEFAULT_EPP_PLUGINS), {p.name: "" for p in DEFAULT_EPP_PLUGINS}
+        profiles = _profiles(f, kinds) if f.has("profiles") else list(DEFAULT_EPP_PROFILES)
+        saturation = _saturation(f)
     return Epp(
         picker,
         tuple(plugins),
         tuple(profiles),
         f.duration("scrape_interval", 0.05),
         f.duration("scrape_idle_interval", 0.2),
-        _saturation(f),
+        saturation,
         _objectives(f),
     )
+
+
+def check_plugins(
+    f: Fields,
+    path: str,
+    plugins: list[PluginSpec] | tuple[PluginSpec, ...],
+    plugin_types: PluginCatalog | None,
+    *,
+    itemised: bool = False,
+) -> dict[str, str]:
+    """Each plugin's kind by name, its type and parameters checked against the catalog (when
+    there is one); errors at ``path`` (``itemised``: at ``path[i].field``)."""
+    kinds: dict[str, str] = {}
+    for number, spec in enumerate(plugins):
+        at = child(path, number) if itemised else path
+        if spec.name in kinds:
+            f.error(
+                child(at, "name") if itemised else at, f"plugin name {spec.name!r} is used twice"
+            )
+        if not spec.name or not spec.type:
+            continue
+        if plugin_types is None:
+            kinds[spec.name] = ""
+            continue
+        kind = plugin_types.kind_of(spec.type)
+        try:
+            plugin_types.check(spec.type, spec.name, spec.params)
+        except ValueError as exc:
+            f.error(child(at, "params" if kind else "type") if itemised else at, str(exc))
+        else:
+            kinds[spec.name] = kind or ""
+    return kinds
 
 
 def _objectives(f: Fields) -> tuple[Objective, ...]:

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from policies.auth_section import check_classes, load_auth, load_classes, load_tenants
 from policies.cors_section import load_cors
-from policies.epp_section import load_epp
+from policies.epp_section import check_plugins, load_epp
 from policies.errors import PolicyError
 from policies.fields import Fields
+from policies.gie_config import TOP_LEVEL as GIE_TOP_LEVEL
+from policies.gie_config import load_gie_config
 from policies.limits_section import load_limits
 from policies.plugin_catalog import PluginCatalog
 from policies.pools_section import load_pools
@@ -62,6 +65,30 @@ def load_policy(path: str | Path, *, plugins: PluginCatalog | None = None) -> Po
     except OSError as exc:
         raise PolicyError([f"cannot read policy file: {exc.strerror}"], str(file)) from exc
     return load_policy_text(text, source=str(file), base_dir=file.parent, plugins=plugins)
+
+
+def with_picker_config(
+    policy: Policy, path: str | Path, *, plugins: PluginCatalog | None = None
+) -> Policy:
+    """``policy`` with the picker configuration of the GIE ``EndpointPickerConfig`` file at
+    ``path`` in place of its ``epp`` plugins, profiles and saturation (``kvgate epp --config``)."""
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise PolicyError([f"cannot read picker config: {exc.strerror}"], str(file)) from exc
+    parsed = parse_yaml(text)
+    if parsed.data is None:
+        raise PolicyError(parsed.errors or ["the picker config is empty"], str(file))
+    top = Fields(parsed, parsed.data, "", GIE_TOP_LEVEL)
+    config = load_gie_config(top)
+    check_plugins(top, "plugins", config.plugins, plugins)
+    if parsed.errors:
+        raise PolicyError(parsed.errors, str(file))
+    epp = replace(
+        policy.epp, plugins=config.plugins, profiles=config.profiles, saturation=config.saturation
+    )
+    return replace(policy, epp=epp)
 
 
 def load_policy_text(
