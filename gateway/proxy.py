@@ -39,6 +39,7 @@ from gateway.runtime import Runtime
 from gateway.upstream import open_upstream, upstream_headers
 from kvgate.wire.http.messages import AnyResponse, Request, Response
 from kvgate.wire.json_text import nested_deeper_than
+from kvgate.wire.routing_headers import INFERENCE_OBJECTIVE
 from policies.schema import Pool, Route
 
 
@@ -196,9 +197,13 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
     app = request.app
     admission = app[ADMISSION]
     ctx.pool = pool.name
-    ctx.priority_class = admission.class_of(
-        ctx.identity.priority_class if ctx.identity else None
-    ).name
+    cls = admission.class_of(ctx.identity.priority_class if ctx.identity else None)
+    objective = request.headers.get(INFERENCE_OBJECTIVE)
+    if objective:  # an objective may put the request in a lighter class, never a heavier one
+        lighter = admission.classes.get(runtime.policy.epp.class_of(objective) or "")
+        if lighter is not None and lighter.weight <= cls.weight:
+            cls = lighter
+    ctx.priority_class = cls.name
     shedding = app[SLOS].shedding
     if shedding and ctx.priority_class in shedding.get(ctx.model, ()):
         raise SloShed(

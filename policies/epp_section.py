@@ -103,11 +103,15 @@ def check_plugins(
 
 
 def _objectives(f: Fields) -> tuple[Objective, ...]:
-    """``objectives: {name: {priority: N}}`` (GIE's InferenceObjective: below 0 is sheddable)."""
+    """``objectives: {name: {priority: N, class: C}}`` (GIE's InferenceObjective: below 0 is
+    sheddable; ``class``: the gateway's admission class for its requests, checked by the
+    loader against the policy's classes)."""
     objectives = []
     for path, name, value in f.entries("objectives"):
-        o = Fields(f.source, value, path, {"priority"})
-        objectives.append(Objective(name, o.integer("priority", 0, low=-1000, high=1000)))
+        o = Fields(f.source, value, path, {"priority", "class"})
+        objectives.append(
+            Objective(name, o.integer("priority", 0, low=-1000, high=1000), o.opt_str("class"))
+        )
     return tuple(objectives)
 
 

@@ -116,6 +116,13 @@ def _build(src: Source, source: str, base_dir: Path, plugins: PluginCatalog | No
     classes = load_classes(top)
     auth = load_auth(top, tenants, base_dir)
     check_classes(top, classes, tenants, auth)
+    epp = load_epp(top, plugins)
+    for objective in epp.objectives:
+        if objective.priority_class is not None and objective.priority_class not in classes:
+            top.error(
+                f"epp.objectives.{objective.name}.class",
+                f"unknown class {objective.priority_class!r}",
+            )
     return Policy(
         pools=pools,
         routes=routes,
@@ -129,7 +136,7 @@ def _build(src: Source, source: str, base_dir: Path, plugins: PluginCatalog | No
         classes=classes,
         observability=_observability(top),
         cors=load_cors(top),
-        epp=load_epp(top, plugins),
+        epp=epp,
         limits=load_limits(top),
         slos=load_slos(top, tuple(r.model for r in routes), tuple(classes)),
         state_dir=_state_dir(top, base_dir),

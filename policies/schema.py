@@ -202,6 +202,8 @@ class Objective:
 
     name: str
     priority: int = 0
+    # the gateway's admission class for its requests, when lighter than the caller's own
+    priority_class: str | None = None
 
 
 @dataclass(frozen=True)
@@ -224,6 +226,10 @@ class Epp:
     def priority_of(self, objective: str) -> int:
         """The priority of the named objective (0 when the policy does not list it)."""
         return next((o.priority for o in self.objectives if o.name == objective), 0)
+
+    def class_of(self, objective: str) -> str | None:
+        """The admission class the named objective maps to (None: none, or not listed)."""
+        return next((o.priority_class for o in self.objectives if o.name == objective), None)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from kvgate.wire.openai_errors import error_body, error_type_for
 from kvgate.wire.request_id import new_request_id
 from kvgate.wire.routing_headers import (
     DESTINATION,
+    INFERENCE_OBJECTIVE,
     PREFILLER_HEADERS,
     SERVED,
     SUBSET_KEY,
@@ -40,11 +41,8 @@ log = logging.getLogger("kvgate.epp")
 
 BODY_CHUNK = 62_000  # GIE's limit, a margin under Envoy's 64 KiB
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
-OBJECTIVE, FAIRNESS, REWRITE = (
-    "x-gateway-inference-objective",
-    "x-gateway-inference-fairness-id",
-    "x-gateway-model-name-rewrite",
-)
+OBJECTIVE = INFERENCE_OBJECTIVE
+FAIRNESS, REWRITE = ("x-gateway-inference-fairness-id", "x-gateway-model-name-rewrite")
 SYSTEM_OWNED = frozenset(
     {DESTINATION, SERVED, SUBSET_KEY, OBJECTIVE, FAIRNESS, REWRITE, "content-length", "host"}
 )

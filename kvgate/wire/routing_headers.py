@@ -13,6 +13,9 @@ SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 PREFILLER = "x-prefiller-host-port"  # llm-d's prefill target (the decode worker runs it)
 PREFILLER_LLM_D = "x-llm-d-prefiller-host-port"  # its newer spelling
 PREFILLER_HEADERS = (PREFILLER_LLM_D, PREFILLER)  # both are set, and either is read
+# not a routing header: the client's name for its request's objective (GIE's
+# InferenceObjective), which sets the request's priority and, in the gateway, may lower its class
+INFERENCE_OBJECTIVE = "x-gateway-inference-objective"
 CLIENT_ROUTING = frozenset({DESTINATION, SERVED, SUBSET_KEY, PREFILLER})
 CLIENT_ROUTING_PREFIX = "x-llm-d-"  # llm-d's routing headers (prefill targets, ...)
 
