@@ -56,21 +56,30 @@ observability: {{access_log: "off"}}
 """
 
 
-async def drive(url: str, until: Callable[[], bool], *, limit: float = 60.0) -> int:
-    """Streamed requests, 8 at a time, until ``until()`` holds; the number sent."""
+async def drive(url: str, until: Callable[[], bool], *, limit: float = 90.0) -> int:
+    """Streamed requests from 6 clients, each sending its next as its last ends (a steady load,
+    not bursts), until ``until()`` holds (asked every 0.2 s); the number sent."""
     sent = 0
-    deadline = time.monotonic() + limit
+    done = asyncio.Event()
     body = {"model": "chat", "prompt": "hello canary", "max_tokens": 4, "stream": True}
     async with aiohttp.ClientSession() as session:
 
-        async def one() -> None:
-            async with session.post(f"{url}/v1/completions", json=body) as response:
-                await response.read()
+        async def client() -> None:
+            nonlocal sent
+            while not done.is_set():
+                async with session.post(f"{url}/v1/completions", json=body) as response:
+                    await response.read()
+                sent += 1
 
-        while not until():
-            assert time.monotonic() < deadline, "the canary reached no decision in time"
-            await asyncio.gather(*(one() for _ in range(8)))
-            sent += 8
+        clients = [asyncio.create_task(client()) for _ in range(6)]
+        deadline = time.monotonic() + limit
+        try:
+            while not await asyncio.to_thread(until):
+                assert time.monotonic() < deadline, "the canary reached no decision in time"
+                await asyncio.sleep(0.2)
+        finally:
+            done.set()
+            await asyncio.gather(*clients)
     return sent
 
 
@@ -131,16 +140,19 @@ async def test_an_equal_canary_is_promoted_to_100_and_stays_there_after_a_restar
     start_backend: Start, start_gateway: StartGateway, tmp_path: Path
 ) -> None:
     # the same cost model on both: 10 ms a step keeps the latencies well above the noise, and
-    # gates of 1.5x over 50 requests an arm leave room for a loaded 2-core machine's jitter
+    # gates of 1.5x over 200 requests an arm leave room for a loaded 2-core machine's jitter
     stable, candidate = (start_backend("--cost", "0.01,0,0,0") for _ in range(2))
     port = free_port()
     gates = "ttft_p95: 1.5x, tpot_p95: 1.5x"
-    policy = canary_policy(stable, candidate, port, tmp_path, gates, min_requests=50)
+    policy = canary_policy(stable, candidate, port, tmp_path, gates, min_requests=200)
     url, gateway = start_gateway(policy)
     await drive(url, lambda: status_of(port) != "running")
     summary = admin(port, "/admin/canaries")["chat"]
     assert isinstance(summary, dict)
-    assert (summary["status"], summary["weight"]) == ("promoted", 100.0), summary["events"]
+    events = summary["events"]
+    assert isinstance(events, list)
+    verdicts = [(e.get("breached"), e["evidence"]["gates"]) for e in events]
+    assert (summary["status"], summary["weight"]) == ("promoted", 100.0), verdicts
     assert [e["to_weight"] for e in summary["events"]] == [50.0, 100.0]  # type: ignore[union-attr]
     gateway.stop()
     url, _ = start_gateway(policy)
