@@ -4,12 +4,10 @@
 # `make check-images`. TORCH names the torch to install (a CPU build by default: set
 # PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu where PyPI would give a CUDA one).
 set -eu
+. "$(dirname "$0")/fresh-venv.sh"
 venv=$1
-src=$2
-build=$(mktemp -d)
-tar -C "$src" --exclude=./.venv --exclude=./build --exclude=./.git -cf - . | tar -C "$build" -xf -
-python3 -m venv "$venv"
-"$venv/bin/pip" install --no-cache-dir --quiet --upgrade pip
+build=$(copy_of_tree "$2")
+new_venv "$venv"
 "$venv/bin/pip" install --no-cache-dir --quiet "${TORCH:-torch==2.13.0}"
 "$venv/bin/pip" install --no-cache-dir --quiet "$build[backend]"
 rm -rf "$build"

@@ -3,13 +3,10 @@
 # tree $2, with the request path compiled by mypyc. gateway.Dockerfile runs this; so does
 # `make check-images` (in a fresh venv on the CI machine, where images cannot be built).
 set -eu
+. "$(dirname "$0")/fresh-venv.sh"
 venv=$1
-src=$2
-# a copy of the tree (not its venv, builds or git), so that the build leaves nothing behind
-build=$(mktemp -d)
-tar -C "$src" --exclude=./.venv --exclude=./build --exclude=./.git -cf - . | tar -C "$build" -xf -
-python3 -m venv "$venv"
-"$venv/bin/pip" install --no-cache-dir --quiet --upgrade pip
+build=$(copy_of_tree "$2")
+new_venv "$venv"
 # the runtime dependencies first: mypyc type-checks the modules against them
 "$venv/bin/pip" install --no-cache-dir --quiet "$build"
 "$venv/bin/pip" install --no-cache-dir --quiet 'mypy>=1.10' 'types-PyYAML>=6.0' \

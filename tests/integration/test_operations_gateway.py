@@ -11,6 +11,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -87,6 +88,16 @@ def status_of(admin_port: int) -> str:
     return str(admin(admin_port, "/admin/canaries")["chat"]["status"])  # type: ignore[index]
 
 
+def the_rollback(admin_port: int) -> dict[str, Any]:
+    """The canary's one decision, having checked that it was a rollback to 0% by the gates."""
+    summary = admin(admin_port, "/admin/canaries")["chat"]
+    assert isinstance(summary, dict)
+    assert (summary["status"], summary["weight"]) == ("rolled_back", 0.0)
+    (event,) = summary["events"]
+    assert event["by"] == "gates" and event["to_weight"] == 0.0
+    return dict(event)
+
+
 async def test_a_failing_canary_is_rolled_back(
     start_backend: Start, start_gateway: StartGateway, tmp_path: Path
 ) -> None:
@@ -95,10 +106,7 @@ async def test_a_failing_canary_is_rolled_back(
     port = free_port()
     url, _ = start_gateway(canary_policy(stable, dead, port, tmp_path, "tpot_p95: false"))
     await drive(url, lambda: status_of(port) != "running")
-    summary = admin(port, "/admin/canaries")["chat"]
-    assert isinstance(summary, dict)
-    assert (summary["status"], summary["weight"]) == ("rolled_back", 0.0)
-    (event,) = summary["events"]
+    event = the_rollback(port)
     assert event["breached"] == ["error_rate"]
     arms = event["evidence"]["arms"]
     assert arms["canary"]["error_rate"] == 1.0 and arms["baseline"]["error_rate"] == 0.0
@@ -112,11 +120,8 @@ async def test_a_slower_canary_is_rolled_back(
     port = free_port()
     url, _ = start_gateway(canary_policy(stable, slow, port, tmp_path, "tpot_p95: false"))
     await drive(url, lambda: status_of(port) != "running")
-    summary = admin(port, "/admin/canaries")["chat"]
-    assert isinstance(summary, dict)
-    assert (summary["status"], summary["weight"]) == ("rolled_back", 0.0)
-    (event,) = summary["events"]
-    assert event["breached"] == ["ttft_p95"] and event["by"] == "gates"
+    event = the_rollback(port)
+    assert event["breached"] == ["ttft_p95"]
     gates = event["evidence"]["gates"]
     assert gates["ttft_p95"]["canary"] > 1.1 * gates["ttft_p95"]["baseline"]
     samples = scrape(url)
