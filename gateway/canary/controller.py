@@ -151,18 +151,17 @@ class CanaryController:
                     **extra,
                 }
             )
-            self._last = decision
             return state
 
-        self._last = action
         updated = self.store.update(change) if self.store is not None else change(self.state)
         if updated is not None:
             self.state = updated
         self._fresh_step()
-        event = self.state.events[-1] if self.state.events else {}
-        level = logging.WARNING if self._last in ("rollback", "rolled_back") else logging.INFO
+        event = self.state.events[-1]  # the one just recorded
+        decision = str(event["decision"])
+        level = logging.WARNING if decision == "rollback" else logging.INFO
         log.log(level, json.dumps({"canary": self.route, **event}, default=str))
-        return self._last
+        return decision
 
     def weight_of(self, state: CanaryState) -> float:
         if state.status == "rolled_back":

@@ -88,6 +88,17 @@ def status_of(admin_port: int) -> str:
     return str(admin(admin_port, "/admin/canaries")["chat"]["status"])  # type: ignore[index]
 
 
+async def assert_none_reach(url: str, backend: str, requests: int) -> None:
+    """``requests`` plain completions of the route, all answered, and none by ``backend``."""
+    before = sum(s.value for s in scrape(backend)["vllm:request_success_total"])
+    body = {"model": "chat", "prompt": "x", "max_tokens": 1}
+    async with aiohttp.ClientSession() as session:
+        for _ in range(requests):
+            async with session.post(f"{url}/v1/completions", json=body) as response:
+                assert response.status == 200
+    assert sum(s.value for s in scrape(backend)["vllm:request_success_total"]) == before
+
+
 def the_rollback(admin_port: int) -> dict[str, Any]:
     """The canary's one decision, having checked that it was a rollback to 0% by the gates."""
     summary = admin(admin_port, "/admin/canaries")["chat"]
@@ -129,16 +140,7 @@ async def test_a_slower_canary_is_rolled_back(
     assert weights == {"stable": 100.0, "candidate": 0.0}
     decisions = {s.labels["decision"]: s.value for s in samples["kvgate_canary_decisions_total"]}
     assert decisions == {"rollback": 1.0}
-    # rolled back: every later request goes to the baseline
-    before = sum(s.value for s in scrape(slow)["vllm:request_success_total"])
-    await drive(url, lambda: True)
-    async with aiohttp.ClientSession() as session:
-        for _ in range(20):
-            async with session.post(
-                f"{url}/v1/completions", json={"model": "chat", "prompt": "x", "max_tokens": 1}
-            ) as response:
-                assert response.status == 200
-    assert sum(s.value for s in scrape(slow)["vllm:request_success_total"]) == before
+    await assert_none_reach(url, slow, 20)  # rolled back: every later request is the baseline's
 
 
 async def test_an_equal_canary_is_promoted_to_100_and_stays_there_after_a_restart(
@@ -163,14 +165,7 @@ async def test_an_equal_canary_is_promoted_to_100_and_stays_there_after_a_restar
     url, _ = start_gateway(policy)
     summary = admin(port, "/admin/canaries")["chat"]
     assert (summary["status"], summary["weight"]) == ("promoted", 100.0)  # type: ignore[index]
-    before = sum(s.value for s in scrape(stable)["vllm:request_success_total"])
-    async with aiohttp.ClientSession() as session:
-        for _ in range(10):
-            async with session.post(
-                f"{url}/v1/completions", json={"model": "chat", "prompt": "x", "max_tokens": 1}
-            ) as response:
-                assert response.status == 200
-    assert sum(s.value for s in scrape(stable)["vllm:request_success_total"]) == before
+    await assert_none_reach(url, stable, 10)  # promoted: every request is the canary's
     # an operator restarts it: back to the first step, recorded as the admin's
     restarted = admin(port, "/admin/canaries/chat/restart", "POST")
     assert (restarted["status"], restarted["weight"]) == ("running", 25.0)
