@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test test-vllm test-compiled compiled lint format prometheus kubectl check-images bench bench-engine bench-proxy bench-routing bench-pd bench-crosscheck bench-epp bench-policy bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
+.PHONY: demo test test-vllm test-compiled compiled lint format prometheus kubectl check-images bench bench-engine bench-proxy bench-routing bench-pd bench-crosscheck bench-epp bench-policy bench-limiter bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -109,6 +109,11 @@ bench-crosscheck: $(STAMP)
 
 bench-policy: $(STAMP) wrk redis
 	$(BIN)/python -m loadtest.bench.policy
+
+# Two gateway replicas sharing Redis limits while CPU hogs spin, healthy and through a 5 s
+# outage: docs/benchmarks.md, "Shared rate limits".
+bench-limiter: $(STAMP) redis
+	$(BIN)/python -m loadtest.bench.limiter --rounds 2
 
 # kvgate's torch engine against vLLM's CPU build (its venv from tests/vllm/prepare.sh) and HF
 # transformers, on one random-weight model: docs/benchmarks.md, "Engine".

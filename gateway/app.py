@@ -111,6 +111,7 @@ def create_app(
         await parts.key_sets.fetch_new(jwks_urls(policy))  # issuers' keys before any request
         parts.key_sets.start()
         first = app[RUNTIME].current
+        await first.limiter.start()  # the shared limit store's connections, before any request
         if first.embedded is not None:
             await first.embedded.start()
         watcher = asyncio.create_task(app[RELOADER].watch(watch_interval)) if policy_path else None

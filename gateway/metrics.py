@@ -299,7 +299,19 @@ class LimiterCollector(Collector):
         yield errors
         fallback = CounterMetricFamily(
             "kvgate_limiter_fallback_decisions",
-            "Requests the local fallback buckets decided while the store was down.",
+            "Requests the local fallback buckets decided while the store could not be reached.",
         )
         fallback.add_metric([], float(limiter.fallback_decisions))
         yield fallback
+        pending = GaugeMetricFamily(
+            "kvgate_limiter_pending_buckets",
+            "Buckets whose usage (settlements, fallback admissions) waits to be sent to the store.",
+        )
+        pending.add_metric([], float(len(limiter.pending)))
+        yield pending
+        dropped = CounterMetricFamily(
+            "kvgate_limiter_usage_dropped",
+            "Usage never sent to the store: buckets past the pending bound.",
+        )
+        dropped.add_metric([], float(limiter.pending.dropped))
+        yield dropped

@@ -105,7 +105,8 @@ async def proxy(
     limiter = runtime.limiter
     reservation = None
     if limiter.active:
-        reservation = await limiter.reserve(ctx.identity, model, request.path, body)
+        context_length = policy.pools[selection.pool].max_model_len
+        reservation = await limiter.reserve(ctx.identity, model, request.path, body, context_length)
         if reservation is not None:
             ctx.add_headers(reservation.headers)
     pick = PickRequest(model, body, request.headers, ctx.identity, ctx.request_id)

@@ -108,6 +108,8 @@ class Reloader:
             log.warning("listen settings changed: they apply after a restart")
         await self.parts.key_sets.fetch_new(jwks_urls(policy))  # before its tokens arrive
         new = build_runtime(policy, self.parts, previous=old)
+        if new.limiter is not old.limiter:
+            await new.limiter.start()
         if new.embedded is not None and new.embedded is not old.embedded:
             await new.embedded.start()
         admission = self.app[ADMISSION]

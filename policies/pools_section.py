@@ -28,6 +28,7 @@ def load_pools(top: Fields) -> dict[str, Pool]:
                 "kv_events",
                 "pd",
                 "max_concurrency",
+                "max_model_len",
                 "metrics",
             },
         )
@@ -68,6 +69,7 @@ def load_pools(top: Fields) -> dict[str, Pool]:
             pd_min_uncached_tokens=pd.opt_int("min_uncached_tokens", low=0),
             pd_max_prefill_in_flight=pd.opt_int("max_prefill_in_flight", low=1),
             max_concurrency=f.opt_int("max_concurrency", low=1),
+            max_model_len=f.opt_int("max_model_len", low=1),
             metric_names=metric_names,
         )
     return pools

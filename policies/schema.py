@@ -129,6 +129,7 @@ class Pool:
     pd_min_uncached_tokens: int | None = None  # prefill/decode pools: when to add a prefill pick
     pd_max_prefill_in_flight: int | None = None  # a prefill endpoint with this many hops busy
     max_concurrency: int | None = None  # requests in flight per gateway process; more are queued
+    max_model_len: int | None = None  # the engines' context length: caps a request's token estimate
     metric_names: Mapping[str, str] = field(default_factory=dict)  # METRIC_OVERRIDES -> name
 
 

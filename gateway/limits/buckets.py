@@ -29,6 +29,7 @@ class TakeResult:
     allowed: bool
     retry_after: float  # seconds until every bucket could pay (0 when allowed)
     remaining: tuple[float, ...]  # per bucket, after the take
+    at: float = 0.0  # the store's clock when it took (orders answers that arrive out of order)
 
 
 def refill(tokens: float, last: float, now: float, spec: BucketSpec) -> float:
@@ -45,7 +46,8 @@ class MemoryStore:
 
     def __init__(self, share: int = 1) -> None:
         self.share = max(1, share)
-        self._state: dict[str, tuple[float, float]] = {}  # key -> (tokens, last refill)
+        # key -> (tokens, last refill): tokens of this share, not of the whole limit
+        self.state: dict[str, tuple[float, float]] = {}
 
     async def take(self, specs: list[BucketSpec], *, force: bool = False) -> TakeResult:
         return self.take_now(specs, time.monotonic(), force=force)
@@ -55,7 +57,7 @@ class MemoryStore:
         levels = []
         wait = 0.0
         for spec in scaled:
-            tokens, last = self._state.get(spec.key, (spec.capacity, now))
+            tokens, last = self.state.get(spec.key, (spec.capacity, now))
             tokens = refill(tokens, last, now, spec)
             levels.append(tokens)
             if spec.cost > 0 and tokens < spec.cost:
@@ -65,6 +67,6 @@ class MemoryStore:
         for spec, tokens in zip(scaled, levels, strict=True):
             if allowed:
                 tokens -= spec.cost
-            self._state[spec.key] = (min(tokens, spec.capacity), now)
+            self.state[spec.key] = (min(tokens, spec.capacity), now)
             remaining.append(tokens)
-        return TakeResult(allowed, 0.0 if allowed else wait, tuple(remaining))
+        return TakeResult(allowed, 0.0 if allowed else wait, tuple(remaining), now)

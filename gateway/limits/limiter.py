@@ -3,13 +3,16 @@
 A request takes one unit from every matching rule's request bucket and its token estimate
 (prompt characters / ``chars_per_token`` + ``max_tokens``) from every token bucket, all or
 nothing. When the response ends, the difference between the real usage and the estimate is
-refunded or charged (a charge may put a bucket in debt). With Redis down, ``fail_open``
-enforces this replica's share of each limit in memory; ``fail_closed`` refuses with 503.
+refunded or charged (a charge may put a bucket in debt). With Redis away, ``fail_open``
+enforces this replica's share of each limit in memory (``FallbackBuckets``), and what it admits
+is owed to Redis and sent when Redis is back (``PendingUsage``), as are settlements that could
+not be sent; ``fail_closed`` refuses with 503.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -18,6 +21,8 @@ from dataclasses import dataclass, field
 from gateway.errors import BadRequest, GatewayError
 from gateway.identity import Identity
 from gateway.limits.buckets import BucketSpec, MemoryStore, TakeResult, reset_seconds
+from gateway.limits.fallback import FallbackBuckets
+from gateway.limits.pending_usage import PendingUsage
 from gateway.limits.redis_store import RedisStore, StoreUnavailable
 from kvgate.wire.json_text import compact_json
 from policies.schema import LimitRule, Limits
@@ -66,18 +71,28 @@ class Limiter:
         store = limits.store
         self.primary: RedisStore | MemoryStore
         if store.kind == "redis" and store.url:
-            self.primary = RedisStore(store.url, store.timeout)
+            patient = store.on_failure == "fail_closed"
+            self.primary = RedisStore(store.url, store.timeout, patient=patient)
         else:
             self.primary = MemoryStore(share=workers)
-        self.fallback = MemoryStore(share=workers * store.replicas)
-        self.store_errors = 0
-        self.fallback_decisions = 0  # requests the local fallback decided (Redis down)
-        self._settling: set[asyncio.Task[None]] = set()
-        self._owed: dict[str, BucketSpec] = {}  # Redis: usage deltas not yet settled, by bucket
+        self.fallback = FallbackBuckets(share=workers * store.replicas)
+        self.fallback_decisions = 0  # requests the local fallback decided (Redis away)
+        self.pending = PendingUsage()  # usage owed to Redis, sent every SETTLE_EVERY
         self._flusher: asyncio.Task[None] | None = None
         # each rule's conditions in a fixed order, so the bucket key is the same every time
         self._conditions = [(rule, sorted(rule.match.items())) for rule in limits.rules]
         self.active = bool(limits.rules)  # any rule to enforce (read per request)
+
+    async def start(self) -> None:
+        """Connect to the shared store before requests arrive (``fail_closed`` would refuse
+        the first ones while connecting)."""
+        if isinstance(self.primary, RedisStore) and self.active:
+            await self.primary.start()
+
+    @property
+    def store_errors(self) -> int:
+        """Calls to the shared store that failed or timed out."""
+        return self.primary.failures if isinstance(self.primary, RedisStore) else 0
 
     @property
     def status(self) -> str:
@@ -107,9 +122,10 @@ class Limiter:
                 matched.append((rule, "|".join(parts)))
         return matched
 
-    def estimate(self, body: Mapping[str, object]) -> int:
-        """Prompt characters / ``chars_per_token`` + the output the request may ask for;
-        ``BadRequest`` for an output limit that is not a positive integer."""
+    def estimate(self, body: Mapping[str, object], context_length: int | None = None) -> int:
+        """Prompt characters / ``chars_per_token`` + the output the request may ask for, at most
+        the model's ``context_length`` when known (no request can use more); ``BadRequest`` for
+        an output limit that is not a positive integer."""
         name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
         out = body.get(name)
         if out is not None and (isinstance(out, bool) or not isinstance(out, int) or out < 1):
@@ -117,16 +133,23 @@ class Limiter:
         max_tokens = out if isinstance(out, int) else self.limits.default_max_tokens
         text = body.get("messages") or body.get("prompt") or body.get("input") or ""
         chars = len(text) if isinstance(text, str) else len(compact_json(text))
-        return chars // self.limits.chars_per_token + max_tokens
+        estimate = chars // self.limits.chars_per_token + max_tokens
+        return estimate if context_length is None else min(estimate, context_length)
 
     async def reserve(
-        self, identity: Identity | None, model: str, route: str, body: Mapping[str, object]
+        self,
+        identity: Identity | None,
+        model: str,
+        route: str,
+        body: Mapping[str, object],
+        context_length: int | None = None,
     ) -> Reservation | None:
-        """Take this request's units, or raise ``RateLimited`` / ``LimiterUnavailable``."""
+        """Take this request's units, or raise ``RateLimited`` / ``LimiterUnavailable``;
+        ``context_length``: the serving pool's ``max_model_len``, if set."""
         rules = self.matching(identity, model, route)
         if not rules:
             return None
-        estimate = self.estimate(body)
+        estimate = self.estimate(body, context_length)
         request_specs = [
             BucketSpec(f"{r.name}:req:{k}", r.requests_per_min, 1)
             for r, k in rules
@@ -156,52 +179,83 @@ class Limiter:
         return Reservation(token_specs, estimate, headers)
 
     def settle(self, reservation: Reservation | None, actual_tokens: int | None) -> None:
-        """Refund or charge the difference to the estimate: at once in memory; in Redis added
+        """Refund or charge the difference to the estimate: at once in memory; to Redis added
         up per bucket and sent every ``SETTLE_EVERY`` seconds (one script call for many
-        requests, none on the request path)."""
+        requests, none on the request path), kept until Redis takes it."""
         if reservation is None or actual_tokens is None or not reservation.token_specs:
             return
         delta = actual_tokens - reservation.estimate
         if delta == 0:
             return
+        specs = [BucketSpec(s.key, s.capacity, delta) for s in reservation.token_specs]
         if isinstance(self.primary, MemoryStore):
-            specs = [BucketSpec(s.key, s.capacity, delta) for s in reservation.token_specs]
             self.primary.take_now(specs, time.monotonic(), force=True)
             return
-        for spec in reservation.token_specs:
-            owed = self._owed.get(spec.key)
-            total = delta + (owed.cost if owed is not None else 0)
-            self._owed[spec.key] = BucketSpec(spec.key, spec.capacity, total)
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._settle_soon())
-            self._settling.add(self._flusher)
-            self._flusher.add_done_callback(self._settling.discard)
+        if not self.primary.is_up:  # the fallback decides meanwhile: let it see the usage
+            self.fallback.take(specs, time.monotonic(), force=True)
+        self._owe(specs)
 
-    async def _settle_soon(self) -> None:
-        await asyncio.sleep(SETTLE_EVERY)
-        specs, self._owed = list(self._owed.values()), {}
-        if specs:
-            await self._settle(specs)
+    def _owe(self, specs: list[BucketSpec]) -> None:
+        self.pending.add(specs)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_pending())
+
+    async def _flush_pending(self) -> None:
+        assert isinstance(self.primary, RedisStore)
+        while len(self.pending):
+            await asyncio.sleep(SETTLE_EVERY)
+            if self.primary.is_up:
+                await self._settle(self.pending.drain())
 
     async def _settle(self, specs: list[BucketSpec]) -> None:
+        """Send owed usage to Redis in one call; put it back if Redis does not take it."""
+        assert isinstance(self.primary, RedisStore)
+        if not specs:
+            return
+        now = time.monotonic()
         try:
-            await self._take(specs, force=True)
-        except LimiterUnavailable:
-            log.warning("could not settle token usage: the limit store is down")
-
-    async def _take(self, specs: list[BucketSpec], *, force: bool = False) -> TakeResult:
-        if isinstance(self.primary, MemoryStore):
-            return self.primary.take_now(specs, time.monotonic(), force=force)
-        try:
-            return await self.primary.take(specs, force=force)
+            result = await self.primary.take(specs, self.fallback.seeds(specs, now), force=True)
         except StoreUnavailable as exc:
-            self.store_errors += 1
+            self.pending.add(specs)  # sent again later, unless the late call was applied:
+            self._if_applied(exc, specs)
+            return
+        self.fallback.observe(specs, result, now)
+
+    async def _take(self, specs: list[BucketSpec]) -> TakeResult:
+        if isinstance(self.primary, MemoryStore):
+            return self.primary.take_now(specs, time.monotonic())
+        now = time.monotonic()
+        try:
+            result = await self.primary.take(specs, self.fallback.seeds(specs, now))
+        except StoreUnavailable as exc:
+            # a call that timed out may still be applied: Redis then took it for a request
+            # refused here (undone), or for one the fallback admitted (owed once, not twice)
+            self._if_applied(exc, specs)
             if self.limits.store.on_failure == "fail_closed":
                 raise LimiterUnavailable(
                     "The rate limiter is unavailable; try again shortly."
                 ) from exc
             self.fallback_decisions += 1
-            return await self.fallback.take(specs, force=force)
+            result = self.fallback.take(specs, time.monotonic())
+            if result.allowed:
+                self._owe(specs)  # Redis learns of it when it is back
+            return result
+        self.fallback.observe(specs, result, now)
+        return result
+
+    def _if_applied(self, failure: StoreUnavailable, specs: list[BucketSpec]) -> None:
+        """When the call that failed with ``failure`` is applied after all, owe Redis the
+        opposite of ``specs``: what it took is already counted, or was not to be taken."""
+        late = failure.answer
+        if late is None:
+            return
+        undo = [BucketSpec(s.key, s.capacity, -s.cost) for s in specs]
+
+        def applied(call: asyncio.Future[TakeResult]) -> None:
+            if not call.cancelled() and call.exception() is None and call.result().allowed:
+                self._owe(undo)
+
+        late.add_done_callback(applied)
 
     def _headers(
         self, request_specs: list[BucketSpec], token_specs: list[BucketSpec], result: TakeResult
@@ -219,7 +273,14 @@ class Limiter:
         return headers
 
     async def close(self) -> None:
-        for task in list(self._settling):
-            await task
+        """Send what is owed (if Redis takes it now) and close the connections."""
         if isinstance(self.primary, RedisStore):
+            if self._flusher is not None and not self._flusher.done():
+                self._flusher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._flusher
+            if self.primary.is_up:
+                await self._settle(self.pending.drain())
+            if len(self.pending):
+                log.warning("closing with usage of %d bucket(s) unsent", len(self.pending))
             await self.primary.close()

@@ -11,6 +11,7 @@ from gateway.errors import BadRequest
 from gateway.identity import Identity
 from gateway.limits.buckets import BucketSpec, MemoryStore
 from gateway.limits.limiter import Limiter, LimiterUnavailable, NeverFits, RateLimited, duration
+from gateway.limits.store_health import FAILURES_TO_DOWN
 from loadtest.harness.processes import free_port
 from policies.schema import LimitRule, Limits, LimitStore
 
@@ -102,6 +103,17 @@ async def test_a_request_larger_than_its_bucket_is_refused_at_once() -> None:
     assert fits is not None
 
 
+async def test_the_estimate_is_capped_at_the_models_context_length() -> None:
+    lim = limiter(LimitRule("tpm", {"tenant": "*"}, tokens_per_min=200_000))
+    body = {"prompt": "x" * 400, "max_tokens": 1_000_000}
+    assert lim.estimate(body, context_length=8192) == 8192  # no request can use more
+    assert lim.estimate({"prompt": "x" * 400, "max_tokens": 10}, context_length=8192) == 110
+    reservation = await lim.reserve(ACME, "m", "/v1/completions", body, context_length=8192)
+    assert reservation is not None and reservation.estimate == 8192
+    with pytest.raises(NeverFits):  # a context longer than the bucket still never fits
+        await lim.reserve(ACME, "m", "/v1/completions", body, context_length=300_000)
+
+
 @pytest.mark.parametrize("value", [1e9, 10.5, 0, -3, True, "100"])
 def test_an_output_limit_must_be_a_positive_integer(value: object) -> None:
     lim = limiter(LimitRule("r", {}, 10))
@@ -133,7 +145,6 @@ async def test_settle_refunds_unused_tokens() -> None:
         await lim.reserve(ACME, "m", "/", body)
     lim.settle(reservation, actual_tokens=20)  # 180 come back
     await asyncio.sleep(0)
-    await asyncio.gather(*lim._settling)
     assert await lim.reserve(ACME, "m", "/", body) is not None
 
 
@@ -158,8 +169,10 @@ async def test_unreachable_redis_never_hangs(policy: str) -> None:
         assert results == [True] * 5 + [False] * 3  # half of the limit: this replica's share
         assert lim.status == "degraded"
     else:
-        with pytest.raises(LimiterUnavailable):
-            await lim.reserve(ACME, "m", "/", {})
+        for _ in range(FAILURES_TO_DOWN):  # each refused; the store is down after the last
+            assert lim.status == "ok"
+            with pytest.raises(LimiterUnavailable):
+                await lim.reserve(ACME, "m", "/", {})
         assert lim.status == "down"
     assert time.perf_counter() - started < 0.5
     await lim.close()

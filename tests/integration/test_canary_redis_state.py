@@ -12,9 +12,9 @@ from prometheus_client import CollectorRegistry
 from epp.registry import CATALOG
 from gateway.canary.canaries import Canaries
 from loadtest.harness.processes import free_port
+from loadtest.harness.redis_server import RedisServer
 from policies.loader import load_policy_text
 from tests.fakes import ManualClock
-from tests.integration.redis_server import RedisServer
 
 POLICY = """pools: {{a: {{endpoints: [127.0.0.1:8001]}}, b: {{endpoints: [127.0.0.1:8002]}}}}
 routes:

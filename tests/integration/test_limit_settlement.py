@@ -12,8 +12,8 @@ from gateway.identity import Identity
 from gateway.limits.buckets import BucketSpec
 from gateway.limits.limiter import SETTLE_EVERY, Limiter, RateLimited
 from loadtest.harness.processes import free_port
+from loadtest.harness.redis_server import RedisServer
 from policies.schema import LimitRule, Limits, LimitStore
-from tests.integration.redis_server import RedisServer
 
 ACME = Identity("acme", principal="acme-key")
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import aiohttp
 
 from loadtest.harness.processes import KvgateProcess, free_port
+from loadtest.harness.redis_server import RedisServer
 from tests.integration.metrics_util import scrape
-from tests.integration.redis_server import RedisServer
 
 
 async def get(url: str, path: str) -> tuple[int, dict[str, object]]:

@@ -38,3 +38,23 @@ limits: {{rules: [{{name: tpm, match: {{tenant: "*"}}, tokens_per_min: 200000}}]
     assert sum(refused) == 1
     with pytest.raises(openai.BadRequestError, match="max_tokens must be a positive integer"):
         client.completions.create(model="kvgate-sim", prompt="x", max_tokens=1e9)  # type: ignore[arg-type]
+
+
+def test_with_the_context_length_known_the_engine_answers_instead(
+    start_backend: Callable[..., str], start_gateway: Callable[..., tuple[str, KvgateProcess]]
+) -> None:
+    backend = start_backend("--cost", "zero").removeprefix("http://")
+    url, _ = start_gateway(f"""
+pools: {{p: {{endpoints: [{backend}], max_model_len: 4096}}}}
+routes: [{{model: kvgate-sim, pool: p}}]
+auth: {{api_keys: [{{sha256: {hashlib.sha256(KEY.encode()).hexdigest()}, tenant: t}}]}}
+limits: {{rules: [{{name: tpm, match: {{tenant: "*"}}, tokens_per_min: 200000}}]}}
+""")
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    # the estimate is at most the context length, so the limit admits it; the engine is the
+    # one to say that a million output tokens cannot fit its context
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="kvgate-sim", prompt="x", max_tokens=1_000_000)
+    assert "Limit 200000" not in str(err.value)
+    done = client.completions.create(model="kvgate-sim", prompt="x", max_tokens=5)
+    assert done.usage is not None and done.usage.completion_tokens == 5

@@ -1,4 +1,4 @@
-"""A real redis-server on loopback for the tests (installed by `make test`)."""
+"""A real redis-server on loopback, for the tests and benchmarks (`make redis` installs it)."""
 
 from __future__ import annotations
 
