@@ -21,6 +21,7 @@ from backends.server.app import create_app
 from backends.server.metrics import ServerMetrics
 from backends.server.state import ServerState
 from kvgate.wire import app_logging
+from kvgate.wire.http.tls import server_context
 from kvgate.wire.request_tokenizer import ReferenceTokenizer
 
 log = logging.getLogger("kvgate.backend")
@@ -37,6 +38,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--ssl-certfile", help="serve HTTPS with this certificate chain (PEM)")
+    p.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")
     p.add_argument(
         "--model",
         help="served model name (default: kvgate-sim, the --model-path, or kvgate-PRESET)",
@@ -187,12 +190,20 @@ def run(args: argparse.Namespace) -> int:
         uvloop.install()
     except ImportError:
         log.info("uvloop not available; using the default event loop")
+    tls = None
+    if args.ssl_certfile or args.ssl_keyfile:
+        if not (args.ssl_certfile and args.ssl_keyfile):
+            log.error("--ssl-certfile and --ssl-keyfile go together")
+            return 2
+        tls = server_context(args.ssl_certfile, args.ssl_keyfile)
     app = create_app(state)
-    log.info("serving %s on http://%s:%d", state.model_name, args.host, args.port)
+    scheme = "https" if tls else "http"
+    log.info("serving %s on %s://%s:%d", state.model_name, scheme, args.host, args.port)
     web.run_app(
         app,
         host=args.host,
         port=args.port,
+        ssl_context=tls,
         handler_cancellation=True,
         access_log=None,
         print=None,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import ssl
 from collections.abc import Callable
 
 from epp.datastore import Datastore
@@ -54,11 +55,15 @@ class MetricsScraper:
         self._pool: ConnectionPool | None = None
         self._wake: dict[int, asyncio.Event] = {}  # by id(endpoint): set by a pick
         self.scrapes = 0  # successful scrapes, all endpoints
+        self.tls: dict[str, tuple[ssl.SSLContext, str]] = {}  # https:// endpoints, by address
 
     async def start(self) -> None:
         # the gateway's raw keep-alive client: a scrape costs ~5x less CPU than with aiohttp's
         self._pool = ConnectionPool(connect_timeout=self.timeout)
         for endpoint in self.datastore.all():
+            tls = self.tls.get(endpoint.address)
+            if tls is not None:
+                self._pool.use_tls(self._scrape_address(endpoint), *tls)
             self._wake[id(endpoint)] = asyncio.Event()
             self._tasks.append(asyncio.create_task(self._poll(endpoint)))
 
@@ -93,10 +98,7 @@ class MetricsScraper:
 
     async def scrape_once(self, endpoint: Endpoint) -> bool:
         names = self.datastore.metric_names.get(endpoint.pool, VLLM)
-        port = endpoint.metrics_port
-        address = (
-            endpoint.address if port is None else f"{endpoint.address.rsplit(':', 1)[0]}:{port}"
-        )
+        address = self._scrape_address(endpoint)
         try:
             text = await self._get(address)
         except (TimeoutError, UpstreamConnectionError, ScrapeError) as exc:
@@ -110,6 +112,11 @@ class MetricsScraper:
         endpoint.dispatched = 0
         self.scrapes += 1
         return True
+
+    @staticmethod
+    def _scrape_address(endpoint: Endpoint) -> str:
+        port = endpoint.metrics_port
+        return endpoint.address if port is None else f"{endpoint.address.rsplit(':', 1)[0]}:{port}"
 
     async def _rest(self, endpoint: Endpoint) -> None:
         """Wait until the next scrape of a healthy endpoint: the busy interval, or while it is

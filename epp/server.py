@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from dataclasses import dataclass
 
 import grpc
 from aiohttp import web
@@ -24,7 +25,31 @@ HEALTH_NAMES = ("", "liveness", "readiness", "envoy.service.ext_proc.v3.External
 MAX_MESSAGE = 64 * 2**20
 
 
-async def serve(policy: Policy, host: str, grpc_port: int, metrics_port: int) -> None:
+@dataclass(frozen=True)
+class GrpcTls:
+    """The gRPC port's TLS: PEM files; with ``client_ca``, clients (Envoy) must present a
+    certificate it signed."""
+
+    cert: str
+    key: str
+    client_ca: str | None = None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        with open(self.key, "rb") as key, open(self.cert, "rb") as cert:
+            pair = (key.read(), cert.read())
+        roots = None
+        if self.client_ca is not None:
+            with open(self.client_ca, "rb") as ca:
+                roots = ca.read()
+        return grpc.ssl_server_credentials(
+            [pair], root_certificates=roots, require_client_auth=roots is not None
+        )
+
+
+async def serve(
+    policy: Policy, host: str, grpc_port: int, metrics_port: int, tls: GrpcTls | None = None
+) -> None:
+    """Serve until SIGTERM or SIGINT; with ``tls``, the gRPC port speaks TLS only."""
     service = EppService(policy)
     await service.start()
     server = grpc.aio.server(
@@ -37,7 +62,10 @@ async def serve(policy: Policy, host: str, grpc_port: int, metrics_port: int) ->
     epp_pb2_grpc.add_EndpointPickerServicer_to_server(PickApi(service), server)  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    server.add_insecure_port(f"{host}:{grpc_port}")
+    if tls is None:
+        server.add_insecure_port(f"{host}:{grpc_port}")
+    else:
+        server.add_secure_port(f"{host}:{grpc_port}", tls.credentials())
     await server.start()
     for name in HEALTH_NAMES:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -54,7 +82,14 @@ async def serve(policy: Policy, host: str, grpc_port: int, metrics_port: int) ->
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, metrics_port).start()
-    log.info("epp: gRPC on %s:%d, metrics on %s:%d", host, grpc_port, host, metrics_port)
+    log.info(
+        "epp: gRPC%s on %s:%d, metrics on %s:%d",
+        " (TLS)" if tls else "",
+        host,
+        grpc_port,
+        host,
+        metrics_port,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -27,6 +27,7 @@ from epp.registry import Plugin
 from epp.routing_text import routing_text
 from epp.saturation import SaturationDetector
 from epp.scraper import MetricsScraper
+from epp.upstream_tls import upstream_tls
 from policies.schema import Policy
 
 
@@ -61,6 +62,7 @@ class EppService:
             idle_interval=policy.epp.scrape_idle_interval,
         )
         self.scraper.on_error = lambda e: self.metrics.scrape_errors.labels(e.address).inc()
+        self.scraper.tls = upstream_tls(policy)
         # sibling workers' picks (gateway --workers N): indexes tagged by their parameters
         self._tagged = [
             (zlib.crc32(repr(params).encode()), index)

@@ -40,13 +40,15 @@ def forwarded_chain(headers: CIMultiDict[str]) -> str | None:
 class ClientAddress:
     """Resolves each request's client address from its peer and ``X-Forwarded-For``."""
 
-    __slots__ = ("_trusted",)
+    __slots__ = ("_trusted", "scheme")
 
-    def __init__(self, trusted: tuple[str, ...] = ()) -> None:
-        """``trusted``: addresses or CIDR networks (checked by the policy loader)."""
+    def __init__(self, trusted: tuple[str, ...] = (), scheme: str = "http") -> None:
+        """``trusted``: addresses or CIDR networks (checked by the policy loader); ``scheme``:
+        the listener's own (``https`` with TLS), sent upstream unless a trusted proxy says."""
         self._trusted: tuple[Network, ...] = tuple(
             ipaddress.ip_network(value, strict=False) for value in trusted
         )
+        self.scheme = scheme
 
     def is_trusted(self, address: str) -> bool:
         if not self._trusted or not address:
@@ -71,7 +73,7 @@ class ClientAddress:
         """The ``X-Forwarded-For`` and ``X-Forwarded-Proto`` lines sent upstream."""
         forwarded_for = f"{chain}, {peer}" if chain else peer
         if proto is None or not self.is_trusted(peer):
-            proto = "http"
+            proto = self.scheme
         return header_line(b"x-forwarded-for", forwarded_for) + header_line(
             b"x-forwarded-proto", proto
         )

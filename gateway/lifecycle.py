@@ -1,6 +1,7 @@
 """Serve a gateway application on kvgate's HTTP server, with its whole lifecycle.
 
-``running(app, ...)`` starts the application's resources (cleanup contexts), listens, and on exit
+``running(app, ...)`` starts the application's resources (cleanup contexts), listens (HTTPS with
+``listen.tls``, its certificate reloaded when the files change), and on exit
 stops accepting, marks the gateway as shutting down (``/readyz`` answers 503), lets in-flight
 requests (streams included) finish for up to ``grace`` seconds, then closes everything.
 """
@@ -17,6 +18,7 @@ from gateway.error_responses import http_error
 from gateway.keys import RUNTIME, SHUTTING_DOWN
 from gateway.routes import check_head, handle
 from kvgate.wire.http.server import HttpServer
+from kvgate.wire.http.tls import CertificateReloader, server_context
 
 
 @asynccontextmanager
@@ -41,10 +43,18 @@ async def running(
         body_timeout=listen.body_timeout,
         head_check=partial(check_head, app),
     )
+    tls = reloader = None
+    if listen.tls is not None:
+        tls = server_context(listen.tls.cert, listen.tls.key, listen.tls.client_ca)
+        reloader = CertificateReloader(tls, listen.tls.cert, listen.tls.key)
     try:
-        await server.start(host, port, reuse_port=reuse_port)
+        await server.start(host, port, reuse_port=reuse_port, tls=tls)
+        if reloader is not None:
+            reloader.start()
         yield server
     finally:
+        if reloader is not None:
+            await reloader.stop()
         app[SHUTTING_DOWN][0] = True
         await server.shutdown(listen.shutdown_grace if grace is None else grace)
         await runner.cleanup()

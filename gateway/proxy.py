@@ -112,7 +112,9 @@ async def proxy(
     pick = PickRequest(model, body, request.headers, ctx.identity, ctx.request_id)
     shadow = None
     if route.shadow:
-        shadow = app[SHADOW].start(policy, runtime.picker, route, path, body, pick)
+        shadow = app[SHADOW].start(
+            policy, runtime.picker, route, path, body, pick, runtime.upstream_tls
+        )
     forward = Forward(request, runtime, ctx, path, raw, pick, client_wants_usage)
     try:
         if route.fallback:

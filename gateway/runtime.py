@@ -8,6 +8,7 @@ embedded picker (metrics, prefix index) and the limiter's buckets.
 
 from __future__ import annotations
 
+import ssl
 import time
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ from opentelemetry import trace
 
 from epp.metrics import EppMetrics
 from epp.service import EppService
+from epp.upstream_tls import upstream_tls
 from gateway.auth import Authenticator
 from gateway.breaker import RetryBudget
 from gateway.embedded_epp import EmbeddedEpp
@@ -46,6 +48,8 @@ class Runtime:
     embedded: EmbeddedEpp | None
     calls: dict[str, UpstreamCall]  # per pool: what sending to it needs
     client_address: ClientAddress
+    # how each https:// endpoint is dialled (by address): also told to the connection pool
+    upstream_tls: dict[str, tuple[ssl.SSLContext, str]] = field(default_factory=dict)
     loaded_at: float = field(default_factory=time.time)
 
 
@@ -116,6 +120,9 @@ def build_runtime(
             service = EppService(policy, parts.epp_metrics)
             embedded = EmbeddedEpp(policy, endpoints, service)
         picker = embedded
+    tls = upstream_tls(policy)
+    for address, (context, server_name) in tls.items():
+        parts.upstreams.use_tls(address, context, server_name)
     limiter = Limiter(policy.limits, workers=policy.listen.workers)
     if previous is not None and previous.policy.limits == policy.limits:
         limiter = previous.limiter
@@ -142,7 +149,8 @@ def build_runtime(
         budgets,
         embedded,
         calls,
-        ClientAddress(policy.listen.trusted_proxies),
+        ClientAddress(policy.listen.trusted_proxies, "https" if policy.listen.tls else "http"),
+        tls,
     )
 
 

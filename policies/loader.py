@@ -33,6 +33,7 @@ from policies.schema import (
     Tracing,
 )
 from policies.slo_section import load_slos
+from policies.tls_section import load_server_tls
 from policies.yaml_source import Source, parse_yaml
 
 TOP_LEVEL = {
@@ -110,7 +111,7 @@ def load_policy_text(
 def _build(src: Source, source: str, base_dir: Path, plugins: PluginCatalog | None) -> Policy:
     top = Fields(src, src.data, "", TOP_LEVEL)
     version = top.integer("version", 1, low=1, high=1)
-    pools = load_pools(top)
+    pools = load_pools(top, base_dir)
     tenants = load_tenants(top)
     routes = load_routes(top, pools)
     classes = load_classes(top)
@@ -127,7 +128,7 @@ def _build(src: Source, source: str, base_dir: Path, plugins: PluginCatalog | No
         pools=pools,
         routes=routes,
         version=version,
-        listen=_listen(top),
+        listen=_listen(top, base_dir),
         auth=auth,
         tenants=tenants,
         timeouts=_timeouts(top),
@@ -150,7 +151,7 @@ def _state_dir(top: Fields, base_dir: Path) -> str:
     return str(base_dir / value) if value else ""
 
 
-def _listen(top: Fields) -> Listen:
+def _listen(top: Fields, base_dir: Path) -> Listen:
     f = top.sub(
         "listen",
         {
@@ -165,6 +166,7 @@ def _listen(top: Fields) -> Listen:
             "trusted_proxies",
             "admin",
             "ready_with_dead_pools",
+            "tls",
         },
     )
     admin = None
@@ -197,6 +199,7 @@ def _listen(top: Fields) -> Listen:
         trusted_proxies=trusted,
         admin=admin,
         ready_with_dead_pools=f.flag("ready_with_dead_pools", d.ready_with_dead_pools),
+        tls=load_server_tls(f, base_dir),
     )
 
 

@@ -1,16 +1,19 @@
-"""The ``pools:`` section: each pool's endpoints, model, engine, KV events, PD and metrics."""
+"""The ``pools:`` section: each pool's endpoints, model, engine, KV events, PD, metrics and
+TLS."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from policies.fields import Fields
 from policies.schema import ENGINES, METRIC_OVERRIDES, ROLES, EndpointSpec, Pool
+from policies.tls_section import load_client_tls
 
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$|^\[[0-9a-fA-F:]+\]:[0-9]{1,5}$")
 
 
-def load_pools(top: Fields) -> dict[str, Pool]:
+def load_pools(top: Fields, base_dir: Path) -> dict[str, Pool]:
     pools: dict[str, Pool] = {}
     if not top.has("pools"):
         top.error("pools", "is required: at least one pool of endpoints")
@@ -30,6 +33,7 @@ def load_pools(top: Fields) -> dict[str, Pool]:
                 "max_concurrency",
                 "max_model_len",
                 "metrics",
+                "tls",
             },
         )
         kv_events = f.sub("kv_events", {"port", "bind", "replay_port"})
@@ -70,6 +74,7 @@ def load_pools(top: Fields) -> dict[str, Pool]:
             pd_max_prefill_in_flight=pd.opt_int("max_prefill_in_flight", low=1),
             max_concurrency=f.opt_int("max_concurrency", low=1),
             max_model_len=f.opt_int("max_model_len", low=1),
+            tls=load_client_tls(f, base_dir),
             metric_names=metric_names,
         )
     return pools
@@ -85,6 +90,11 @@ def _endpoint(parent: Fields, path: str, item: object) -> EndpointSpec | None:
         {"address", "role", "labels", "kv_events_port", "kv_events_replay_port", "kv_events_topic"},
     )
     address = f.text("address")
+    scheme, _, rest = address.rpartition("://")
+    if scheme in ("http", "https"):
+        address = rest
+    elif scheme:
+        f.error(f"{path}.address", f"must be host:port, http:// or https://; got {address!r}")
     if address and not _ADDRESS.match(address):
         f.error(f"{path}.address", f"must be host:port; got {address!r}")
     labels = f.raw("labels") or {}
@@ -97,6 +107,7 @@ def _endpoint(parent: Fields, path: str, item: object) -> EndpointSpec | None:
     return EndpointSpec(
         address=address,
         role=f.text("role", "both", choices=ROLES),
+        tls=scheme == "https",
         labels=labels,
         kv_events_port=port,
         kv_events_topic=f.opt_str("kv_events_topic"),

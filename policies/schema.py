@@ -45,6 +45,28 @@ class Admin:
 
 
 @dataclass(frozen=True)
+class ServerTls:
+    """A listener's TLS: its certificate chain and key (PEM files, reloaded when they change);
+    with ``client_ca``, clients must present a certificate it signed (mutual TLS)."""
+
+    cert: str
+    key: str
+    client_ca: str | None = None
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    """How a pool's ``https://`` endpoints are dialled: verified against ``ca`` (else the
+    system's CAs) unless ``insecure_skip_verify``, with an optional client certificate."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    insecure_skip_verify: bool = False
+    server_name: str | None = None  # the name the certificates must carry (default: the host)
+
+
+@dataclass(frozen=True)
 class Listen:
     host: str = "0.0.0.0"
     port: int = 8080
@@ -59,6 +81,7 @@ class Listen:
     trusted_proxies: tuple[str, ...] = ()
     admin: Admin | None = None  # no admin API unless configured
     ready_with_dead_pools: bool = True  # /readyz: 200 "degraded" (True) or 503 (False)
+    tls: ServerTls | None = None  # HTTPS (and mutual TLS) on the data listener
 
 
 @dataclass(frozen=True)
@@ -105,6 +128,7 @@ class EndpointSpec:
 
     address: str  # host:port
     role: str = "both"  # both | prefill | decode
+    tls: bool = False  # listed as https://host:port
     labels: Mapping[str, str] = field(default_factory=dict)
     kv_events_port: int | None = None  # overrides the pool's kv_events.port for this endpoint
     kv_events_topic: str | None = None  # kv_events.bind: the topic this engine publishes on
@@ -112,7 +136,7 @@ class EndpointSpec:
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}"
+        return f"{'https' if self.tls else 'http'}://{self.address}"
 
 
 @dataclass(frozen=True)
@@ -130,6 +154,7 @@ class Pool:
     pd_max_prefill_in_flight: int | None = None  # a prefill endpoint with this many hops busy
     max_concurrency: int | None = None  # requests in flight per gateway process; more are queued
     max_model_len: int | None = None  # the engines' context length: caps a request's token estimate
+    tls: ClientTls = field(default_factory=ClientTls)  # for its https:// endpoints
     metric_names: Mapping[str, str] = field(default_factory=dict)  # METRIC_OVERRIDES -> name
 
 

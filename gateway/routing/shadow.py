@@ -13,8 +13,9 @@ import asyncio
 import json
 import logging
 import random
+import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -71,7 +72,10 @@ class ShadowMirror:
         path: str,
         body: dict[str, object],
         pick: PickRequest,
+        tls: Mapping[str, tuple[ssl.SSLContext, str]] | None = None,
     ) -> asyncio.Task[Outcome | None] | None:
+        """Send a copy to the route's shadow pool (if sampled); ``tls``: how its ``https://``
+        endpoints are dialled, by address."""
         spec = route.shadow
         if spec is None or random.random() >= spec.sample:
             return None
@@ -79,7 +83,9 @@ class ShadowMirror:
             self.metrics.child(self.metrics.shadow_results, route.model, "dropped").inc()
             return None
         self.in_flight[route.model] = self.in_flight.get(route.model, 0) + 1
-        return asyncio.create_task(self._send(policy, picker, route, spec, path, dict(body), pick))
+        return asyncio.create_task(
+            self._send(policy, picker, route, spec, path, dict(body), pick, tls or {})
+        )
 
     def compare(self, route: Route, job: asyncio.Task[Outcome | None], primary: Outcome) -> None:
         task = asyncio.create_task(self._compare(route, job, primary))
@@ -95,6 +101,7 @@ class ShadowMirror:
         path: str,
         body: dict[str, object],
         pick: PickRequest,
+        tls: Mapping[str, tuple[ssl.SSLContext, str]],
     ) -> Outcome | None:
         try:
             pool = policy.pools[spec.pool]
@@ -110,8 +117,13 @@ class ShadowMirror:
             started = time.perf_counter()
             try:
                 async with asyncio.timeout(policy.timeouts.first_byte):
+                    dialled = tls.get(endpoint.address)
                     async with self.session.post(
-                        endpoint.url + path, json=body, headers=headers
+                        endpoint.url + path,
+                        json=body,
+                        headers=headers,
+                        ssl=True if dialled is None else dialled[0],
+                        server_hostname=None if dialled is None else dialled[1] or None,
                     ) as response:
                         data = await response.read()
             except aiohttp.ClientConnectorError:

@@ -6,6 +6,7 @@ import ctypes
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -40,15 +41,19 @@ def free_port() -> int:
 
 
 def wait_http_ok(
-    url: str, timeout: float = 20.0, proc: subprocess.Popen[bytes] | None = None
+    url: str,
+    timeout: float = 20.0,
+    proc: subprocess.Popen[bytes] | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> None:
-    """Poll ``url`` until it answers 200; raise if ``proc`` exits or time runs out."""
+    """Poll ``url`` until it answers 200; raise if ``proc`` exits or time runs out; ``tls``:
+    how an ``https://`` URL's server is verified."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before {url} was ready")
         try:
-            with urllib.request.urlopen(url, timeout=1.0) as response:
+            with urllib.request.urlopen(url, timeout=1.0, context=tls) as response:
                 if response.status == 200:
                     return
         except (urllib.error.URLError, ConnectionError, TimeoutError):
@@ -94,10 +99,12 @@ class KvgateProcess:
         quiet: bool = True,
         log: str | None = None,
         tree: str | None = None,
+        health_tls: ssl.SSLContext | None = None,
     ) -> None:
         self.args = list(args)
         self.tree = tree
         self.health_url = health_url
+        self.health_tls = health_tls  # verifies an https:// health URL
         self.quiet = quiet
         self.log = log  # a file for the process's stdout and stderr
         self.proc: subprocess.Popen[bytes] | None = None
@@ -125,7 +132,7 @@ class KvgateProcess:
                 argv, stdout=out, stderr=out, env=env, cwd=self.tree, preexec_fn=preexec
             )
         try:
-            wait_http_ok(self.health_url, timeout, self.proc)
+            wait_http_ok(self.health_url, timeout, self.proc, self.health_tls)
         except (RuntimeError, TimeoutError) as exc:
             self.stop()
             raise RuntimeError(

@@ -101,8 +101,8 @@ async def test_two_replicas_through_an_outage_under_load(
 ) -> None:
     backend = start_backend("--cost", "zero").removeprefix("http://")
     urls = [start_gateway(bench_policy(backend, redis_server.url))[0] for _ in range(2)]
-    # Redis killed 2.5 s in, for 3 s, and restarted empty
-    result = await drive(urls, 8.0, 12, redis_server, outage=(2.5, 3.0))
+    # Redis killed 2.5 s in, for 5 s, and restarted empty
+    result = await drive(urls, 10.0, 12, redis_server, outage=(2.5, 5.0))
     for tally in result.tallies.values():
         assert set(tally.statuses) <= {200, 429}, tally.statuses
         assert tally.slowest < 1.0  # nothing waits on the dead Redis

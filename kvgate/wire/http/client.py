@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import time
 from collections import deque
 from typing import cast
@@ -303,7 +304,8 @@ class UpstreamConnection(asyncio.Protocol):
 
 
 class ConnectionPool:
-    """Idle connections per endpoint (``host:port``), reused most recent first."""
+    """Idle connections per endpoint (``host:port``), reused most recent first. An address
+    given a context by ``use_tls`` is dialled with TLS (its ``server_name`` checked)."""
 
     SWEEP = 0.05  # seconds between first-byte deadline checks: timeouts fire up to this late
 
@@ -313,6 +315,12 @@ class ConnectionPool:
         self._idle: dict[str, list[UpstreamConnection]] = {}
         self._deadlines: dict[UpstreamConnection, float] = {}  # waiting for a response head
         self._sweeper: asyncio.Task[None] | None = None
+        self._tls: dict[str, tuple[ssl.SSLContext, str]] = {}  # address -> (context, name)
+
+    def use_tls(self, address: str, context: ssl.SSLContext, server_name: str = "") -> None:
+        """Dial ``address`` with TLS from now on; ``server_name``: the name its certificate
+        must carry (default: the address's host)."""
+        self._tls[address] = (context, server_name or address.rpartition(":")[0].strip("[]"))
 
     def watch(self, conn: UpstreamConnection, deadline: float) -> None:
         self._deadlines[conn] = deadline
@@ -383,10 +391,20 @@ class ConnectionPool:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _, conn = await loop.create_connection(
-                    lambda: UpstreamConnection(self, address), host.strip("[]"), int(port)
-                )
-        except OSError as exc:
+                tls = self._tls.get(address)
+                if tls is None:
+                    _, conn = await loop.create_connection(
+                        lambda: UpstreamConnection(self, address), host.strip("[]"), int(port)
+                    )
+                else:
+                    _, conn = await loop.create_connection(
+                        lambda: UpstreamConnection(self, address),
+                        host.strip("[]"),
+                        int(port),
+                        ssl=tls[0],
+                        server_hostname=tls[1],
+                    )
+        except OSError as exc:  # ssl.SSLError (a failed handshake) is an OSError
             raise UpstreamConnectionError(f"cannot connect to {address}: {exc}") from exc
         return conn
 

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -436,9 +437,13 @@ class HttpServer:
         self._port = 0
         self._sweeper: asyncio.Task[None] | None = None
 
-    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> None:
+    async def start(
+        self, host: str, port: int, *, reuse_port: bool = False, tls: ssl.SSLContext | None = None
+    ) -> None:
+        """Listen; with ``tls``, every connection is HTTPS (a failed handshake never reaches
+        the handler)."""
         self._server = await self.loop.create_server(
-            lambda: Connection(self), host, port, reuse_port=reuse_port, backlog=2048
+            lambda: Connection(self), host, port, reuse_port=reuse_port, backlog=2048, ssl=tls
         )
         # uvloop's server is not an asyncio.Server: compiled code must not assume the class
         self._port = int(cast(Any, self._server).sockets[0].getsockname()[1])
