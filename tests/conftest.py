@@ -1,4 +1,5 @@
-"""Shared fixtures: real ``kvgate backend`` subprocesses on loopback."""
+"""Shared fixtures: real ``kvgate backend`` and gateway subprocesses, and a real redis-server, on
+loopback."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.harness.processes import KvgateProcess, backend_process, free_port, gateway_process
+from loadtest.harness.redis_server import RedisServer
 
 
 @pytest.fixture
@@ -32,6 +34,14 @@ def backend_url() -> Iterator[str]:
     port = free_port()
     with backend_process(port, "--num-blocks", "512", "--max-loras", "2"):
         yield f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server on a free loopback port, stopped after the test."""
+    server = RedisServer(free_port()).start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

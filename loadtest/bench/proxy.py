@@ -5,6 +5,7 @@ The same load goes (a) straight to a fast mock upstream, (b) through nginx (when
 legs, no features: the floor for any Python gateway), (d) through ``loadtest.bench.layers_proxy``
 (kvgate's own HTTP server and upstream pool with a trivial handler), (e) through kvgate with
 ``--workers 1`` and ``--workers 2``, as Python and as the compiled build (``make compiled``),
+and nginx and kvgate with TLS from the clients (``listen.tls``),
 all in front of two mock upstreams (``loadtest.bench.mock_upstream``: 16 SSE chunks or a small JSON
 body, no delay). For each: wrk at 32
 connections on non-streaming chat completions (requests/s, p50, p99), an aiohttp client
@@ -18,14 +19,17 @@ from __future__ import annotations
 import argparse
 import math
 import shutil
+import ssl
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvgate.wire.http.tls import client_context
 from loadtest.client.http_load import StreamLoadResult, run_load, run_stream_load, run_wrk
 from loadtest.harness.proc_stats import cpu_seconds, rss_mb
 from loadtest.harness.processes import external_process, free_port, gateway_process
+from loadtest.harness.tls_certs import CertificateAuthority, Pem
 from loadtest.workloads.fixed import CHAT
 
 NGINX_CONF = """
@@ -39,7 +43,7 @@ http {{
   fastcgi_temp_path {dir}/fcgi; uwsgi_temp_path {dir}/uwsgi; scgi_temp_path {dir}/scgi;
   upstream mocks {{ server 127.0.0.1:{up1}; server 127.0.0.1:{up2}; keepalive 512; }}
   server {{
-    listen 127.0.0.1:{port};
+    listen 127.0.0.1:{port}{tls};
     location / {{
       proxy_pass http://mocks; proxy_http_version 1.1; proxy_set_header Connection "";
       proxy_buffering off;
@@ -47,6 +51,9 @@ http {{
   }}
 }}
 """
+
+
+NGINX_TLS = " ssl;\n    ssl_certificate {cert}; ssl_certificate_key {key}"
 
 
 @dataclass
@@ -62,14 +69,18 @@ class Row:
     idle_p50: float  # p50 at one request at a time: the proxy's own latency, no queueing
 
 
-def measure(peer: str, url: str, pid: int, seconds: float, streams: int) -> Row:
+def measure(
+    peer: str, url: str, pid: int, seconds: float, streams: int, tls: ssl.SSLContext | None = None
+) -> Row:
+    """One peer: wrk at 32 and at 1 connection, streams from aiohttp (verifying an https://
+    peer with ``tls``), and the peer's CPU per request."""
     run_load(url, CHAT, 32, 2)  # warm-up, discarded
     idle = run_load(url, CHAT, 1, 3)
     before = cpu_seconds(pid)
     load = run_load(url, CHAT, 32, seconds)
     cpu = cpu_seconds(pid) - before
     before = cpu_seconds(pid)
-    stream = run_stream_load(url, {**CHAT, "stream": True}, 32, streams)
+    stream = run_stream_load(url, {**CHAT, "stream": True}, 32, streams, tls=tls)
     stream_cpu = cpu_seconds(pid) - before
     cpu_ms = cpu / max(load.requests, 1) * 1000
     stream_cpu_ms = stream_cpu / max(stream.requests, 1) * 1000
@@ -86,11 +97,14 @@ def measure(peer: str, url: str, pid: int, seconds: float, streams: int) -> Row:
     )
 
 
-def kvgate_policy(directory: Path, ups: list[int], port: int, workers: int) -> str:
-    path = directory / f"kvgate-{workers}.yaml"
+def kvgate_policy(
+    directory: Path, ups: list[int], port: int, workers: int, tls: Pem | None = None
+) -> str:
+    path = directory / f"kvgate-{workers}{'-tls' if tls else ''}.yaml"
     endpoints = ", ".join(f"127.0.0.1:{p}" for p in ups)
+    listen_tls = f", tls: {{cert: {tls.cert}, key: {tls.key}}}" if tls else ""
     path.write_text(f"""
-listen: {{host: 127.0.0.1, port: {port}, workers: {workers}}}
+listen: {{host: 127.0.0.1, port: {port}, workers: {workers}{listen_tls}}}
 pools: {{mocks: {{endpoints: [{endpoints}]}}}}
 routes: [{{model: mock, pool: mocks}}]
 observability: {{access_log: "off"}}
@@ -169,8 +183,13 @@ def one_round(
     compiled: Path | None,
 ) -> list[Row]:
     """Every peer once, one after the other, in front of the running mocks; kvgate as Python
-    and, when ``compiled`` names the tree ``make compiled`` built, compiled."""
+    and, when ``compiled`` names the tree ``make compiled`` built, compiled; nginx and kvgate
+    also with TLS from the clients (a certificate made here, keep-alive connections)."""
     rows: list[Row] = []
+    authority = CertificateAuthority(directory)
+    server = authority.issue("proxy")
+    cert = {"cert": server.cert, "key": server.key}
+    verify = client_context(authority.path)
     rows.append(
         measure(
             "direct",
@@ -183,13 +202,19 @@ def one_round(
     if shutil.which("nginx"):
         port = free_port()
         conf = directory / "nginx.conf"
-        conf.write_text(
-            NGINX_CONF.format(workers=1, dir=directory, up1=ups[0], up2=ups[1], port=port)
-        )
-        argv = ["nginx", "-p", str(directory), "-c", str(conf), "-g", "daemon off;"]
-        with external_process(argv, f"http://127.0.0.1:{port}/health") as nginx:
-            url = f"http://127.0.0.1:{port}/v1/chat/completions"
-            rows.append(measure("nginx 1 worker", url, nginx.pid, seconds, streams))
+        nginx_tls = NGINX_TLS.format(**cert)
+        for name, scheme, listen_tls in (("", "http", ""), (", TLS", "https", nginx_tls)):
+            conf.write_text(
+                NGINX_CONF.format(
+                    workers=1, dir=directory, up1=ups[0], up2=ups[1], port=port, tls=listen_tls
+                )
+            )
+            argv = ["nginx", "-p", str(directory), "-c", str(conf), "-g", "daemon off;"]
+            health = f"{scheme}://127.0.0.1:{port}/health"
+            with external_process(argv, health, tls=verify) as nginx:
+                url = f"{scheme}://127.0.0.1:{port}/v1/chat/completions"
+                peer = f"nginx 1 worker{name}"
+                rows.append(measure(peer, url, nginx.pid, seconds, streams, verify))
     else:
         print("nginx not installed: skipping it (make bench-proxy installs it)", file=sys.stderr)
     port = free_port()
@@ -206,18 +231,24 @@ def one_round(
     if compiled is not None:
         builds.append((", compiled", str(compiled)))
     for build, tree in builds:
-        for workers in (1, 2):
+        for workers, tls in ((1, None), (2, None), (1, server)):
             port = free_port()
-            policy = kvgate_policy(directory, ups, port, workers)
-            with gateway_process(policy, port, tree=tree) as gateway:
+            policy = kvgate_policy(directory, ups, port, workers, tls)
+            scheme = "https" if tls else "http"
+            process = gateway_process(policy, port, tree=tree)
+            process.health_url = f"{scheme}://127.0.0.1:{port}/healthz"
+            process.health_tls = verify
+            with process as gateway:
                 assert gateway.proc is not None
+                name = f"kvgate {workers} worker{'s' if workers > 1 else ''}{build}"
                 rows.append(
                     measure(
-                        f"kvgate {workers} worker{'s' if workers > 1 else ''}{build}",
-                        f"http://127.0.0.1:{port}/v1/chat/completions",
+                        name + (", TLS" if tls else ""),
+                        f"{scheme}://127.0.0.1:{port}/v1/chat/completions",
                         gateway.proc.pid,
                         seconds,
                         streams,
+                        verify,
                     )
                 )
     return rows

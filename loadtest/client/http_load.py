@@ -10,6 +10,7 @@ import asyncio
 import json
 import re
 import shutil
+import ssl
 import subprocess
 import tempfile
 import time
@@ -158,7 +159,12 @@ class StreamLoadResult:
 
 
 async def _stream_load(
-    url: str, body: dict[str, object], concurrency: int, total: int, max_seconds: float
+    url: str,
+    body: dict[str, object],
+    concurrency: int,
+    total: int,
+    max_seconds: float,
+    tls: ssl.SSLContext | None,
 ) -> StreamLoadResult:
     ttfc: list[float] = []
     full: list[float] = []
@@ -167,7 +173,8 @@ async def _stream_load(
     deadline = time.perf_counter() + max_seconds
     payload = json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+    connector = aiohttp.TCPConnector(limit=concurrency, ssl=True if tls is None else tls)
+    async with aiohttp.ClientSession(connector=connector) as session:
 
         async def worker() -> None:
             nonlocal remaining, errors
@@ -209,6 +216,8 @@ def run_stream_load(
     concurrency: int = 32,
     total: int = 2000,
     max_seconds: float = 60.0,
+    tls: ssl.SSLContext | None = None,
 ) -> StreamLoadResult:
-    """Streamed requests from an aiohttp client: time to first chunk and to ``[DONE]``."""
-    return asyncio.run(_stream_load(url, body, concurrency, total, max_seconds))
+    """Streamed requests from an aiohttp client: time to first chunk and to ``[DONE]``;
+    ``tls``: how an ``https://`` server is verified (default: the system's CAs)."""
+    return asyncio.run(_stream_load(url, body, concurrency, total, max_seconds, tls))

@@ -4,14 +4,11 @@ its holder stops, and a Redis that goes away stops decisions, not routing."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from prometheus_client import CollectorRegistry
 
 from epp.registry import CATALOG
 from gateway.canary.canaries import Canaries
-from loadtest.harness.processes import free_port
 from loadtest.harness.redis_server import RedisServer
 from policies.loader import load_policy_text
 from tests.fakes import ManualClock
@@ -23,13 +20,6 @@ routes:
     canary: {{pool: b, auto: {{steps: [10, 50, 100], hold: 60s, min_requests: 20}}}}
 limits: {{store: {{kind: redis, url: "{url}"}}}}
 """
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer(free_port()).start()
-    yield server
-    server.stop()
 
 
 def replica(url: str, clock: ManualClock) -> Canaries:

@@ -4,25 +4,16 @@ bucket and sent together, off the request path, and none is lost."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 
 from gateway.identity import Identity
 from gateway.limits.buckets import BucketSpec
 from gateway.limits.limiter import SETTLE_EVERY, Limiter, RateLimited
-from loadtest.harness.processes import free_port
 from loadtest.harness.redis_server import RedisServer
 from policies.schema import LimitRule, Limits, LimitStore
 
 ACME = Identity("acme", principal="acme-key")
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer(free_port()).start()
-    yield server
-    server.stop()
 
 
 async def test_settlements_are_batched_and_all_applied(redis_server: RedisServer) -> None:

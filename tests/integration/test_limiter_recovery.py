@@ -7,27 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import aiohttp
-import pytest
 
 from gateway.identity import Identity
 from gateway.limits.limiter import Limiter
 from loadtest.bench.limiter import drive
 from loadtest.bench.limiter import policy as bench_policy
-from loadtest.harness.processes import KvgateProcess, free_port
+from loadtest.harness.processes import KvgateProcess
 from loadtest.harness.redis_server import RedisServer
 from policies.schema import LimitRule, Limits, LimitStore
 
 ACME = Identity("acme", principal="acme-key")
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer(free_port()).start()
-    yield server
-    server.stop()
 
 
 def block_the_loop(seconds: float) -> None:

@@ -6,23 +6,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import aiohttp
 import pytest
 import redis
 
-from loadtest.harness.processes import KvgateProcess, free_port
+from loadtest.harness.processes import KvgateProcess
 from loadtest.harness.redis_server import RedisServer
 
 LIMIT = 300  # requests per minute, shared: refills 5 per second
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer(free_port()).start()
-    yield server
-    server.stop()
 
 
 def policy(

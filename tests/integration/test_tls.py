@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvgate.wire.http.tls import client_context
 from loadtest.harness.processes import KvgateProcess, backend_process, epp_process, free_port
-from tests.tls_certs import CertificateAuthority, Pem
+from loadtest.harness.tls_certs import CertificateAuthority, Pem
 
 
 @pytest.fixture

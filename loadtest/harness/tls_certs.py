@@ -1,5 +1,5 @@
-"""Certificates the TLS tests make for themselves with ``cryptography``: a CA, server
-certificates for 127.0.0.1 and localhost, and client certificates, as PEM files."""
+"""Certificates the TLS tests and benchmarks make for themselves with ``cryptography``: a CA,
+server certificates for 127.0.0.1 and localhost, and client certificates, as PEM files."""
 
 from __future__ import annotations
 
