@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from dataclasses import dataclass
 
@@ -12,7 +13,8 @@ import grpc
 from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from epp.servers.ext_proc import ExternalProcessor
 from epp.servers.pick_api import PickApi
@@ -47,15 +49,23 @@ class GrpcTls:
 
 
 async def serve(
-    policy: Policy, host: str, grpc_port: int, metrics_port: int, tls: GrpcTls | None = None
+    policy: Policy,
+    host: str,
+    grpc_port: int,
+    metrics_port: int,
+    tls: GrpcTls | None = None,
+    *,
+    reuse_port: bool = False,
 ) -> None:
-    """Serve until SIGTERM or SIGINT; with ``tls``, the gRPC port speaks TLS only."""
+    """Serve until SIGTERM or SIGINT; with ``tls``, the gRPC port speaks TLS only; with
+    ``reuse_port``, other workers share both ports (else a port in use is an error)."""
     service = EppService(policy)
     await service.start()
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.max_send_message_length", MAX_MESSAGE),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),  # grpc's own default is 1
         ]
     )
     ep_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(service), server)
@@ -72,16 +82,19 @@ async def serve(
 
     async def metrics(request: web.Request) -> web.Response:
         service.update_gauges()
+        registry = service.metrics.registry
+        if "PROMETHEUS_MULTIPROC_DIR" in os.environ:  # --workers N: every worker's samples
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return web.Response(
-            body=generate_latest(service.metrics.registry),
-            headers={"Content-Type": CONTENT_TYPE_LATEST},
+            body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, metrics_port).start()
+    await web.TCPSite(runner, host, metrics_port, reuse_port=reuse_port).start()
     log.info(
         "epp: gRPC%s on %s:%d, metrics on %s:%d",
         " (TLS)" if tls else "",

@@ -7,8 +7,9 @@ it (headers, the body in 62,000-byte chunks, then the replies), one stream per r
 round trip includes the Python client's own gRPC cost. The same client first drives a
 do-nothing ext_proc server with the same gRPC settings (``loadtest.bench.null_ext_proc``): its round
 trip is the floor of a Python gRPC ext_proc hop, and round trip minus floor is what the EPP's
-own work adds. Picks/s: 16 concurrent streams for a few seconds; server CPU per stream from
-/proc.
+own work adds. Both servers run side by side and are measured in turn, round after round (the
+order alternating), so each ratio compares two measurements taken moments apart. Picks/s: 16
+concurrent streams for a few seconds; server CPU per stream from /proc.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,17 +138,48 @@ def wait_grpc(target: str, timeout: float = 20.0) -> None:
         grpc.channel_ready_future(channel).result(timeout=timeout)
 
 
-def floor_rows(tokens: tuple[int, ...], requests: int, seconds: float) -> dict[int, ExtProcRow]:
-    """The do-nothing ext_proc server's figures, per prompt size."""
+@contextmanager
+def null_ext_proc() -> Iterator[tuple[str, int]]:
+    """The do-nothing ext_proc server: its target and pid."""
     port = free_port()
     argv = [sys.executable, "-m", "loadtest.bench.null_ext_proc", str(port)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_grpc(f"127.0.0.1:{port}")
-        return {t: measure(f"127.0.0.1:{port}", proc.pid, t, requests, seconds) for t in tokens}
+        yield f"127.0.0.1:{port}", proc.pid
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@dataclass
+class Paired:
+    """One prompt size: the EPP's and the floor's rows of each round, measured back to back."""
+
+    epp: list[ExtProcRow]
+    floor: list[ExtProcRow]
+
+    def median(self, value: Callable[[ExtProcRow, ExtProcRow], float]) -> float:
+        return statistics.median(value(e, f) for e, f in zip(self.epp, self.floor, strict=True))
+
+
+def interleaved(
+    epp: tuple[str, int],
+    floor: tuple[str, int],
+    tokens: int,
+    requests: int,
+    seconds: float,
+    rounds: int,
+) -> Paired:
+    """``rounds`` rounds, each measuring both servers in turn (the order alternates, so a drift
+    of the machine's load favours neither): ratios are taken within a round."""
+    paired = Paired([], [])
+    for n in range(rounds):
+        order = [("epp", epp), ("floor", floor)]
+        for name, (target, pid) in order if n % 2 == 0 else reversed(order):
+            row = measure(target, pid, tokens, requests, seconds)
+            (paired.epp if name == "epp" else paired.floor).append(row)
+    return paired
 
 
 def main() -> int:
@@ -153,6 +187,7 @@ def main() -> int:
     parser.add_argument("--picks", type=int, default=2000)
     parser.add_argument("--requests", type=int, default=300, help="sequential ext_proc requests")
     parser.add_argument("--seconds", type=float, default=3.0, help="ext_proc throughput run")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved ext_proc rounds")
     args = parser.parse_args()
     print("## In-process pick (approximate prefix mode, default profile)\n")
     print("| endpoints | prompt tokens | p50 ms | p99 ms | picks/s |")
@@ -167,35 +202,41 @@ def main() -> int:
     print("|---:|---:|---:|---:|")
     print(f"| {lines} | {ours:.1f} | {full:.1f} | {full / ours:.1f}x |")
     sizes = (1_000, 8_000, 32_000)
-    print("\n## Over ext_proc (one gRPC stream per request, loopback, Python client)\n")
-    floors = floor_rows(sizes, args.requests, args.seconds)
-    print("| server | endpoints | prompt tokens | round trip p50 ms | p99 ms | added p50 ms |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for tokens, row in floors.items():
-        print(f"| null ext_proc (floor) | - | {tokens:,} | {row.p50:.2f} | {row.p99:.2f} | - |")
     print(
-        "\n| endpoints | prompt tokens | round trip p50 ms | p99 ms | added p50 ms | added p99 ms "
-        "| streams/s (16 at a time) | floor streams/s | server CPU ms/stream | floor CPU ms |"
+        f"\n## Over ext_proc (one gRPC stream per request, loopback, Python client; "
+        f"{args.rounds} rounds, the EPP and the do-nothing floor back to back in each; "
+        "medians, ratios taken within a round)\n"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| endpoints | prompt tokens | round trip p50 ms | floor p50 ms | added p50 ms "
+        "| added p99 ms | streams/s (16 at a time) | floor streams/s | ÷ floor "
+        "| CPU ms/stream | floor CPU ms | ÷ floor |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     directory = Path(tempfile.mkdtemp(prefix="kvgate-bench-epp-"))
-    for endpoints in (8, 64, 256):
-        policy = directory / f"epp-{endpoints}.yaml"
-        policy.write_text(policy_text(endpoints))
-        grpc_port, metrics_port = free_port(), free_port()
-        with epp_process(str(policy), grpc_port, metrics_port) as epp:
-            assert epp.proc is not None
-            for tokens in sizes:
-                row = measure(
-                    f"127.0.0.1:{grpc_port}", epp.proc.pid, tokens, args.requests, args.seconds
-                )
-                floor = floors[tokens]
-                print(
-                    f"| {endpoints} | {tokens:,} | {row.p50:.2f} | {row.p99:.2f} "
-                    f"| {row.p50 - floor.p50:+.2f} | {row.p99 - floor.p99:+.2f} "
-                    f"| {row.rate:,.0f} | {floor.rate:,.0f} "
-                    f"| {row.cpu_ms:.2f} | {floor.cpu_ms:.2f} |"
-                )
+    with null_ext_proc() as floor:
+        for endpoints in (8, 64, 256):
+            policy = directory / f"epp-{endpoints}.yaml"
+            policy.write_text(policy_text(endpoints))
+            grpc_port, metrics_port = free_port(), free_port()
+            with epp_process(str(policy), grpc_port, metrics_port) as process:
+                assert process.proc is not None
+                epp = (f"127.0.0.1:{grpc_port}", process.proc.pid)
+                for tokens in sizes:
+                    pair = interleaved(epp, floor, tokens, args.requests, args.seconds, args.rounds)
+                    print(
+                        f"| {endpoints} | {tokens:,} | {pair.median(lambda e, f: e.p50):.2f} "
+                        f"| {pair.median(lambda e, f: f.p50):.2f} "
+                        f"| {pair.median(lambda e, f: e.p50 - f.p50):+.2f} "
+                        f"| {pair.median(lambda e, f: e.p99 - f.p99):+.2f} "
+                        f"| {pair.median(lambda e, f: e.rate):,.0f} "
+                        f"| {pair.median(lambda e, f: f.rate):,.0f} "
+                        f"| {pair.median(lambda e, f: e.rate / f.rate):.2f} "
+                        f"| {pair.median(lambda e, f: e.cpu_ms):.2f} "
+                        f"| {pair.median(lambda e, f: f.cpu_ms):.2f} "
+                        f"| {pair.median(lambda e, f: e.cpu_ms / f.cpu_ms):.2f} |",
+                        flush=True,
+                    )
     return 0
 
 
