@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import subprocess
@@ -83,22 +84,25 @@ def envoy_messages(body: bytes) -> list[ep.ProcessingRequest]:
 
 
 async def over_ext_proc(
-    target: str, tokens: int, requests: int, seconds: float
+    target: str, tokens: int, requests: int, seconds: float, connections: int = 1
 ) -> tuple[float, float, float, int]:
     """Round trip p50 and p99 (ms) of ``requests`` sequential streams, streams/s with 16 at a
-    time for ``seconds``, and how many streams were sent in all."""
+    time for ``seconds`` (over ``connections`` channels, in turn), and how many streams were
+    sent in all."""
     bodies = [json.dumps(chat(tokens, seed)).encode() for seed in range(100)]
     options = [
         ("grpc.max_receive_message_length", 64 << 20),
         ("grpc.max_send_message_length", 64 << 20),
+        ("grpc.use_local_subchannel_pool", 1),  # a connection each, not one shared
     ]
-    async with grpc.aio.insecure_channel(target, options=options) as channel:
-        stub = ep_grpc.ExternalProcessorStub(channel)
+    channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(connections)]
+    try:
+        stubs = [ep_grpc.ExternalProcessorStub(channel) for channel in channels]
 
         async def one(i: int) -> float:
             messages = envoy_messages(bodies[i % len(bodies)])
             started = time.perf_counter()
-            async for _ in stub.Process(iter(messages)):
+            async for _ in stubs[i % len(stubs)].Process(iter(messages)):
                 pass
             return (time.perf_counter() - started) * 1000
 
@@ -116,6 +120,9 @@ async def over_ext_proc(
         started = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(16)))
         rate = done / (time.perf_counter() - started)
+    finally:
+        for channel in channels:
+            await channel.close()
     return percentile(latencies, 50), percentile(latencies, 99), rate, 20 + requests + done
 
 
@@ -127,9 +134,14 @@ class ExtProcRow:
     cpu_ms: float  # server CPU per stream
 
 
-def measure(target: str, pid: int, tokens: int, requests: int, seconds: float) -> ExtProcRow:
+def measure(
+    target: str, pid: int, tokens: int, requests: int, seconds: float, connections: int = 1
+) -> ExtProcRow:
+    """One server at one prompt size; its CPU is that of ``pid`` and its children."""
     before = cpu_seconds(pid)
-    p50, p99, rate, streams = asyncio.run(over_ext_proc(target, tokens, requests, seconds))
+    p50, p99, rate, streams = asyncio.run(
+        over_ext_proc(target, tokens, requests, seconds, connections)
+    )
     return ExtProcRow(p50, p99, rate, (cpu_seconds(pid) - before) / streams * 1000)
 
 
@@ -237,7 +249,45 @@ def main() -> int:
                         f"| {pair.median(lambda e, f: e.cpu_ms / f.cpu_ms):.2f} |",
                         flush=True,
                     )
+    workers_rows(directory, args)
     return 0
+
+
+def workers_rows(directory: Path, args: argparse.Namespace) -> None:
+    """``kvgate epp`` with 1 and with 2 workers, in interleaved rounds: 8 endpoints, 1k-token
+    prompts, 16 streams at a time over 4 connections (the kernel gives each connection to a
+    worker)."""
+    policy = directory / "epp-workers.yaml"
+    policy.write_text(policy_text(8))
+    print(
+        f"\n## `kvgate epp --workers N` (8 endpoints, 1,000-token prompts, 16 streams over 4 "
+        f"connections; {args.rounds} interleaved rounds, medians)\n"
+    )
+    print("| workers | streams/s | ÷ 1 worker | CPU ms/stream (all workers) | round trip p50 ms |")
+    print("|---:|---:|---:|---:|---:|")
+    servers = []
+    with contextlib.ExitStack() as stack:
+        for workers in (1, 2):
+            grpc_port, metrics_port = free_port(), free_port()
+            process = epp_process(str(policy), grpc_port, metrics_port)
+            process.args += ["--workers", str(workers)]
+            stack.enter_context(process)
+            assert process.proc is not None
+            servers.append((f"127.0.0.1:{grpc_port}", process.proc.pid))
+        time.sleep(2)  # the second worker of the 2-worker picker is up too
+        rows: list[list[ExtProcRow]] = [[], []]
+        for n in range(args.rounds):
+            for i in (0, 1) if n % 2 == 0 else (1, 0):
+                target, pid = servers[i]
+                rows[i].append(measure(target, pid, 1_000, 50, args.seconds, connections=4))
+    ratios = [two.rate / one.rate for one, two in zip(rows[0], rows[1], strict=True)]
+    for workers, measured in ((1, rows[0]), (2, rows[1])):
+        ratio = 1.0 if workers == 1 else statistics.median(ratios)
+        print(
+            f"| {workers} | {statistics.median(r.rate for r in measured):,.0f} | {ratio:.2f} "
+            f"| {statistics.median(r.cpu_ms for r in measured):.2f} "
+            f"| {statistics.median(r.p50 for r in measured):.2f} |"
+        )
 
 
 if __name__ == "__main__":
