@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import os
 import shutil
-import signal
 import socket
 import tempfile
-import time
 from dataclasses import dataclass
 
 from epp.pick_exchange import ENV as PICKS_ENV
@@ -29,11 +26,11 @@ from epp.pick_exchange import exchange_directory
 from epp.registry import CATALOG
 from epp.server import GrpcTls, serve
 from kvgate.wire import app_logging
+from kvgate.wire.supervisor import STARTUP_FAILED, supervise
 from policies.loader import load_policy, with_picker_config
 from policies.schema import Policy
 
 log = logging.getLogger("kvgate.epp")
-STARTUP_FAILED = 3  # a worker's exit code when it could not start
 
 
 @dataclass(frozen=True)
@@ -116,46 +113,7 @@ def run(options: EppOptions, policy: Policy) -> int:
     metrics_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="kvgate-epp-")
     picks_dir = os.environ[PICKS_ENV] = exchange_directory()
     try:
-        return _supervise(options)
+        return supervise(run_worker, (options,), options.workers, join_timeout=15)
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
         shutil.rmtree(picks_dir, ignore_errors=True)
-
-
-def _supervise(options: EppOptions) -> int:
-    context = multiprocessing.get_context("spawn")
-
-    def start() -> multiprocessing.process.BaseProcess:
-        proc = context.Process(target=run_worker, args=(options,), daemon=False)
-        proc.start()
-        return proc
-
-    procs = [start() for _ in range(options.workers)]
-    stopping = False
-    code = 0
-
-    def forward(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-        for proc in procs:
-            if proc.pid and proc.is_alive():
-                os.kill(proc.pid, signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    while not stopping:
-        time.sleep(0.2)
-        for i, proc in enumerate(procs):
-            if proc.is_alive() or stopping:
-                continue
-            if proc.exitcode == STARTUP_FAILED:
-                log.error("an epp worker could not start; stopping the others")
-                forward(signal.SIGTERM, None)
-                code = 1
-            else:
-                log.error("epp worker %s exited with %s; restarting it", proc.pid, proc.exitcode)
-                time.sleep(0.5)
-                procs[i] = start()
-    for proc in procs:
-        proc.join(15)
-    return code

@@ -11,14 +11,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import multiprocessing
 import os
 import shutil
 import signal
 import socket
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, replace
 
 from epp.pick_exchange import ENV as PICKS_ENV
@@ -28,10 +26,10 @@ from gateway.app import create_app
 from gateway.build_info import request_path_compiled
 from gateway.lifecycle import running
 from kvgate.wire import app_logging
+from kvgate.wire.supervisor import STARTUP_FAILED, supervise
 from policies.loader import load_policy
 from policies.schema import Policy
 
-STARTUP_FAILED = 3  # a worker's exit code when it could not start: not restarted
 log = logging.getLogger("kvgate.gateway")
 
 
@@ -145,45 +143,9 @@ def serve(options: ServeOptions, policy: Policy) -> int:
     metrics_dir = tempfile.mkdtemp(prefix="kvgate-metrics-")
     # the workers' pickers tell each other their picks through sockets here (epp.pick_exchange)
     picks_dir = os.environ[PICKS_ENV] = exchange_directory()
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
-        return _supervise(options, policy, workers, metrics_dir)
+        return supervise(run_worker, (options,), workers, policy.listen.shutdown_grace + 5)
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
         shutil.rmtree(picks_dir, ignore_errors=True)
-
-
-def _supervise(options: ServeOptions, policy: Policy, workers: int, metrics_dir: str) -> int:
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-    context = multiprocessing.get_context("spawn")
-    procs = [
-        context.Process(target=run_worker, args=(options,), daemon=False) for _ in range(workers)
-    ]
-    stopping = False
-    code = 0
-
-    def forward(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-        for proc in procs:
-            if proc.pid and proc.is_alive():
-                os.kill(proc.pid, signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    for proc in procs:
-        proc.start()
-    while not stopping:
-        time.sleep(0.2)
-        for i, proc in enumerate(procs):
-            if not proc.is_alive() and not stopping and proc.exitcode == STARTUP_FAILED:
-                log.error("a worker could not start; stopping the gateway")
-                forward(signal.SIGTERM, None)
-                code = 1
-            elif not proc.is_alive() and not stopping:
-                log.error("worker %s exited with %s; restarting it", proc.pid, proc.exitcode)
-                time.sleep(0.5)
-                procs[i] = context.Process(target=run_worker, args=(options,), daemon=False)
-                procs[i].start()
-    for proc in procs:
-        proc.join(policy.listen.shutdown_grace + 5)
-    return code
