@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 PICK_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 
@@ -52,3 +55,12 @@ class EppMetrics:
             ["direction"],
             registry=r,
         )
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """``registry``'s samples in the text format; with ``--workers N`` (``PROMETHEUS_MULTIPROC_DIR``
+    set) every worker's samples instead, as the workers write them to that directory."""
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return generate_latest(registry)

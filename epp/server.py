@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 from dataclasses import dataclass
 
@@ -13,9 +12,9 @@ import grpc
 from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client import CONTENT_TYPE_LATEST
 
+from epp.metrics import exposition
 from epp.servers.ext_proc import ExternalProcessor
 from epp.servers.pick_api import PickApi
 from epp.service import EppService
@@ -82,12 +81,9 @@ async def serve(
 
     async def metrics(request: web.Request) -> web.Response:
         service.update_gauges()
-        registry = service.metrics.registry
-        if "PROMETHEUS_MULTIPROC_DIR" in os.environ:  # --workers N: every worker's samples
-            registry = CollectorRegistry()
-            MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return web.Response(
-            body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+            body=exposition(service.metrics.registry),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
         )
 
     app = web.Application()

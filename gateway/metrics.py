@@ -7,15 +7,14 @@ parent before the workers start) and ``/metrics`` on any worker reports the sum 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from epp.metrics import exposition
 from gateway.breaker import BreakerState
 from gateway.build_info import request_path_compiled, version
 from gateway.finished_requests import FinishedRequests, RequestTotals, TotalsKey
@@ -57,7 +56,6 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.multiprocess = "PROMETHEUS_MULTIPROC_DIR" in os.environ
         r = self.registry
         self.requests = Counter(
             "kvgate_requests",
@@ -248,11 +246,7 @@ class GatewayMetrics:
 
     def exposition(self) -> bytes:
         self.flush()
-        if self.multiprocess:
-            registry = CollectorRegistry()
-            MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-            return generate_latest(registry)
-        return generate_latest(self.registry)
+        return exposition(self.registry)
 
 
 class QueueCollector(Collector):

@@ -209,24 +209,28 @@ class Limiter:
 
     async def _settle(self, specs: list[BucketSpec]) -> None:
         """Send owed usage to Redis in one call; put it back if Redis does not take it."""
-        assert isinstance(self.primary, RedisStore)
         if not specs:
             return
-        now = time.monotonic()
         try:
-            result = await self.primary.take(specs, self.fallback.seeds(specs, now), force=True)
+            await self._redis_take(specs, force=True)
         except StoreUnavailable as exc:
             self.pending.add(specs)  # sent again later, unless the late call was applied:
             self._if_applied(exc, specs)
-            return
+
+    async def _redis_take(self, specs: list[BucketSpec], *, force: bool = False) -> TakeResult:
+        """One call to Redis, each bucket seeded with the level last seen; the levels it
+        answers are recorded for the fallback (``StoreUnavailable`` when it cannot answer)."""
+        assert isinstance(self.primary, RedisStore)
+        now = time.monotonic()
+        result = await self.primary.take(specs, self.fallback.seeds(specs, now), force=force)
         self.fallback.observe(specs, result, now)
+        return result
 
     async def _take(self, specs: list[BucketSpec]) -> TakeResult:
         if isinstance(self.primary, MemoryStore):
             return self.primary.take_now(specs, time.monotonic())
-        now = time.monotonic()
         try:
-            result = await self.primary.take(specs, self.fallback.seeds(specs, now))
+            return await self._redis_take(specs)
         except StoreUnavailable as exc:
             # a call that timed out may still be applied: Redis then took it for a request
             # refused here (undone), or for one the fallback admitted (owed once, not twice)
@@ -240,8 +244,6 @@ class Limiter:
             if result.allowed:
                 self._owe(specs)  # Redis learns of it when it is back
             return result
-        self.fallback.observe(specs, result, now)
-        return result
 
     def _if_applied(self, failure: StoreUnavailable, specs: list[BucketSpec]) -> None:
         """When the call that failed with ``failure`` is applied after all, owe Redis the

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest.bench.pd_transfer import metric_sum
 from loadtest.harness.processes import KvgateProcess, backend_process, free_port, gateway_process
 from loadtest.harness.redis_server import RedisServer
 
@@ -138,16 +138,10 @@ async def drive(
     return RunResult(time.monotonic() - started, tallies)
 
 
-def metric_sum(base_url: str, name: str) -> float:
-    """A counter's total on a gateway (0 when the gateway has no such series)."""
+def counters(base_url: str) -> str:
+    """A gateway's /metrics text."""
     with urllib.request.urlopen(f"{base_url}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name
-    )
+        return str(response.read().decode())
 
 
 def start_hogs(count: int) -> list[subprocess.Popen[bytes]]:
@@ -174,9 +168,10 @@ async def scenario(
             urls = [f"http://127.0.0.1:{port}" for port in ports]
             result = await drive(urls, args.duration, args.concurrency, redis, outage)
             for url in urls:
-                result.store_errors += metric_sum(url, "kvgate_limiter_store_errors_total")
+                text = counters(url)
+                result.store_errors += metric_sum(text, "kvgate_limiter_store_errors_total", {})
                 result.fallback_decisions += metric_sum(
-                    url, "kvgate_limiter_fallback_decisions_total"
+                    text, "kvgate_limiter_fallback_decisions_total", {}
                 )
             return result
         finally:

@@ -391,19 +391,14 @@ class ConnectionPool:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                tls = self._tls.get(address)
-                if tls is None:
-                    _, conn = await loop.create_connection(
-                        lambda: UpstreamConnection(self, address), host.strip("[]"), int(port)
-                    )
-                else:
-                    _, conn = await loop.create_connection(
-                        lambda: UpstreamConnection(self, address),
-                        host.strip("[]"),
-                        int(port),
-                        ssl=tls[0],
-                        server_hostname=tls[1],
-                    )
+                context, name = self._tls.get(address, (None, None))
+                _, conn = await loop.create_connection(
+                    lambda: UpstreamConnection(self, address),
+                    host.strip("[]"),
+                    int(port),
+                    ssl=context,
+                    server_hostname=name,
+                )
         except OSError as exc:  # ssl.SSLError (a failed handshake) is an OSError
             raise UpstreamConnectionError(f"cannot connect to {address}: {exc}") from exc
         return conn
