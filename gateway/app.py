@@ -25,6 +25,7 @@ from gateway.keys import (
     CANARIES,
     HTTP_SESSION,
     METRICS,
+    RESPONSE_HOMES,
     RUNTIME,
     SHADOW,
     SHUTTING_DOWN,
@@ -36,6 +37,7 @@ from gateway.metric_batch import FLUSH_INTERVAL
 from gateway.metrics import GatewayMetrics, LimiterCollector, QueueCollector
 from gateway.reload import RELOADER, Reloader, capacity_gate
 from gateway.remote_jwks import jwks_urls
+from gateway.response_homes import ResponseHomes
 from gateway.routing.shadow import ShadowMirror
 from gateway.runtime import RuntimeHolder, RuntimeParts, build_runtime
 from gateway.slo.tracker import SloTracker
@@ -73,6 +75,7 @@ def create_app(
     canaries = app[CANARIES] = Canaries(metrics.registry)
     canaries.update(policy)
     app[SHUTTING_DOWN] = [False]
+    app[RESPONSE_HOMES] = ResponseHomes()
     app[RELOADER] = Reloader(app, policy_path, parts)
 
     async def http_session(app: web.Application) -> AsyncIterator[None]:

@@ -14,6 +14,7 @@ from opentelemetry.trace import Tracer
 from gateway.admission import AdmissionQueue
 from gateway.canary.canaries import Canaries
 from gateway.metrics import GatewayMetrics
+from gateway.response_homes import ResponseHomes
 from gateway.routing.shadow import ShadowMirror
 from gateway.runtime import RuntimeHolder
 from gateway.slo.tracker import SloTracker
@@ -29,3 +30,4 @@ ADMISSION = web.AppKey("admission", AdmissionQueue)
 SHADOW = web.AppKey("shadow", ShadowMirror)
 SLOS = web.AppKey("slos", SloTracker)
 CANARIES = web.AppKey("canaries", Canaries)
+RESPONSE_HOMES = web.AppKey("response_homes", ResponseHomes)

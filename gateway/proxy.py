@@ -1,4 +1,5 @@
-"""The OpenAI endpoints the gateway proxies: completions, chat completions, embeddings.
+"""The OpenAI endpoints the gateway proxies: completions, chat completions, embeddings,
+responses (created here; by id: ``gateway.stored_responses``).
 
 The body is forwarded unchanged except for the route's model rewrite and, on streams,
 ``stream_options.include_usage`` (so usage is always known; the extra chunk is dropped again
@@ -36,10 +37,13 @@ from gateway.relay import body_response, read_body, relay_stream
 from gateway.routing.selector import select
 from gateway.routing.shadow import Outcome, text_of
 from gateway.runtime import Runtime
+from gateway.stored_responses import continuing, created, id_in_body
 from gateway.upstream import open_upstream, upstream_headers
 from kvgate.wire.http.messages import AnyResponse, Request, Response
 from kvgate.wire.json_text import nested_deeper_than
+from kvgate.wire.responses_api import RESPONSES_PATH, input_messages
 from kvgate.wire.routing_headers import INFERENCE_OBJECTIVE
+from kvgate.wire.sse import ResponsesRelay, SSERelay
 from policies.schema import Pool, Route
 
 
@@ -109,13 +113,16 @@ async def proxy(
         reservation = await limiter.reserve(ctx.identity, model, request.path, body, context_length)
         if reservation is not None:
             ctx.add_headers(reservation.headers)
-    pick = PickRequest(model, body, request.headers, ctx.identity, ctx.request_id)
+    responses = path == RESPONSES_PATH
+    # a response's input is routed on as the chat messages it renders to
+    routed = {**body, "messages": input_messages(body)} if responses else body
+    pick = PickRequest(model, routed, request.headers, ctx.identity, ctx.request_id)
     shadow = None
     if route.shadow:
         shadow = app[SHADOW].start(
             policy, runtime.picker, route, path, body, pick, runtime.upstream_tls
         )
-    forward = Forward(request, runtime, ctx, path, raw, pick, client_wants_usage)
+    forward = Forward(request, runtime, ctx, path, raw, body, pick, client_wants_usage)
     try:
         if route.fallback:
             response = await _serve_with_fallbacks(forward, route, selection.pool)
@@ -145,7 +152,7 @@ class Forward:
     """What sending one request upstream needs, whichever pool serves it (a plain slots class:
     one is made per request)."""
 
-    __slots__ = ("client_wants_usage", "ctx", "path", "pick", "raw", "request", "runtime")
+    __slots__ = ("body", "client_wants_usage", "ctx", "path", "pick", "raw", "request", "runtime")
 
     def __init__(
         self,
@@ -154,6 +161,7 @@ class Forward:
         ctx: RequestContext,
         path: str,
         raw: bytes,
+        body: dict[str, object],
         pick: PickRequest,
         client_wants_usage: bool,
     ) -> None:
@@ -162,6 +170,7 @@ class Forward:
         self.ctx = ctx
         self.path = path  # the upstream path
         self.raw = raw  # the client's body as sent
+        self.body = body  # ... parsed
         self.pick = pick
         self.client_wants_usage = client_wants_usage
 
@@ -176,9 +185,7 @@ async def _serve_with_fallbacks(forward: Forward, route: Route, first_pool: str)
     for name in route.fallback:
         fallback = policy.route_for(name)
         if fallback is not None:
-            pools.append(
-                select(fallback, forward.pick.body, forward.request.headers, ctx.identity).pool
-            )
+            pools.append(select(fallback, forward.body, forward.request.headers, ctx.identity).pool)
     for index, pool_name in enumerate(pools):
         last = index == len(pools) - 1
         if not last and not admission.gate.has_capacity(pool_name):
@@ -225,8 +232,9 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
             metrics.child(metrics.queue_rejections, ctx.priority_class, reason).inc()
             raise
     try:
-        body = forward.pick.body
-        add_usage = ctx.stream and not forward.client_wants_usage
+        body = forward.body
+        responses = forward.path == RESPONSES_PATH  # usage comes with the last event
+        add_usage = ctx.stream and not forward.client_wants_usage and not responses
         client_headers = request.headers
         forwarded = runtime.client_address.upstream_lines(
             request.peer,
@@ -246,6 +254,9 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
         payload = forward.raw
         if pool.model or add_usage or params is not None or KV_TRANSFER in body:
             payload = _payload(payload, body, pool, ctx.model, add_usage, params)
+        if responses and "previous_response_id" in body:
+            previous = body["previous_response_id"]
+            ranking = await continuing(request, ctx, pool.name, previous, ranking)
         attempt = await open_upstream(
             call, ctx, pool, forward.path, payload, headers, forward.pick, ranking
         )
@@ -255,17 +266,20 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
         idle = runtime.policy.timeouts.idle
         try:
             if upstream.content_type == "text/event-stream":
-                return await relay_stream(
-                    request,
-                    ctx,
-                    attempt,
-                    upstream,
-                    idle,
-                    strip_usage=not forward.client_wants_usage,
+                relay = (
+                    ResponsesRelay()
+                    if responses
+                    else SSERelay(strip_usage=not forward.client_wants_usage)
                 )
+                streamed = await relay_stream(request, ctx, attempt, upstream, idle, relay)
+                if responses:
+                    created(request, ctx, relay.response_id)
+                return streamed
             data = upstream.read_now()  # a whole JSON body usually comes with the headers
             if data is None:
                 data = await read_body(ctx, attempt, upstream, idle)
+            if responses and upstream.status == 200:
+                created(request, ctx, id_in_body(data))
             return body_response(ctx, upstream, data)
         finally:
             attempt.close()

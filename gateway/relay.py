@@ -16,7 +16,7 @@ from gateway.upstream import response_headers
 from kvgate.wire.http.client import UpstreamConnectionError, UpstreamResponse
 from kvgate.wire.http.messages import Request, Response, StreamResponse
 from kvgate.wire.http.server import SHUTDOWN_CUT
-from kvgate.wire.openai_errors import sse_error_event
+from kvgate.wire.responses_api import chat_usage
 from kvgate.wire.sse import SSERelay, usage_of
 
 MID_STREAM_ERRORS = (UpstreamConnectionError, asyncio.TimeoutError)
@@ -51,16 +51,16 @@ async def relay_stream(
     attempt: Attempt,
     upstream: UpstreamResponse,
     idle: float,
-    *,
-    strip_usage: bool,
+    relay: SSERelay,
 ) -> StreamResponse:
+    """Relay the upstream's events as they complete (``relay``: how this API's stream is read
+    and ended); a stream that breaks off ends with an error event."""
     response = StreamResponse(
         status=upstream.status,
         block=response_headers(upstream.raw_headers, ctx.request_id, ctx.extra_headers) + ctx.cors,
     )
     await response.prepare(request)
     ctx.status = upstream.status
-    relay = SSERelay(strip_usage=strip_usage)
     failure = ""
     try:
         while chunk := await upstream.readany(idle):
@@ -74,7 +74,7 @@ async def relay_stream(
             ctx.error = CUT_BY_SHUTDOWN
             attempt.break_off()
             message = "the gateway is shutting down; the stream was cut after its grace period"
-            response.write_last(sse_error_event(message, code="shutdown").encode())
+            response.write_last(relay.error_event(message, "shutdown"))
         raise
     except MID_STREAM_ERRORS as exc:
         failure = (
@@ -93,8 +93,7 @@ async def relay_stream(
     if failure:
         ctx.error = "upstream_stream_broken"
         attempt.break_off()
-        event = sse_error_event(failure, code="upstream_stream_broken")
-        await response.write(event.encode())
+        await response.write(relay.error_event(failure, "upstream_stream_broken"))
     await response.write_eof()
     return response
 
@@ -108,7 +107,7 @@ def _upstream_failed(ctx: RequestContext, exc: BaseException) -> Exception:
 def _record_usage(ctx: RequestContext, usage: dict[str, object] | None) -> None:
     if usage is None:
         return
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    prompt, completion = chat_usage(usage)
     ctx.prompt_tokens = prompt if isinstance(prompt, int) else 0
     ctx.completion_tokens = completion if isinstance(completion, int) else 0
     ctx.usage_known = isinstance(prompt, int) and isinstance(completion, int)

@@ -1,5 +1,5 @@
-"""The gateway's routes and what runs around them: the proxied OpenAI API, models, health,
-readiness and metrics.
+"""The gateway's routes and what runs around them: the proxied OpenAI API (stored responses by
+id: ``gateway.stored_responses``), models, health, readiness and metrics.
 
 ``handle`` is what the HTTP server calls for every request: request context (request id, span,
 access log, metrics), auth, the route's handler, errors.
@@ -40,8 +40,11 @@ from gateway.request_context import (
     start_server_span,
 )
 from gateway.runtime import dead_pools
+from gateway.stored_responses import PREFIX as RESPONSE_PREFIX
+from gateway.stored_responses import by_id, route_name
 from kvgate.wire.http.messages import AnyResponse, Request, Response, header_line, json_response
 from kvgate.wire.http.server import SHUTDOWN_CUT
+from kvgate.wire.responses_api import RESPONSES_PATH
 from policies.schema import Observability
 
 RouteHandler = Callable[[Request, RequestContext], Awaitable[AnyResponse]]
@@ -141,6 +144,7 @@ ROUTES: dict[str, dict[str, RouteHandler]] = {
     "/v1/chat/completions": {"POST": Proxied("/v1/chat/completions")},
     "/v1/completions": {"POST": Proxied("/v1/completions")},
     "/v1/embeddings": {"POST": Proxied("/v1/embeddings", streams=False)},
+    RESPONSES_PATH: {"POST": Proxied(RESPONSES_PATH)},
     "/v1/models": {"GET": models},
     "/healthz": {"GET": healthz},
     "/readyz": {"GET": readyz},
@@ -150,31 +154,51 @@ ROUTES: dict[str, dict[str, RouteHandler]] = {
 MODEL_PREFIX = "/v1/models/"
 MODEL_ROUTE: dict[str, RouteHandler] = {"GET": model}
 METRICS_ROUTE: dict[str, RouteHandler] = {"GET": metrics}
+RESPONSE_ROUTE: dict[str, RouteHandler] = {"GET": by_id, "DELETE": by_id, "POST": by_id}
 
 
-def _route(request: Request) -> RouteHandler:
+def _route(request: Request, ctx: RequestContext) -> RouteHandler:
     """The path's handler for the method; HEAD is served wherever GET is (the server sends
-    the head only)."""
+    the head only). ``ctx.route`` becomes the route's name (a path with its id as ``{id}``, or
+    ``other``): the metrics' label must not grow with the paths clients make up."""
     path = request.path
     methods = ROUTES.get(path)
     if methods is None:
         policy = request.app[RUNTIME].current.policy
         if path.startswith(MODEL_PREFIX) and len(path) > len(MODEL_PREFIX):
-            methods = MODEL_ROUTE
+            methods, ctx.route = MODEL_ROUTE, MODEL_PREFIX + "{id}"
+        elif path.startswith(RESPONSE_PREFIX):
+            methods, ctx.route = RESPONSE_ROUTE, route_name(path)  # by_id checks the methods
         elif path == policy.observability.metrics_path:
             methods = METRICS_ROUTE
         elif path in policy.passthrough_paths:
             methods = {"POST": Proxied(path, streams=False)}
         else:
-            raise NotFound(f"no route for {path}")
+            ctx.route = "other"
+            return Refusal(NotFound(f"no route for {path}"))
     method = request.method
     handler = methods.get("GET" if method == "HEAD" else method)
     if handler is None:
-        raise MethodNotAllowed(
-            f"{request.method} is not allowed on {request.path}",
-            headers={"allow": ", ".join([*methods, "HEAD"] if "GET" in methods else methods)},
+        return Refusal(
+            MethodNotAllowed(
+                f"{request.method} is not allowed on {request.path}",
+                headers={"allow": ", ".join([*methods, "HEAD"] if "GET" in methods else methods)},
+            )
         )
     return handler
+
+
+class Refusal:
+    """The handler of a path or method there is no route for: raises its error (after auth:
+    an unauthenticated caller learns nothing about paths)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: GatewayError) -> None:
+        self.error = error
+
+    async def __call__(self, request: Request, ctx: RequestContext) -> AnyResponse:
+        raise self.error
 
 
 def check_head(app: web.Application, target: bytes, headers: CIMultiDict[str]) -> Response | None:
@@ -195,7 +219,7 @@ async def handle(request: Request) -> AnyResponse:
 
     One coroutine does it all (a layer per concern costs a coroutine each, per request): the
     request context (request id, server span, access log, metrics), auth (``/v1/*`` only, before
-    the route is looked up, so an unauthenticated caller learns nothing about paths), the
+    a missing route is refused, so an unauthenticated caller learns nothing about paths), the
     route's handler, and any exception made into an OpenAI-shaped error.
     """
     app = request.app
@@ -205,6 +229,7 @@ async def handle(request: Request) -> AnyResponse:
     try:
         try:
             runtime = app[RUNTIME].current
+            handler = _route(request, ctx)  # a refusal raises after auth
             cors = runtime.policy.cors
             if cors is not None and is_preflight(request.method, request.headers):
                 response: AnyResponse = preflight(cors, request.headers)  # before auth
@@ -219,7 +244,7 @@ async def handle(request: Request) -> AnyResponse:
                     else:
                         with tracer.start_as_current_span("auth"):
                             ctx.identity = authenticator.authenticate(request.headers)
-                response = await _route(request)(request, ctx)
+                response = await handler(request, ctx)
         except asyncio.CancelledError as cancel:
             if cancel.args and cancel.args[0] == SHUTDOWN_CUT:
                 # still running when the shutdown grace ended; a stream keeps its status

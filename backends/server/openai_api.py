@@ -110,7 +110,7 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
             state.engine.abort(stream)
 
 
-async def _choice_events(
+async def choice_events(
     state: ServerState, req: GenerationRequest, index: int, stream: RequestStream
 ) -> AsyncIterator[ChoiceEvent]:
     """Text deltas of one choice with their token ids; the last event carries the finish
@@ -143,7 +143,7 @@ def _all_choice_events(
     state: ServerState, req: GenerationRequest, streams: list[RequestStream]
 ) -> AsyncIterator[ChoiceEvent]:
     if len(streams) == 1:
-        return _choice_events(state, req, 0, streams[0])
+        return choice_events(state, req, 0, streams[0])
     return _merged_choice_events(state, req, streams)
 
 
@@ -154,7 +154,7 @@ async def _merged_choice_events(
 
     async def pump(index: int, stream: RequestStream) -> None:
         try:
-            async for event in _choice_events(state, req, index, stream):
+            async for event in choice_events(state, req, index, stream):
                 await queue.put(event)
             await queue.put(None)
         except EngineAborted as exc:

@@ -12,6 +12,7 @@ from backends.pd.connector import PdConnector
 from backends.pd.transfer_service import TransferServer
 from backends.server.metrics import ServerMetrics
 from backends.server.protocol import RequestError
+from backends.server.response_store import ResponseStore
 from kvgate.wire.request_tokenizer import RequestTokenizer
 
 
@@ -32,6 +33,7 @@ class ServerState:
     transfer_server: TransferServer | None = None  # a prefill worker's KV transfer service
     prefill_session: aiohttp.ClientSession | None = None  # a decode worker's prefill hops
     prefill_timeout: float = 60.0
+    responses: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses, stored
 
     def default_max_tokens(self, is_chat: bool) -> int:
         return self.chat_max_tokens if is_chat else self.completion_max_tokens

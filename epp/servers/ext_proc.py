@@ -27,6 +27,7 @@ from google.protobuf import struct_pb2
 from epp.service import Dispatch, EppService
 from kvgate.wire.openai_errors import error_body, error_type_for
 from kvgate.wire.request_id import new_request_id
+from kvgate.wire.responses_api import RESPONSES_PATH, chat_usage, input_messages
 from kvgate.wire.routing_headers import (
     DESTINATION,
     INFERENCE_OBJECTIVE,
@@ -35,7 +36,7 @@ from kvgate.wire.routing_headers import (
     SUBSET_KEY,
     is_client_routing,
 )
-from kvgate.wire.sse import SSERelay, usage_of
+from kvgate.wire.sse import ResponsesRelay, SSERelay, usage_of
 
 log = logging.getLogger("kvgate.epp")
 
@@ -46,7 +47,12 @@ FAIRNESS, REWRITE = ("x-gateway-inference-fairness-id", "x-gateway-model-name-re
 SYSTEM_OWNED = frozenset(
     {DESTINATION, SERVED, SUBSET_KEY, OBJECTIVE, FAIRNESS, REWRITE, "content-length", "host"}
 )
-REQUIRED_FIELD = {"/chat/completions": "messages", "/completions": "prompt", "/embeddings": "input"}
+REQUIRED_FIELD = {
+    "/chat/completions": "messages",
+    "/completions": "prompt",
+    "/embeddings": "input",
+    "/responses": "input",
+}
 
 
 class PickError(Exception):
@@ -221,6 +227,8 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         needed = next((f for suffix, f in REQUIRED_FIELD.items() if path.endswith(suffix)), None)
         if needed and not body.get(needed):
             raise PickError(400, f"'{needed}' is required for {path}", "bad_request")
+        if path.endswith(RESPONSES_PATH):
+            state.relay = ResponsesRelay()
         return body
 
     def _pick(self, state: StreamState, body: dict[str, object], subset: set[str] | None) -> str:
@@ -245,6 +253,8 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         priority = self.service.policy.epp.priority_of(state.headers.get(OBJECTIVE, ""))
         if priority < 0 and self.service.saturation.all_saturated(candidates):
             raise PickError(429, "system saturated, sheddable request dropped", "shed")
+        if isinstance(state.relay, ResponsesRelay):  # routed on the chat messages it renders to
+            body = {**body, "messages": input_messages(body)}
         scheduling = self.service.scheduling_request(
             pool, request_id, state.target_model, body, state.headers
         )
@@ -306,8 +316,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         return data
 
     def _count_usage(self, usage: dict[str, object]) -> None:
-        for key, direction in (("prompt_tokens", "prompt"), ("completion_tokens", "completion")):
-            value = usage.get(key)
+        for value, direction in zip(chat_usage(usage), ("prompt", "completion"), strict=True):
             if isinstance(value, int):
                 self.service.metrics.tokens.labels(direction).inc(value)
 

@@ -28,6 +28,8 @@ from kvgate.wire.json_text import compact_json
 from policies.schema import LimitRule, Limits
 
 log = logging.getLogger("kvgate.gateway")
+# the output limit a request names (chat, Responses API, completions)
+OUTPUT_LIMITS = ("max_completion_tokens", "max_output_tokens", "max_tokens")
 
 
 class RateLimited(GatewayError):
@@ -126,13 +128,16 @@ class Limiter:
         """Prompt characters / ``chars_per_token`` + the output the request may ask for, at most
         the model's ``context_length`` when known (no request can use more); ``BadRequest`` for
         an output limit that is not a positive integer."""
-        name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        name = next((name for name in OUTPUT_LIMITS if name in body), "max_tokens")
         out = body.get(name)
         if out is not None and (isinstance(out, bool) or not isinstance(out, int) or out < 1):
             raise BadRequest(f"{name} must be a positive integer; got {out!r}", param=name)
         max_tokens = out if isinstance(out, int) else self.limits.default_max_tokens
         text = body.get("messages") or body.get("prompt") or body.get("input") or ""
         chars = len(text) if isinstance(text, str) else len(compact_json(text))
+        instructions = body.get("instructions")  # a Responses API request's system prompt
+        if isinstance(instructions, str):
+            chars += len(instructions)
         estimate = chars // self.limits.chars_per_token + max_tokens
         return estimate if context_length is None else min(estimate, context_length)
 

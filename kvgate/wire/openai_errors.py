@@ -23,3 +23,10 @@ def sse_error_event(message: str, error_type: str = "server_error", code: str | 
     """The error as one SSE event (``data: {...}`` and a blank line), as OpenAI ends a stream
     that failed midway."""
     return f"data: {json.dumps(error_body(message, error_type, code=code))}\n\n"
+
+
+def responses_error_event(message: str, code: str) -> str:
+    """The error as the Responses API streams it (``event: error``), which ends a response's
+    stream as ``sse_error_event`` ends a chat completion's."""
+    data = json.dumps({"type": "error", "code": code, "message": message, "param": None})
+    return f"event: error\ndata: {data}\n\n"

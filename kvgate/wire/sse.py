@@ -1,5 +1,6 @@
 """Relay an upstream SSE stream event by event: read usage, drop the usage chunk the gateway
-injected (when the client did not ask for it), and notice ``[DONE]``.
+injected (when the client did not ask for it), and notice ``[DONE]`` (a Responses API stream:
+its terminal event, and the response's id).
 
 Only complete events (ending in a blank line) are forwarded; a partial event waits for the rest.
 """
@@ -8,8 +9,13 @@ from __future__ import annotations
 
 import orjson
 
+from kvgate.wire.openai_errors import responses_error_event, sse_error_event
+from kvgate.wire.responses_api import TERMINAL_EVENTS
+
 _USAGE = b'"usage"'
 _DONE = b"[DONE]"
+_RESPONSE = b'"response"'
+_ERROR = b'"error"'
 
 
 class SSERelay:
@@ -18,7 +24,8 @@ class SSERelay:
     def __init__(self, *, strip_usage: bool) -> None:
         self.strip_usage = strip_usage
         self.usage: dict[str, object] | None = None
-        self.saw_done = False
+        self.saw_done = False  # the stream's end: [DONE] (a response's terminal event)
+        self.response_id = ""  # a Responses API stream's response id
         self._buffer = b""
 
     def feed(self, chunk: bytes) -> bytes:
@@ -31,7 +38,7 @@ class SSERelay:
             self._buffer = data
             return b""
         complete, self._buffer = data[: end + 2], data[end + 2 :]
-        if _USAGE not in complete and _DONE not in complete:
+        if self._plain(complete):
             return complete
         kept = [event for event in complete.split(b"\n\n") if event and self._keep(event)]
         return b"".join(event + b"\n\n" for event in kept)
@@ -40,6 +47,14 @@ class SSERelay:
     def pending(self) -> bytes:
         """An incomplete trailing event (the upstream ended mid-event)."""
         return self._buffer
+
+    def error_event(self, message: str, code: str) -> bytes:
+        """The event that tells the client its stream failed midway."""
+        return sse_error_event(message, code=code).encode()
+
+    def _plain(self, events: bytes) -> bool:
+        """Whether ``events`` are forwarded as they are, unread."""
+        return _USAGE not in events and _DONE not in events
 
     def _keep(self, event: bytes) -> bool:
         payload = _data_of(event)
@@ -58,6 +73,41 @@ class SSERelay:
             self.usage = parsed["usage"]
             if self.strip_usage and not parsed.get("choices"):
                 return False
+        return True
+
+
+class ResponsesRelay(SSERelay):
+    """A Responses API stream (``event:`` names, no ``[DONE]``): its end is a terminal event
+    (``response.completed``, ``.incomplete``, ``.failed``) or an ``error`` event; usage and the
+    response id come from the events' ``response`` objects. Nothing is dropped."""
+
+    def __init__(self) -> None:
+        super().__init__(strip_usage=False)
+
+    def error_event(self, message: str, code: str) -> bytes:
+        return responses_error_event(message, code).encode()
+
+    def _plain(self, events: bytes) -> bool:
+        return _RESPONSE not in events and _ERROR not in events
+
+    def _keep(self, event: bytes) -> bool:
+        payload = _data_of(event)
+        try:
+            parsed = orjson.loads(payload) if payload is not None else None
+        except ValueError:
+            return True
+        if not isinstance(parsed, dict):
+            return True
+        kind, response = parsed.get("type"), parsed.get("response")
+        if kind == "error":
+            self.saw_done = True  # the upstream's own account of the failure
+        elif isinstance(response, dict):
+            if not self.response_id and isinstance(response.get("id"), str):
+                self.response_id = response["id"]
+            if kind in TERMINAL_EVENTS:
+                self.saw_done = True
+                if isinstance(response.get("usage"), dict):
+                    self.usage = response["usage"]
         return True
 
 

@@ -1,0 +1,45 @@
+"""Where each stored response lives (``/v1/responses``): response id -> pool, endpoint, public
+model and creator, bounded (the least recently used is forgotten first)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+REMEMBERED = 100_000  # ids kept: about 20 MB
+
+
+@dataclass(frozen=True, slots=True)
+class Home:
+    """Where a stored response lives, and whose it is."""
+
+    pool: str
+    endpoint: str  # host:port
+    model: str  # the public model it was created with
+    owner: str | None  # the creating tenant; None: not known (anyone allowed may reach it)
+
+
+class ResponseHomes:
+    """Response id -> ``Home``, the ``capacity`` most recently used."""
+
+    def __init__(self, capacity: int = REMEMBERED) -> None:
+        self.capacity = capacity
+        self._homes: OrderedDict[str, Home] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._homes)
+
+    def remember(self, response_id: str, home: Home) -> None:
+        self._homes[response_id] = home
+        self._homes.move_to_end(response_id)
+        if len(self._homes) > self.capacity:
+            self._homes.popitem(last=False)
+
+    def get(self, response_id: str) -> Home | None:
+        home = self._homes.get(response_id)
+        if home is not None:
+            self._homes.move_to_end(response_id)
+        return home
+
+    def forget(self, response_id: str) -> None:
+        self._homes.pop(response_id, None)
