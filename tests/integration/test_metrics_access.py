@@ -64,3 +64,22 @@ def test_metrics_need_loopback_a_token_or_public(
         POLICY + "observability: {metrics: {public: true}}", "--host", "0.0.0.0"
     )
     assert status(f"http://{outward}:{public.rsplit(':', 1)[1]}/metrics") == 200
+
+
+def test_made_up_paths_and_ids_share_one_route_label(
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+) -> None:
+    """A label per path a client makes up would grow the metrics without bound."""
+    url, _ = start_gateway(POLICY)
+    for number in range(5):
+        assert status(f"{url}/made-up/{number}") == 404
+        assert status(f"{url}/v1/made-up-{number}") == 404
+        assert status(f"{url}/v1/models/m{number}") == 404
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    routes = {
+        line.split('route="')[1].split('"')[0]
+        for line in text.splitlines()
+        if line.startswith("kvgate_requests_total{")
+    }
+    assert routes == {"other", "/v1/models/{id}"}
