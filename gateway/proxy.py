@@ -30,6 +30,7 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
+from gateway.form_body import FormBody, is_form, parse_form
 from gateway.forwarded import forwarded_chain
 from gateway.keys import ADMISSION, CANARIES, METRICS, RUNTIME, SHADOW, SLOS
 from gateway.metrics import GatewayMetrics
@@ -56,11 +57,21 @@ def _content_encoding(headers: list[tuple[bytes, bytes]]) -> str:
     return ""
 
 
-def _read_json(request: Request, max_body: int, max_depth: int) -> tuple[bytes, dict[str, object]]:
+def _read_body(
+    request: Request, max_body: int, max_depth: int, forms: bool
+) -> tuple[bytes, dict[str, object], FormBody | None]:
+    """The body as sent (decoded), its fields, and the form when it is a multipart form (taken
+    on ``forms`` paths only: the extra paths a route lists, such as ``/v1/audio/*``)."""
     raw = request.body  # the server has already refused bodies over listen.max_body
     encoding = _content_encoding(request.raw_headers)
     if encoding:  # decoded here, bounded again; forwarded decoded, without the header
         raw = decode_body(raw, encoding, max_body)
+    content_type = request.headers.get("content-type", "")
+    if content_type.startswith("multipart/") and is_form(content_type):
+        if not forms:
+            raise BadRequest(f"{request.path} takes a JSON body, not a multipart form")
+        form = parse_form(raw, content_type)
+        return raw, form.fields, form
     try:
         body = orjson.loads(raw)
     except ValueError as exc:
@@ -71,7 +82,7 @@ def _read_json(request: Request, max_body: int, max_depth: int) -> tuple[bytes, 
     # body with fewer brackets than the limit cannot nest deeper than it
     if raw.count(b"[") + raw.count(b"{") > max_depth and nested_deeper_than(body, max_depth):
         raise BadRequest(f"the request body nests deeper than {max_depth} levels")
-    return raw, body
+    return raw, body, None
 
 
 async def proxy(
@@ -83,7 +94,8 @@ async def proxy(
     runtime = app[RUNTIME].current
     policy = runtime.policy
     listen = policy.listen
-    raw, body = _read_json(request, listen.max_body_bytes, listen.max_json_depth)
+    forms = path in policy.passthrough_paths
+    raw, body, form = _read_body(request, listen.max_body_bytes, listen.max_json_depth, forms)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("model is required and must be a string", param="model")
@@ -95,9 +107,13 @@ async def proxy(
         )
     if path in policy.passthrough_paths and path not in route.paths:
         raise NotFound(f"{path} is not enabled for the model `{model}` (its route's paths)")
-    ctx.stream = streams and body.get("stream") is True
+    stream = body.get("stream")
+    ctx.stream = (streams and stream is True) or (form is not None and stream == "true")
     options = body.get("stream_options")
-    client_wants_usage = isinstance(options, dict) and options.get("include_usage") is True
+    # a form's stream is passed on as it is: nothing is added to it, so nothing is stripped
+    client_wants_usage = form is not None or (
+        isinstance(options, dict) and options.get("include_usage") is True
+    )
     if route.auto_canary is None:
         selection = select(route, body, request.headers, ctx.identity)
     else:
@@ -118,11 +134,11 @@ async def proxy(
     routed = {**body, "messages": input_messages(body)} if responses else body
     pick = PickRequest(model, routed, request.headers, ctx.identity, ctx.request_id)
     shadow = None
-    if route.shadow:
+    if route.shadow and form is None:  # a shadow copy is sent as JSON
         shadow = app[SHADOW].start(
             policy, runtime.picker, route, path, body, pick, runtime.upstream_tls
         )
-    forward = Forward(request, runtime, ctx, path, raw, body, pick, client_wants_usage)
+    forward = Forward(request, runtime, ctx, path, raw, body, pick, client_wants_usage, form)
     try:
         if route.fallback:
             response = await _serve_with_fallbacks(forward, route, selection.pool)
@@ -152,7 +168,17 @@ class Forward:
     """What sending one request upstream needs, whichever pool serves it (a plain slots class:
     one is made per request)."""
 
-    __slots__ = ("body", "client_wants_usage", "ctx", "path", "pick", "raw", "request", "runtime")
+    __slots__ = (
+        "body",
+        "client_wants_usage",
+        "ctx",
+        "form",
+        "path",
+        "pick",
+        "raw",
+        "request",
+        "runtime",
+    )
 
     def __init__(
         self,
@@ -164,6 +190,7 @@ class Forward:
         body: dict[str, object],
         pick: PickRequest,
         client_wants_usage: bool,
+        form: FormBody | None = None,
     ) -> None:
         self.request = request
         self.runtime = runtime
@@ -173,6 +200,7 @@ class Forward:
         self.body = body  # ... parsed
         self.pick = pick
         self.client_wants_usage = client_wants_usage
+        self.form = form  # a multipart body: forwarded as sent, but for its model field
 
 
 async def _serve_with_fallbacks(forward: Forward, route: Route, first_pool: str) -> AnyResponse:
@@ -241,10 +269,14 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
             forwarded_chain(client_headers),
             client_headers.get("x-forwarded-proto"),
         )
-        headers = upstream_headers(request.raw_headers, ctx.request_id, pool, forwarded)
+        form = forward.form
+        content_type = None if form is None else form.content_type
+        headers = upstream_headers(
+            request.raw_headers, ctx.request_id, pool, forwarded, content_type
+        )
         call = runtime.calls[pool.name]
         ranking = call.picker.rank(pool.name, forward.pick)
-        prefiller = ranking.prefill()
+        prefiller = ranking.prefill() if form is None else None
         params = None
         if prefiller is not None:  # a prefill/decode pool disaggregates this request
             hop = (
@@ -252,7 +284,10 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
             )
             params = await run_prefill(call, pool, forward.path, hop, headers, prefiller, ranking)
         payload = forward.raw
-        if pool.model or add_usage or params is not None or KV_TRANSFER in body:
+        if form is not None:
+            if pool.model and pool.model != ctx.model:
+                payload = form.with_model(pool.model)
+        elif pool.model or add_usage or params is not None or KV_TRANSFER in body:
             payload = _payload(payload, body, pool, ctx.model, add_usage, params)
         if responses and "previous_response_id" in body:
             previous = body["previous_response_id"]

@@ -109,17 +109,22 @@ _RETURNED = HeaderFilter(DROP_RESPONSE_HEADERS)
 
 
 def upstream_headers(
-    client: list[tuple[bytes, bytes]], request_id: str, pool: Pool, forwarded: bytes = b""
+    client: list[tuple[bytes, bytes]],
+    request_id: str,
+    pool: Pool,
+    forwarded: bytes = b"",
+    content_type: str | None = None,
 ) -> bytes:
     """The header lines sent upstream: the client's (as sent, less ``DROP_REQUEST_HEADERS``),
-    ``forwarded`` (the ``X-Forwarded-*`` lines), the request id, the content type and the
-    pool's own credentials."""
+    ``forwarded`` (the ``X-Forwarded-*`` lines), the request id, the content type (JSON, or
+    ``content_type``: a multipart form's own, with its boundary) and the pool's own
+    credentials."""
     lines: list[bytes] = []
     _FORWARDED.lines(client, lines)
     if forwarded:
         lines.append(forwarded)
     lines.append(header_line(b"x-request-id", request_id))
-    lines.append(_JSON)
+    lines.append(_JSON if content_type is None else header_line(b"content-type", content_type))
     if pool.api_key:
         lines.append(header_line(b"authorization", f"Bearer {pool.api_key}"))
     return b"".join(lines)

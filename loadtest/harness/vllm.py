@@ -27,6 +27,7 @@ ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+    "VLLM_ENABLE_RESPONSES_API_STORE": "1",  # /v1/responses by id (kept in memory)
 }
 
 

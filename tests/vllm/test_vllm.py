@@ -128,6 +128,33 @@ def test_the_gateway_proxies_vllm_for_the_official_client(gateway: tuple[str, st
         client.completions.create(model="tiny-llama", prompt="x", max_tokens=100_000)
 
 
+def test_responses_through_the_gateway_reach_the_engine_that_stored_them(
+    gateway: tuple[str, str],
+) -> None:
+    """vLLM keeps each response in its own process: retrieve and continue must go there."""
+    url, _ = gateway
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    made = [
+        client.responses.create(
+            model="tiny-llama", instructions=SYSTEM, input=f"parcel {n}?", max_output_tokens=3
+        )
+        for n in range(4)
+    ]
+    for response in made:
+        assert response.usage is not None and response.usage.input_tokens > BLOCK
+        assert client.responses.retrieve(response.id).id == response.id
+        more = client.responses.create(
+            model="tiny-llama", input="and?", previous_response_id=response.id, max_output_tokens=2
+        )
+        assert more.usage is not None and more.usage.input_tokens > response.usage.input_tokens
+    events = list(
+        client.responses.create(
+            model="tiny-llama", input="stream", max_output_tokens=3, stream=True
+        )
+    )
+    assert events[-1].type in ("response.completed", "response.incomplete")
+
+
 def test_the_epp_reads_real_metrics(vllm_servers: list[VllmServer]) -> None:
     metrics = parse_metrics(scrape(vllm_servers[0]))
     # vLLM sets lora_requests_info when it logs its stats (VLLM_LOG_STATS_INTERVAL, 10 s), not
