@@ -21,7 +21,13 @@ from collections.abc import Iterable
 from functools import partial
 
 from epp.framework import Endpoint, SchedulingRequest
-from epp.indexes.prefix_index import DEFAULT_CAPACITY, PrefixIndexParams, RequestMemo, Undo
+from epp.indexes.prefix_index import (
+    DEFAULT_CAPACITY,
+    PrefixIndexParams,
+    RequestMemo,
+    Undo,
+    kv_capacity,
+)
 from epp.routing_text import routing_text
 from kvgate.wire.block_hash import text_block_hashes
 
@@ -157,11 +163,10 @@ class ApproximatePrefixCache:
         return partial(self.index.forget_blocks, endpoint.address, added) if added else None
 
     def _capacity(self, endpoint: Endpoint) -> int:
-        m = endpoint.metrics
-        if m.num_gpu_blocks and m.block_size:
-            # KV capacity in this index's blocks (characters, not tokens)
-            return max(1, m.num_gpu_blocks * m.block_size // self.params.block_size_tokens)
-        return self.params.lru_capacity_per_endpoint
+        return self.capacity_of(endpoint) or self.params.lru_capacity_per_endpoint
+
+    def capacity_of(self, endpoint: Endpoint) -> int:
+        return kv_capacity(endpoint, self.params.block_size_tokens)
 
     def blocks_of(self, address: str) -> int:
         return self.index.blocks_of(address)

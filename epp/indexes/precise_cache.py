@@ -8,7 +8,7 @@ from functools import partial
 
 from epp.framework import Endpoint, SchedulingRequest
 from epp.indexes.precise import PreciseIndex, block_keys
-from epp.indexes.prefix_index import PrefixIndexParams, RequestMemo, Undo
+from epp.indexes.prefix_index import PrefixIndexParams, RequestMemo, Undo, kv_capacity
 from epp.kv_events import KVEventSubscriber
 from epp.tokenize import make_tokenizer, request_token_ids
 
@@ -75,6 +75,9 @@ class PrecisePrefixCache:
 
     def blocks_of(self, address: str) -> int:
         return self.index.blocks_of(address)
+
+    def capacity_of(self, endpoint: Endpoint) -> int:
+        return kv_capacity(endpoint, self.params.block_size_tokens)
 
     def forget(self, address: str) -> None:
         self.index.clear(address)

@@ -70,6 +70,10 @@ class PrefixIndex(Protocol):
         """How many blocks the index believes ``address`` holds."""
         ...
 
+    def capacity_of(self, endpoint: Endpoint) -> int:
+        """How many of this index's blocks ``endpoint``'s KV cache holds (0: not scraped yet)."""
+        ...
+
     def forget(self, address: str) -> None:
         """Drop everything known about ``address`` (gone, or restarted empty)."""
         ...
@@ -79,6 +83,15 @@ class PrefixIndex(Protocol):
         ...
 
     async def stop(self) -> None: ...
+
+
+def kv_capacity(endpoint: Endpoint, block_size_tokens: int) -> int:
+    """``endpoint``'s KV capacity in blocks of ``block_size_tokens`` tokens, from its scraped
+    ``num_gpu_blocks`` and block size (0 until scraped)."""
+    m = endpoint.metrics
+    if m.num_gpu_blocks and m.block_size:
+        return max(1, m.num_gpu_blocks * m.block_size // block_size_tokens)
+    return 0
 
 
 def uncached_tokens(index: PrefixIndex, request: SchedulingRequest, endpoint: Endpoint) -> int:

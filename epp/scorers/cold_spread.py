@@ -8,6 +8,11 @@ of piling onto whichever endpoint happened to be least busy at that moment (sgla
 cache_aware sends a miss to the smallest tree for the same reason). A request some endpoint
 holds gets 0.5 everywhere: the prefix scorer decides it.
 
+Once the caches are scraped, a difference of less than a quarter of a cache counts only in
+proportion: caches that are all full differ by a few blocks from moment to moment (an engine
+that is busy holds fewer finished blocks), and scaling that noise to the full 0-1 range sent
+every new conversation to the busiest engine (precise mode on multi-turn, issue 19).
+
 It reads the EPP's first prefix index (list a ``prefix-cache-scorer`` in the profile too).
 """
 
@@ -18,7 +23,21 @@ from collections.abc import Mapping
 from epp.framework import Endpoint, SchedulingRequest
 from epp.handle import PluginHandle
 from epp.params import NoParams, parse_params
-from epp.scorers.queue import min_max_low_is_best
+
+# differences in cache occupancy below this share of a cache count in proportion, not in full
+SIGNIFICANT_SHARE = 0.25
+
+
+def fewest_best(held: dict[str, int], significant: int) -> dict[str, float]:
+    """The fewest blocks score 1 and the most 0 (min-max) when they differ by ``significant``
+    blocks or more; a smaller difference scores in proportion to ``significant``."""
+    if not held:
+        return {}
+    low, high = min(held.values()), max(held.values())
+    span = max(high - low, significant)
+    if span == 0:
+        return dict.fromkeys(held, 1.0)
+    return {address: (high - blocks) / span for address, blocks in held.items()}
 
 
 class ColdSpreadScorer:
@@ -50,4 +69,6 @@ class ColdSpreadScorer:
             spread = max(matched.values(), default=0) - min(matched.values(), default=0)
             if spread >= index.params.min_match_blocks:
                 return dict.fromkeys(addresses, 0.5)
-        return min_max_low_is_best({a: index.blocks_of(a) for a in addresses})
+        held = {a: index.blocks_of(a) for a in addresses}
+        capacity = min(index.capacity_of(e) for e in endpoints)
+        return fewest_best(held, int(capacity * SIGNIFICANT_SHARE))

@@ -69,18 +69,35 @@ def test_load_balance_filter(counts: tuple[int, ...], params: Params, kept: list
     assert [e.address for e in chosen] == kept
 
 
-def test_cold_spread_places_new_prefixes_where_caches_hold_least() -> None:
+@pytest.mark.parametrize(
+    ("num_gpu_blocks", "expected"),
+    [
+        # caches of 32 blocks (8 of 16 tokens): 8, 4 and 0 held differ by a quarter or more
+        (8, {A: 0.0, B: 0.5, C: 1.0}),
+        # caches of 4,000 blocks hold 8, 4 and 0: no real difference in room, which a min-max
+        # scaling would blow up to 0 against 1 (issue 19: every new conversation went to the
+        # busiest engine); below a quarter of a cache it counts in proportion
+        (1000, {A: 0.0, B: 0.004, C: 0.008}),
+        # not scraped yet (capacity unknown): min-max
+        (0, {A: 0.0, B: 0.5, C: 1.0}),
+    ],
+)
+def test_cold_spread_places_new_prefixes_where_caches_hold_least(
+    num_gpu_blocks: int, expected: dict[str, float]
+) -> None:
     handle = PluginHandle()
     prefix = PrefixCacheScorer.from_config(
         "prefix", {"block_size_tokens": 4, "chars_per_token": 1}, handle
     )
     spread = ColdSpreadScorer.from_config("spread", {}, handle)
     a, b, c = (make_endpoint(x) for x in (A, B, C))
+    for endpoint in (a, b, c):
+        endpoint.metrics.num_gpu_blocks = num_gpu_blocks  # of 16 tokens: 4 index blocks each
     for text in ("aaaabbbbccccdddd", "eeeeffffgggghhhh"):
         prefix.index.learn(make_request(text), a)
     prefix.index.learn(make_request("iiiijjjjkkkkllll"), b)
     cold = make_request("zzzzyyyyxxxxwwww")
-    assert spread.score(cold, [a, b, c]) == {A: 0.0, B: 0.5, C: 1.0}
+    assert spread.score(cold, [a, b, c]) == pytest.approx(expected)
     warm = make_request("aaaabbbbccccdddd and more")
     assert spread.score(warm, [a, b, c]) == {A: 0.5, B: 0.5, C: 0.5}  # the prefix scorer's
 
