@@ -67,6 +67,8 @@ class SchedulingRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
     session_id: str | None = None
     body: Mapping[str, object] = field(default_factory=dict)  # the OpenAI request, for tokenizing
+    # filled while scoring: per endpoint scored, the leading blocks of the prompt it holds
+    prefix_match: dict[str, int] = field(default_factory=dict)
 
 
 @runtime_checkable

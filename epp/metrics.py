@@ -27,6 +27,14 @@ class EppMetrics:
             ["pool", "winner"],
             registry=r,
         )
+        self.warm_diverted = Counter(
+            "kvgate_epp_warm_diverted",
+            "Picks that passed over an endpoint holding more of the prompt (by at least the "
+            "prefix index's min_match_blocks) that the filters had kept: cold misses the "
+            "scores chose, not overload.",
+            ["pool"],
+            registry=r,
+        )
         self.rejections = Counter(
             "kvgate_epp_rejections",
             "Requests the picker refused, by reason.",

@@ -162,8 +162,14 @@ class EppService:
         started = time.perf_counter()
         decision = self.handlers[pool].decide(request, self.candidates(pool, exclude, subset))
         result = decision.result
-        if result.target is not None:
+        target = result.target
+        if target is not None:
             self.metrics.decisions.labels(pool, result.winner_by or "none").inc()
+            matched = request.prefix_match
+            if matched and self.prefix is not None:
+                held = matched.get(target.address, 0)
+                if max(matched.values()) - held >= self.prefix.params.min_match_blocks:
+                    self.metrics.warm_diverted.labels(pool).inc()
         self.metrics.pick_latency.labels(pool).observe(time.perf_counter() - started)
         return decision
 

@@ -64,6 +64,7 @@ class PrefixCacheScorer:
         if not keys:
             return {e.address: 0.0 for e in endpoints}
         matched = self.index.match(keys, [e.address for e in endpoints])
+        request.prefix_match.update(matched)
         common = min(matched.values(), default=0)
         if max(matched.values(), default=0) - common < self.index.params.min_match_blocks:
             return {e.address: 0.0 for e in endpoints}

@@ -13,11 +13,13 @@ and ``multi-turn`` (six-turn conversations resending their history).
 Per run: TTFT p50/p90/p99 and output tokens/s from the client, TTFT p90 per stage, each
 backend's share of the requests and its prefix-cache hit rate (from ``/metrics`` before and
 after), captured reuse (cached prompt tokens ÷ what an ideal router could have served of the
-requests sent, in their order: ``loadtest.workloads.reuse_oracle``), and the router's CPU time
-per routed request (its process tree, from /proc). Rounds are interleaved (every router once
-per round, the order reversed every other round, new prompts each round). Markdown to stdout,
-JSON to ``build/bench-routing.json``, a plot of TTFT p90 per stage to
-``build/bench-routing.png``.
+requests sent, in their order: ``loadtest.workloads.reuse_oracle``), the router's CPU time
+per routed request (its process tree, from /proc), and for kvgate its cold misses: the share of
+its picks that passed over an endpoint holding more of the prompt which the filters had kept
+(``kvgate_epp_warm_diverted_total``; a warm endpoint filtered out as overloaded is not one).
+Rounds are interleaved (every router once per round, the order reversed every other round, new
+prompts each round). Markdown to stdout, JSON to ``build/bench-routing.json``, a plot of TTFT
+p90 per stage to ``build/bench-routing.png``.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ import math
 import statistics
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from loadtest.bench.pd_transfer import metric_sum
 from loadtest.bench.routing_peers import (
     PEERS,
     Backend,
@@ -97,6 +101,7 @@ def one_run(
         run = asyncio.run(run_load(plan))
         cpu = cpu_seconds(pid) - cpu_before
         counters = deltas(before, asyncio.run(scrape_all(urls)), urls)
+        cold_misses = warm_diverted_share(url) if peer.router == "kvgate" else math.nan
     result = benchmark_result(run.records, run.duration)
     oracle = oracle_of(tokens, run.records)
     ok = [r for r in run.records if r.ok]
@@ -115,11 +120,21 @@ def one_run(
         "hit_rate": float(counters["prefix_cache_hit_rate"] or 0.0),  # type: ignore[arg-type]
         "captured_reuse": sum(r.cached_tokens for r in ok) / oracle if oracle else 0.0,
         "cpu_ms_per_request": cpu * 1000 / len(ok) if ok else math.nan,
+        "cold_misses": cold_misses,
     }
     for number, stage in enumerate(per_stage):
         latency = stage["successes"]["latency"]  # type: ignore[index]
         row[f"stage_{number}_ttft_p90_ms"] = latency["time_to_first_token"]["p90"] * 1000
     return row
+
+
+def warm_diverted_share(url: str) -> float:
+    """kvgate's picks that passed over an endpoint holding more of the prompt, which the
+    filters had kept (``kvgate_epp_warm_diverted_total``), as a share of its picks."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    picks = metric_sum(text, "kvgate_epp_decisions_total", {})
+    return metric_sum(text, "kvgate_epp_warm_diverted_total", {}) / picks if picks else math.nan
 
 
 async def tokenized(chains: list[Chain]) -> list[list[int]]:
@@ -164,7 +179,8 @@ def main() -> int:
                     f"round {number} {name} {peer.name}: TTFT p90 {row['ttft_p90_ms']:.0f} ms, "
                     f"{row['output_tokens_per_s']:.0f} tok/s, reuse {row['captured_reuse']:.0%}, "
                     f"shares {row['min_share']:.2f}-{row['max_share']:.2f}, "
-                    f"CPU {row['cpu_ms_per_request']:.2f} ms/req, errors {row['errors']:.0f}",
+                    f"CPU {row['cpu_ms_per_request']:.2f} ms/req, errors {row['errors']:.0f}, "
+                    f"cold misses {row['cold_misses']:.1%}",
                     flush=True,
                 )
     report(results)

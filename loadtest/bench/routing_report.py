@@ -4,6 +4,7 @@ a plot."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -21,6 +22,7 @@ COLUMNS = (
     ("max share", "max_share", "{:.2f}"),
     ("CPU ms/req", "cpu_ms_per_request", "{:.2f}"),
     ("errors", "errors", "{:.0f}"),
+    ("cold misses", "cold_misses", "{:.1%}"),  # kvgate only: warm endpoint passed over
 )
 
 Results = dict[str, dict[str, list[dict[str, float]]]]
@@ -43,7 +45,10 @@ def report(results: Results) -> None:
         )
         print("|---|" + "---:|" * (len(COLUMNS) + 2))
         for name, row in table.items():
-            cells = [fmt.format(row[key]) for _, key, fmt in COLUMNS]
+            cells = [
+                "—" if math.isnan(row.get(key, math.nan)) else fmt.format(row[key])
+                for _, key, fmt in COLUMNS
+            ]
             p90 = baseline.get("ttft_p90_ms")
             tokens = baseline.get("output_tokens_per_s")
             ratio = f"{p90 / row['ttft_p90_ms']:.1f}" if p90 else "—"

@@ -105,3 +105,37 @@ def test_cold_spread_places_new_prefixes_where_caches_hold_least(
 def test_cold_spread_without_a_prefix_index_is_neutral() -> None:
     spread = ColdSpreadScorer.from_config("spread", {}, PluginHandle())
     assert spread.score(make_request("x"), loaded(1, 2)) == {A: 0.5, B: 0.5}
+
+
+@pytest.mark.parametrize(
+    ("prefix_weight", "active_weight", "diverted"), [(3, 1, 0.0), (1, 10, 1.0)]
+)
+def test_a_pick_that_passes_over_a_warm_endpoint_is_counted(
+    prefix_weight: int, active_weight: int, diverted: float
+) -> None:
+    """Issue 19: cold misses the scores chose (the warm endpoint passed the filters) are
+    counted, so a benchmark can report them as a share of decisions."""
+    service = EppService(
+        load_policy_text(f"""
+pools: {{p: {{endpoints: [{A}, {B}]}}}}
+routes: [{{model: m, pool: p}}]
+epp:
+  plugins:
+    - {{name: prefix, type: prefix-cache-scorer, params: {{block_size_tokens: 4, chars_per_token: 1}}}}
+    - {{name: active, type: active-request-scorer}}
+    - {{name: pick, type: max-score-picker}}
+  profiles: [{{name: default, plugins: [{{ref: prefix, weight: {prefix_weight}}}, {{ref: active, weight: {active_weight}}}, {{ref: pick}}]}}]
+""")
+    )
+    a, _ = service.datastore.endpoints("p")
+    warm = "aaaabbbbccccddddeeee"
+    service.dispatched(service.scheduling_request("p", "1", "m", {"prompt": warm}, {}), a)
+    a.in_flight = 3  # busier than b, not overloaded (no filter in this profile)
+    request = service.scheduling_request("p", "2", "m", {"prompt": warm + " more"}, {})
+    target = service.pick("p", request).result.target
+    assert target is not None and target.address == (B if diverted else A)
+    assert request.prefix_match == {A: 5, B: 0}
+    counted = service.metrics.registry.get_sample_value(
+        "kvgate_epp_warm_diverted_total", {"pool": "p"}
+    )
+    assert (counted or 0.0) == diverted
