@@ -140,6 +140,13 @@ DASHBOARDS: dict[str, tuple[str, list[Chart]]] = {
                 "{{pool}} {{winner}}",
                 "reqps",
             ),
+            Chart(
+                "Picker: cold misses (warm endpoint passed over, share of picks)",
+                "sum by (pool) (rate(kvgate_epp_warm_diverted_total[5m]))"
+                " / sum by (pool) (rate(kvgate_epp_decisions_total[5m]))",
+                "{{pool}}",
+                "percentunit",
+            ),
         ],
     ),
     "kvgate-slos": (
