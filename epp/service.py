@@ -56,6 +56,9 @@ class EppService:
         self._observers = [p for p in plugins.values() if isinstance(p, PickObserver)]
         self.prefix: PrefixIndex | None = self.handle.primary_index
         self.handlers = {name: self._handler(name, plugins) for name in policy.pools}
+        if self.prefix is not None:
+            for pool in policy.pools:  # a zero series from the start: a rate, not a gap
+                self.metrics.warm_diverted.labels(pool)
         self.scraper = MetricsScraper(
             self.datastore,
             policy.epp.scrape_interval,

@@ -50,6 +50,26 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, is_chat=True)
 
 
+def parse_generation(
+    state: ServerState, body: object, *, is_chat: bool
+) -> tuple[GenerationRequest, str | None]:
+    """The request and the LoRA adapter its model names; ``RequestError`` when it is bad."""
+    req = parse_request(
+        body,
+        state.tokenizer,
+        is_chat=is_chat,
+        default_max_tokens=state.default_max_tokens(is_chat),
+        vocab_size=state.vocab_size,
+    )
+    return req, state.resolve_model(req.model)
+
+
+def request_error(exc: RequestError) -> web.Response:
+    """The error response of a bad request."""
+    code = "model_not_found" if exc.status == 404 else None
+    return error_response(exc.status, exc.message, exc.param, code)
+
+
 async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamResponse:
     state = request.app[STATE]
     request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
@@ -62,17 +82,9 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
     except ValueError as exc:
         return error_response(400, f"invalid JSON body: {exc}")
     try:
-        req = parse_request(
-            body,
-            state.tokenizer,
-            is_chat=is_chat,
-            default_max_tokens=state.default_max_tokens(is_chat),
-            vocab_size=state.vocab_size,
-        )
-        lora = state.resolve_model(req.model)
+        req, lora = parse_generation(state, body, is_chat=is_chat)
     except RequestError as exc:
-        code = "model_not_found" if exc.status == 404 else None
-        return error_response(exc.status, exc.message, exc.param, code)
+        return request_error(exc)
     if state.prefill_session is not None and req.kv_transfer is None:
         targets = prefillers(request.headers)
         if targets:

@@ -17,8 +17,14 @@ from aiohttp import web
 
 from backends.engine.engine import RequestStream
 from backends.server.errors import error_response
-from backends.server.openai_api import EngineAborted, SSEResponse, choice_events
-from backends.server.protocol import GenerationRequest, RequestError, parse_request
+from backends.server.openai_api import (
+    EngineAborted,
+    SSEResponse,
+    choice_events,
+    parse_generation,
+    request_error,
+)
+from backends.server.protocol import GenerationRequest, RequestError
 from backends.server.response_store import StoredResponse
 from backends.server.state import STATE, ServerState
 from kvgate.wire.openai_errors import responses_error_event
@@ -59,18 +65,12 @@ async def create(request: web.Request) -> web.StreamResponse:
     if "max_output_tokens" in body:
         chat["max_tokens"] = body["max_output_tokens"]
     try:
-        req = parse_request(
-            chat,
-            state.tokenizer,
-            is_chat=True,
-            default_max_tokens=state.default_max_tokens(True),
-            vocab_size=state.vocab_size,
-        )
-        lora = state.resolve_model(req.model)
+        req, lora = parse_generation(state, chat, is_chat=True)
     except RequestError as exc:
-        code = "model_not_found" if exc.status == 404 else None
-        param = "max_output_tokens" if exc.param == "max_tokens" else exc.param
-        return error_response(exc.status, exc.message, param, code)
+        if exc.param == "max_tokens":  # the Responses API's name for it
+            message = exc.message.replace("max_tokens", "max_output_tokens")
+            exc = RequestError(message, "max_output_tokens", status=exc.status)
+        return request_error(exc)
     request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
     try:
         stream = state.engine.add_request(

@@ -131,3 +131,21 @@ async def test_a_response_stream_cut_before_its_end_gets_an_error_event(
     name, data = events[-1].split("\n")
     assert name == "event: error"
     assert json.loads(data.removeprefix("data: "))["code"] == "upstream_stream_broken"
+
+
+def test_the_backend_refuses_what_it_cannot_answer(
+    start_backend: Callable[..., str], start_gateway: Callable[..., tuple[str, KvgateProcess]]
+) -> None:
+    url, _ = start_gateway(policy([start_backend("--cost", "zero").removeprefix("http://")]))
+    acme = client(url)
+    with pytest.raises(openai.BadRequestError, match="input"):
+        acme.responses.create(model="kvgate-sim", input=5)  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="background"):
+        acme.responses.create(model="kvgate-sim", input="x", background=True)
+    with pytest.raises(openai.NotFoundError):
+        acme.responses.create(model="kvgate-sim", input="x", previous_response_id="resp_gone")
+    with pytest.raises(openai.BadRequestError, match="max_output_tokens"):
+        acme.responses.create(model="kvgate-sim", input="x", max_output_tokens=0)
+    made = acme.responses.create(model="kvgate-sim", input="x", max_output_tokens=2, store=False)
+    with pytest.raises(openai.NotFoundError):
+        acme.responses.retrieve(made.id)  # not stored
