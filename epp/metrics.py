@@ -46,7 +46,8 @@ class EppMetrics:
             "Prefix blocks the index holds, by endpoint.",
             ["endpoint"],
             registry=r,
-            multiprocess_mode="livesum",
+            # every worker's index holds the same picks (they exchange them): one count, not N
+            multiprocess_mode="livemax",
         )
         self.scrape_errors = Counter(
             "kvgate_epp_scrape_errors", "Failed metric scrapes.", ["endpoint"], registry=r

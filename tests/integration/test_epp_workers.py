@@ -1,6 +1,7 @@
 """``kvgate epp --workers 2`` (issue 15): two picker processes share the gRPC and metrics
-ports, a prefix placed by one worker is warm for the other, /metrics adds up both, and a port
-that is taken stops the start with one line."""
+ports, a prefix placed by one worker is warm for the other, /metrics adds up both (the index
+size is one index's: the workers share their picks), and a port that is taken stops the start
+with one line."""
 
 from __future__ import annotations
 
@@ -14,25 +15,29 @@ from pathlib import Path
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
+from epp.service import EppService
 from loadtest.client.envoy_messages import body_messages, headers_message
 from loadtest.harness.processes import epp_process, free_port
+from policies.loader import load_policy_text
 from tests.integration.metrics_util import scrape
 
 HEADERS = {":path": "/v1/chat/completions", ":method": "POST", "content-type": "application/json"}
 
 
+def chat(prefix: str, question: int) -> dict[str, object]:
+    return {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": f"system prompt {prefix}. " * 200},
+            {"role": "user", "content": f"question {question}"},
+        ],
+    }
+
+
 def destination(target: str, prefix: str, question: int) -> str:
     """Where the picker sends one chat request, asked over a connection of its own (the
     kernel picks the worker for each new connection)."""
-    body = json.dumps(
-        {
-            "model": "m",
-            "messages": [
-                {"role": "system", "content": f"system prompt {prefix}. " * 200},
-                {"role": "user", "content": f"question {question}"},
-            ],
-        }
-    ).encode()
+    body = json.dumps(chat(prefix, question)).encode()
     with grpc.insecure_channel(target) as channel:
         replies = list(
             ep_grpc.ExternalProcessorStub(channel).Process(
@@ -42,6 +47,21 @@ def destination(target: str, prefix: str, question: int) -> str:
     mutation = replies[0].request_headers.response.header_mutation
     found = {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers}
     return found["x-gateway-destination-endpoint"]
+
+
+def blocks_placed(policy: str) -> int:
+    """The blocks one picker's index holds after the 32 picks: each prefix's questions land on
+    one endpoint, so the union of their blocks per prefix."""
+    service = EppService(load_policy_text(policy))
+    assert service.prefix is not None
+    total = 0
+    for prefix in "abcdefgh":
+        keys: set[int] = set()
+        for question in range(4):
+            request = service.scheduling_request("p", "", "m", chat(prefix, question), {})
+            keys.update(service.prefix.keys(request))
+        total += len(keys)
+    return total
 
 
 def worker_pids(supervisor: int) -> list[int]:
@@ -86,6 +106,10 @@ def test_two_workers_share_the_ports_and_the_affinity(tmp_path: Path) -> None:
         assert len(set().union(*placed.values())) > 1  # and the prefixes were spread
         decisions = scrape(f"http://127.0.0.1:{metrics_port}")["kvgate_epp_decisions_total"]
         assert sum(s.value for s in decisions) == 32  # both workers' picks, from either
+        for _ in range(6):  # new connections: each worker is likely to serve one and set its
+            blocks = scrape(f"http://127.0.0.1:{metrics_port}")["kvgate_epp_prefix_index_blocks"]
+        # the workers' indexes hold the same blocks: the gauge is one index's, not their sum
+        assert sum(s.value for s in blocks) == blocks_placed(policy.read_text())
 
 
 def test_a_taken_port_stops_the_start_with_one_line(tmp_path: Path) -> None:
