@@ -23,21 +23,10 @@ from collections.abc import Mapping
 from epp.framework import Endpoint, SchedulingRequest
 from epp.handle import PluginHandle
 from epp.params import NoParams, parse_params
+from epp.scorers.queue import min_max_low_is_best
 
 # differences in cache occupancy below this share of a cache count in proportion, not in full
 SIGNIFICANT_SHARE = 0.25
-
-
-def fewest_best(held: dict[str, int], significant: int) -> dict[str, float]:
-    """The fewest blocks score 1 and the most 0 (min-max) when they differ by ``significant``
-    blocks or more; a smaller difference scores in proportion to ``significant``."""
-    if not held:
-        return {}
-    low, high = min(held.values()), max(held.values())
-    span = max(high - low, significant)
-    if span == 0:
-        return dict.fromkeys(held, 1.0)
-    return {address: (high - blocks) / span for address, blocks in held.items()}
 
 
 class ColdSpreadScorer:
@@ -71,4 +60,4 @@ class ColdSpreadScorer:
                 return dict.fromkeys(addresses, 0.5)
         held = {a: index.blocks_of(a) for a in addresses}
         capacity = min(index.capacity_of(e) for e in endpoints)
-        return fewest_best(held, int(capacity * SIGNIFICANT_SHARE))
+        return min_max_low_is_best(held, int(capacity * SIGNIFICANT_SHARE))

@@ -16,11 +16,13 @@ class QueueScorer(Parameterless):
         return min_max_low_is_best({e.address: e.metrics.waiting for e in endpoints})
 
 
-def min_max_low_is_best(values: dict[str, int]) -> dict[str, float]:
-    """Scale so the lowest value scores 1 and the highest 0."""
+def min_max_low_is_best(values: dict[str, int], significant: int = 0) -> dict[str, float]:
+    """Scale so the lowest value scores 1 and the highest 0; with ``significant``, a spread
+    smaller than that scores in proportion to it instead (the lowest gets less than 1)."""
     if not values:
         return {}
     low, high = min(values.values()), max(values.values())
-    if high == low:
+    span = max(high - low, significant)
+    if span == 0:
         return dict.fromkeys(values, 1.0)
-    return {address: (high - v) / (high - low) for address, v in values.items()}
+    return {address: (high - v) / span for address, v in values.items()}
