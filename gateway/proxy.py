@@ -31,7 +31,6 @@ from gateway.errors import (
     UpstreamTimeout,
 )
 from gateway.form_body import FormBody, is_form, parse_form
-from gateway.forwarded import forwarded_chain
 from gateway.keys import ADMISSION, CANARIES, METRICS, RUNTIME, SHADOW, SLOS
 from gateway.metrics import GatewayMetrics
 from gateway.relay import body_response, read_body, relay_stream
@@ -39,7 +38,7 @@ from gateway.routing.selector import select
 from gateway.routing.shadow import Outcome, text_of
 from gateway.runtime import Runtime
 from gateway.stored_responses import continuing, created, id_in_body
-from gateway.upstream import open_upstream, upstream_headers
+from gateway.upstream import client_request_headers, open_upstream
 from kvgate.wire.http.messages import AnyResponse, Request, Response
 from kvgate.wire.json_text import nested_deeper_than
 from kvgate.wire.responses_api import RESPONSES_PATH, input_messages
@@ -263,16 +262,10 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
         body = forward.body
         responses = forward.path == RESPONSES_PATH  # usage comes with the last event
         add_usage = ctx.stream and not forward.client_wants_usage and not responses
-        client_headers = request.headers
-        forwarded = runtime.client_address.upstream_lines(
-            request.peer,
-            forwarded_chain(client_headers),
-            client_headers.get("x-forwarded-proto"),
-        )
         form = forward.form
         content_type = None if form is None else form.content_type
-        headers = upstream_headers(
-            request.raw_headers, ctx.request_id, pool, forwarded, content_type
+        headers = client_request_headers(
+            request, runtime.client_address, ctx.request_id, pool, content_type
         )
         call = runtime.calls[pool.name]
         ranking = call.picker.rank(pool.name, forward.pick)

@@ -22,13 +22,12 @@ from gateway.attempt import CONNECT_FAILED, TIMED_OUT, Attempt
 from gateway.context import RequestContext
 from gateway.endpoint_picker import EndpointState, Ranking
 from gateway.errors import MethodNotAllowed, NotFound, UpstreamError, UpstreamTimeout
-from gateway.forwarded import forwarded_chain
 from gateway.identity import Identity
 from gateway.keys import RESPONSE_HOMES, RUNTIME
 from gateway.relay import body_response, read_body, relay_stream
 from gateway.response_homes import Home
 from gateway.runtime import Runtime
-from gateway.upstream import RETRYABLE, upstream_headers
+from gateway.upstream import RETRYABLE, client_request_headers, upstream_headers
 from kvgate.wire.http.messages import AnyResponse, Request
 from kvgate.wire.responses_api import RESPONSES_PATH
 from kvgate.wire.sse import ResponsesRelay
@@ -164,12 +163,7 @@ async def _send(
 ) -> AnyResponse:
     pool = runtime.policy.pools[ctx.pool]
     call = runtime.calls[ctx.pool]
-    forwarded = runtime.client_address.upstream_lines(
-        request.peer,
-        forwarded_chain(request.headers),
-        request.headers.get("x-forwarded-proto"),
-    )
-    headers = upstream_headers(request.raw_headers, ctx.request_id, pool, forwarded)
+    headers = client_request_headers(request, runtime.client_address, ctx.request_id, pool)
     target = f"{request.path}?{request.query}" if request.query else request.path
     method = "GET" if request.method == "HEAD" else request.method
     attempt = Attempt(endpoint)

@@ -21,9 +21,10 @@ from gateway.breaker import RetryBudget
 from gateway.context import RequestContext
 from gateway.endpoint_picker import EndpointPicker, EndpointState, PickRequest, Ranking
 from gateway.errors import GatewayError, NoEndpoint, UpstreamError, UpstreamTimeout
+from gateway.forwarded import ClientAddress, forwarded_chain
 from gateway.metrics import GatewayMetrics
 from kvgate.wire.http.client import ConnectionPool, UpstreamConnectionError, UpstreamResponse
-from kvgate.wire.http.messages import header_block, header_line
+from kvgate.wire.http.messages import Request, header_block, header_line
 from kvgate.wire.routing_headers import CLIENT_ROUTING, CLIENT_ROUTING_PREFIX
 from policies.schema import Pool, Retries, Timeouts
 
@@ -128,6 +129,22 @@ def upstream_headers(
     if pool.api_key:
         lines.append(header_line(b"authorization", f"Bearer {pool.api_key}"))
     return b"".join(lines)
+
+
+def client_request_headers(
+    request: Request,
+    clients: ClientAddress,
+    request_id: str,
+    pool: Pool,
+    content_type: str | None = None,
+) -> bytes:
+    """``upstream_headers`` for a client's request: its own header lines and this hop's
+    ``X-Forwarded-*`` lines (``clients``: the listener's trusted proxies)."""
+    headers = request.headers
+    forwarded = clients.upstream_lines(
+        request.peer, forwarded_chain(headers), headers.get("x-forwarded-proto")
+    )
+    return upstream_headers(request.raw_headers, request_id, pool, forwarded, content_type)
 
 
 def response_headers(
