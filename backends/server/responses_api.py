@@ -78,7 +78,7 @@ async def create(request: web.Request) -> web.StreamResponse:
         )
     except ValueError as exc:
         return error_response(400, str(exc), "max_output_tokens")
-    draft = _Draft(body, req.model, history + turn)
+    draft = _Draft(body, req.model, history, turn)
     try:
         if body.get("stream") is True:
             return await _stream(request, state, req, stream, draft)
@@ -96,11 +96,18 @@ async def create(request: web.Request) -> web.StreamResponse:
 class _Draft:
     """One response being made: its ids and the fields known before generation."""
 
-    def __init__(self, body: dict[str, object], model: str, conversation: list[dict[str, str]]):
+    def __init__(
+        self,
+        body: dict[str, object],
+        model: str,
+        history: list[dict[str, str]],
+        turn: list[dict[str, str]],
+    ):
         self.body = body
         self.id = f"resp_{uuid.uuid4().hex}"
         self.message_id = f"msg_{uuid.uuid4().hex}"
-        self.conversation = conversation
+        self.history = history  # the continued response's conversation
+        self.turn = turn  # this request's input, as chat messages
         self.response: dict[str, object] = {
             "id": self.id,
             "object": "response",
@@ -163,9 +170,9 @@ class _Draft:
                     "role": m["role"],
                     "content": [{"type": "input_text", "text": m["content"]}],
                 }
-                for m in input_messages({"input": self.body.get("input")})
+                for m in self.turn
             ]
-            history = [*self.conversation, {"role": "assistant", "content": text}]
+            history = [*self.history, *self.turn, {"role": "assistant", "content": text}]
             state.responses.put(self.id, StoredResponse(response, items, history))
         return response
 
