@@ -21,13 +21,13 @@ import orjson
 from gateway.attempt import CONNECT_FAILED, TIMED_OUT, Attempt
 from gateway.context import RequestContext
 from gateway.endpoint_picker import EndpointState, Ranking
-from gateway.errors import MethodNotAllowed, NotFound, UpstreamError, UpstreamTimeout
+from gateway.errors import MethodNotAllowed, NotFound
 from gateway.identity import Identity
 from gateway.keys import RESPONSE_HOMES, RUNTIME
 from gateway.relay import body_response, read_body, relay_stream
 from gateway.response_homes import Home
 from gateway.runtime import Runtime
-from gateway.upstream import RETRYABLE, client_request_headers, upstream_headers
+from gateway.upstream import RETRYABLE, as_gateway_error, client_request_headers, upstream_headers
 from kvgate.wire.http.messages import AnyResponse, Request
 from kvgate.wire.responses_api import RESPONSES_PATH
 from kvgate.wire.sse import ResponsesRelay
@@ -173,13 +173,10 @@ async def _send(
             first_byte=call.timeouts.first_byte,
         )  # fmt: skip
     except RETRYABLE as exc:
-        timed_out = isinstance(exc, asyncio.TimeoutError)
-        attempt.fail(TIMED_OUT if timed_out else CONNECT_FAILED)
-        ctx.error = "upstream_timeout" if timed_out else "upstream_error"
-        where = f"upstream {endpoint.address}, which holds the response,"
-        if timed_out:
-            raise UpstreamTimeout(f"{where} did not answer in time") from exc
-        raise UpstreamError(f"{where} cannot be reached") from exc
+        attempt.fail(TIMED_OUT if isinstance(exc, asyncio.TimeoutError) else CONNECT_FAILED)
+        error = as_gateway_error(exc, endpoint)
+        ctx.error = error.code or "upstream_error"
+        raise error from exc
     attempt.answered(upstream)
     idle = runtime.policy.timeouts.idle
     try:

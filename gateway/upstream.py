@@ -235,7 +235,7 @@ async def open_upstream(
                 ranking.refused(endpoint)  # it never took the request: nothing to learn
             kind = "timeout" if timed_out else "connect"
             call.metrics.upstream_errors.labels(endpoint.address, kind).inc()
-            last = _as_gateway_error(exc, endpoint)
+            last = as_gateway_error(exc, endpoint)
             continue
         except BaseException:
             attempt.fail(CANCELLED)
@@ -303,7 +303,8 @@ def _backoff(retries: Retries, attempt: int) -> float:
     return random.uniform(0, ceiling)
 
 
-def _as_gateway_error(exc: BaseException, endpoint: EndpointState) -> GatewayError:
+def as_gateway_error(exc: BaseException, endpoint: EndpointState) -> GatewayError:
+    """The client's error for a request ``endpoint`` never answered (``RETRYABLE``)."""
     if isinstance(exc, asyncio.TimeoutError):
         return UpstreamTimeout(f"upstream {endpoint.address} did not answer in time")
     return UpstreamError(f"cannot reach upstream {endpoint.address}")
