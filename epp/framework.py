@@ -65,7 +65,6 @@ class SchedulingRequest:
     routing_text: str  # prompt or rendered chat messages, cut to what the prefix index uses
     lora: str | None = None  # the adapter the request needs, if any
     headers: Mapping[str, str] = field(default_factory=dict)
-    session_id: str | None = None
     body: Mapping[str, object] = field(default_factory=dict)  # the OpenAI request, for tokenizing
     # filled while scoring: per endpoint scored, the leading blocks of the prompt it holds
     prefix_match: dict[str, int] = field(default_factory=dict)

@@ -49,6 +49,15 @@ class EppMetrics:
             # every worker's index holds the same picks (they exchange them): one count, not N
             multiprocess_mode="livemax",
         )
+        self.index_capacity = Gauge(
+            "kvgate_epp_prefix_index_capacity_blocks",
+            "Prefix blocks the index believes the endpoint's KV cache holds (its LRU's size): "
+            "the scraped KV capacity in tokens, times the characters per token its answers "
+            "showed, in index blocks.",
+            ["endpoint"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.scrape_errors = Counter(
             "kvgate_epp_scrape_errors", "Failed metric scrapes.", ["endpoint"], registry=r
         )

@@ -36,6 +36,7 @@ class Dispatch:
     """One request sent to one endpoint, with what takes back its records."""
 
     endpoint: Endpoint
+    request: SchedulingRequest
     undo: list[Callable[[], None]]
     open: bool = True  # counted in the endpoint's in_flight until finished or refused
 
@@ -145,7 +146,6 @@ class EppService:
             routing_text=routing_text(body, self.routing_limit),
             lora=target_model if target_model in self.policy.pools[pool].adapters else None,
             headers=headers,
-            session_id=headers.get("x-session-id"),
             body=body,
         )
 
@@ -190,14 +190,18 @@ class EppService:
             undo.append(index.learn_keys(keys, endpoint))
             if self.exchange is not None:
                 self.exchange.publish(tag, endpoint.address, keys)
-        return Dispatch(endpoint, [u for u in undo if u is not None])
+        return Dispatch(endpoint, request, [u for u in undo if u is not None])
 
-    def finished(self, dispatch: Dispatch) -> None:
+    def finished(self, dispatch: Dispatch, prompt_tokens: int | None = None) -> None:
         """The request of ``dispatch`` is over (answered, failed or cancelled): it no longer
-        loads its endpoint. Idempotent."""
+        loads its endpoint. ``prompt_tokens``: the usage the endpoint answered with, which
+        tells the prefix indexes how much text its cache holds. Idempotent."""
         if dispatch.open:
             dispatch.open = False
             dispatch.endpoint.in_flight -= 1
+            if prompt_tokens:
+                for index in self.handle.indexes.values():
+                    index.observe_usage(dispatch.request, dispatch.endpoint, prompt_tokens)
 
     def refused(self, dispatch: Dispatch) -> None:
         """The endpoint of ``dispatch`` never took the request: take back what it recorded."""
@@ -222,6 +226,6 @@ class EppService:
         if self.prefix is None:
             return
         for endpoint in self.datastore.all():
-            self.metrics.index_blocks.labels(endpoint.address).set(
-                self.prefix.blocks_of(endpoint.address)
-            )
+            address = endpoint.address
+            self.metrics.index_blocks.labels(address).set(self.prefix.blocks_of(address))
+            self.metrics.index_capacity.labels(address).set(self.prefix.capacity_of(endpoint))

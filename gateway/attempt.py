@@ -104,8 +104,9 @@ class Attempt:
         """The response failed after its head: the breaker counts one more failure on close."""
         self.broken = True
 
-    def close(self) -> None:
-        """End the attempt: lower the in-flight count, close the response (idempotent)."""
+    def close(self, prompt_tokens: int | None = None) -> None:
+        """End the attempt: lower the in-flight count, close the response (idempotent).
+        ``prompt_tokens``: the usage the endpoint reported, for the picker."""
         if not self._open:
             return
         self._open = False
@@ -113,7 +114,7 @@ class Attempt:
             self.blame()
         self.endpoint.in_flight -= 1
         if self._ranking is not None:
-            self._ranking.finished(self.endpoint)
+            self._ranking.finished(self.endpoint, prompt_tokens)
         if self.response is not None:
             self.response.close()
         if self.broken:

@@ -87,7 +87,7 @@ class EppRanking:
             if state is endpoint:
                 self._service.refused(dispatch)
 
-    def finished(self, endpoint: EndpointState) -> None:
+    def finished(self, endpoint: EndpointState, prompt_tokens: int | None = None) -> None:
         for state, dispatch in self._dispatches:
             if state is endpoint:
-                self._service.finished(dispatch)
+                self._service.finished(dispatch, prompt_tokens)

@@ -75,8 +75,9 @@ class Ranking(Protocol):
         """``endpoint`` could not be reached: it never took the request."""
         ...
 
-    def finished(self, endpoint: EndpointState) -> None:
-        """The request's try at ``endpoint`` is over (its attempt closed)."""
+    def finished(self, endpoint: EndpointState, prompt_tokens: int | None = None) -> None:
+        """The request's try at ``endpoint`` is over (its attempt closed); ``prompt_tokens``:
+        what the endpoint's usage reported, when it answered with one."""
         ...
 
     def prefill(self) -> EndpointState | None:
@@ -135,7 +136,7 @@ class LeastInFlightRanking:
     def refused(self, endpoint: EndpointState) -> None:
         return None
 
-    def finished(self, endpoint: EndpointState) -> None:
+    def finished(self, endpoint: EndpointState, prompt_tokens: int | None = None) -> None:
         return None  # the in-flight counts it ranks by are the attempts' own
 
     def prefill(self) -> EndpointState | None:

@@ -310,7 +310,7 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
                 created(request, ctx, id_in_body(data))
             return body_response(ctx, upstream, data)
         finally:
-            attempt.close()
+            attempt.close(ctx.prompt_tokens if ctx.usage_known else None)
     finally:
         admission.done(pool.name)
 

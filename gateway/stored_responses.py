@@ -208,8 +208,8 @@ class ContinuedRanking:
     def refused(self, endpoint: EndpointState) -> None:
         self._ranking.refused(endpoint)
 
-    def finished(self, endpoint: EndpointState) -> None:
-        self._ranking.finished(endpoint)
+    def finished(self, endpoint: EndpointState, prompt_tokens: int | None = None) -> None:
+        self._ranking.finished(endpoint, prompt_tokens)
 
     def prefill(self) -> EndpointState | None:
         return None  # the continued response's endpoint has its conversation: no hop

@@ -183,12 +183,15 @@ DEFAULT_EPP_PLUGINS = (
     PluginSpec("spread", "cold-spread-scorer"),
     PluginSpec("active", "active-request-scorer"),
     PluginSpec("lora", "lora-affinity-scorer"),
+    PluginSpec("session", "session-affinity-scorer"),
     PluginSpec("pick", "max-score-picker"),
 )
 # Sticky until overloaded: a request goes where its prefix is cached (prefix x3) unless that
 # endpoint has clearly more requests in flight than the least loaded (the balance filter: 8
 # more and twice as many); a new prefix goes where the caches hold least (spread x2); the
-# picker's own in-flight count breaks ties (active x1). Neither GIE's queue x2 and KV x2
+# picker's own in-flight count breaks ties (active x1); a conversation's next turn goes where
+# its last turn went (session x2: its history is cached there even when the prefix index has
+# let go of it), unless the balance filter took that endpoint out. Neither GIE's queue x2 and KV x2
 # beside prefix x3 nor a saturation filter in the profile is kept: under load each diverted
 # warm requests often enough that the misses added load and affinity collapsed
 # (docs/benchmarks.md, "Routing"). Saturation still gates admission (requests wait while every
@@ -202,6 +205,7 @@ DEFAULT_EPP_PROFILES = (
             ProfileRef("spread", 2),
             ProfileRef("active", 1),
             ProfileRef("lora", 1),
+            ProfileRef("session", 2),
             ProfileRef("pick"),
         ),
     ),

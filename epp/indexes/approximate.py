@@ -1,5 +1,6 @@
 """Approximate prefix index: which endpoint probably holds which prefix, learned from the
-picker's own decisions (no feedback from the model servers).
+picker's own decisions (of the model servers' answers it reads only their prompt tokens, to
+know how much text their caches hold).
 
 A request's routing text is cut into blocks of ``block_chars`` characters (a trailing partial
 block included, at most ``max_blocks``) and chained with kvgate's block hash: block *i* is
@@ -21,6 +22,7 @@ from collections.abc import Iterable
 from functools import partial
 
 from epp.framework import Endpoint, SchedulingRequest
+from epp.indexes.chars_per_token import CharsPerToken
 from epp.indexes.prefix_index import (
     DEFAULT_CAPACITY,
     PrefixIndexParams,
@@ -88,6 +90,14 @@ class ApproximatePrefixIndex:
                 lru[block] = None
                 added.append(block)
                 self._owners.setdefault(block, set()).add(address)
+        self.trim(address, capacity)
+        return added
+
+    def trim(self, address: str, capacity: int) -> None:
+        """Evict ``address``'s least recent blocks until it holds at most ``capacity``."""
+        lru = self._lru.get(address)
+        if lru is None:
+            return
         while len(lru) > max(capacity, 1):
             evicted, _ = lru.popitem(last=False)
             owners = self._owners.get(evicted)
@@ -95,7 +105,6 @@ class ApproximatePrefixIndex:
                 owners.discard(address)
                 if not owners:
                     del self._owners[evicted]
-        return added
 
     def forget_blocks(self, address: str, blocks: list[int]) -> None:
         """Take back ``blocks`` recorded for ``address`` (those still there)."""
@@ -123,13 +132,15 @@ class ApproximatePrefixIndex:
 class ApproximatePrefixCache:
     """``PrefixIndex`` learned from the picker's decisions: blocks are ``block_size_tokens x
     chars_per_token`` characters of the routing text; each endpoint's LRU is sized from its
-    KV capacity (``num_gpu_blocks``) when scraped."""
+    KV capacity (``num_gpu_blocks``) when scraped, in characters by the ratio the endpoint's
+    answers show (``CharsPerToken``; the configured ``chars_per_token`` until measured)."""
 
     def __init__(self, params: PrefixIndexParams) -> None:
         self.params = params
         self.index = ApproximatePrefixIndex()
         self._block_chars = params.block_size_tokens * params.chars_per_token
         self._memo = RequestMemo()
+        self.chars_per_token = CharsPerToken()
 
     @property
     def routing_limit(self) -> int:
@@ -165,14 +176,24 @@ class ApproximatePrefixCache:
     def _capacity(self, endpoint: Endpoint) -> int:
         return self.capacity_of(endpoint) or self.params.lru_capacity_per_endpoint
 
+    def observe_usage(self, request: SchedulingRequest, endpoint: Endpoint, tokens: int) -> None:
+        text = routing_text(request.body) if request.body else request.routing_text
+        self.chars_per_token.observe(endpoint.address, len(text), tokens)
+        self.index.trim(endpoint.address, self._capacity(endpoint))
+
     def capacity_of(self, endpoint: Endpoint) -> int:
-        return kv_capacity(endpoint, self.params.block_size_tokens)
+        tokens_held = kv_capacity(endpoint, self.params.block_size_tokens)
+        measured = self.chars_per_token.of(endpoint.address)
+        if measured is None or not tokens_held:
+            return tokens_held
+        return max(1, round(tokens_held * measured / self.params.chars_per_token))
 
     def blocks_of(self, address: str) -> int:
         return self.index.blocks_of(address)
 
     def forget(self, address: str) -> None:
         self.index.remove(address)
+        self.chars_per_token.forget(address)
 
     async def start(self) -> None:
         return None

@@ -76,6 +76,9 @@ class PrecisePrefixCache:
     def blocks_of(self, address: str) -> int:
         return self.index.blocks_of(address)
 
+    def observe_usage(self, request: SchedulingRequest, endpoint: Endpoint, tokens: int) -> None:
+        return None  # it tokenizes the prompt itself
+
     def capacity_of(self, endpoint: Endpoint) -> int:
         return kv_capacity(endpoint, self.params.block_size_tokens)
 

@@ -27,7 +27,7 @@ class PrefixIndexParams:
 
     mode: str = "approximate"  # approximate | precise
     block_size_tokens: int = 16
-    chars_per_token: int = 4  # approximate: characters of routing text per token
+    chars_per_token: int = 4  # approximate: routing text per token, until measured per endpoint
     max_prefix_blocks: int = 256
     lru_capacity_per_endpoint: int = DEFAULT_CAPACITY  # approximate, when KV size is unknown
     tokenizer: str = "byte"  # precise: byte | a model folder (or its tokenizer.json)
@@ -64,6 +64,10 @@ class PrefixIndex(Protocol):
 
     def learn_keys(self, keys: list[int], endpoint: Endpoint) -> Undo:
         """``learn`` from a request's keys: also how a sibling worker's pick is recorded."""
+        ...
+
+    def observe_usage(self, request: SchedulingRequest, endpoint: Endpoint, tokens: int) -> None:
+        """``endpoint`` answered ``request`` and reported ``tokens`` prompt tokens (its usage)."""
         ...
 
     def blocks_of(self, address: str) -> int:

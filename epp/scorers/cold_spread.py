@@ -1,8 +1,9 @@
-"""``cold-spread-scorer``: new prefixes go to the endpoints whose caches hold the least.
+"""``cold-spread-scorer``: new prefixes go to the endpoints whose caches are the least full.
 
 A request that no endpoint holds a useful part of (fewer than the index's
-``min_match_blocks`` distinguishing blocks anywhere) is scored by how many blocks the prefix
-index believes each endpoint holds, min-max scaled, fewest best: each new system prompt or
+``min_match_blocks`` distinguishing blocks anywhere) is scored by how full the prefix index
+believes each endpoint's cache is (blocks held over the cache's capacity, or blocks held
+while some capacity is not scraped yet), min-max scaled, emptiest best: each new system prompt or
 conversation lands where there is room, so the prefixes spread evenly over the caches instead
 of piling onto whichever endpoint happened to be least busy at that moment (sglang-router's
 cache_aware sends a miss to the smallest tree for the same reason). A request some endpoint
@@ -11,7 +12,9 @@ holds gets 0.5 everywhere: the prefix scorer decides it.
 Once the caches are scraped, a difference of less than a quarter of a cache counts only in
 proportion: caches that are all full differ by a few blocks from moment to moment (an engine
 that is busy holds fewer finished blocks), and scaling that noise to the full 0-1 range sent
-every new conversation to the busiest engine (precise mode on multi-turn, issue 19).
+every new conversation to the busiest engine (precise mode on multi-turn, issue 19). Fill,
+not blocks: a cache a quarter the size of another is full with a quarter of the blocks, and
+counting blocks sent every new prefix to it.
 
 It reads the EPP's first prefix index (list a ``prefix-cache-scorer`` in the profile too).
 """
@@ -25,12 +28,13 @@ from epp.handle import PluginHandle
 from epp.params import NoParams, parse_params
 from epp.scorers.queue import min_max_low_is_best
 
-# differences in cache occupancy below this share of a cache count in proportion, not in full
+# differences in cache fill below this share of a cache count in proportion, not in full
 SIGNIFICANT_SHARE = 0.25
+PER_MILLE = 1000
 
 
 class ColdSpreadScorer:
-    """Scores a request no endpoint holds by cache occupancy (fewest blocks score 1)."""
+    """Scores a request no endpoint holds by cache fill (the emptiest scores 1)."""
 
     def __init__(self, name: str, handle: PluginHandle) -> None:
         self.name = name
@@ -58,6 +62,8 @@ class ColdSpreadScorer:
             spread = max(matched.values(), default=0) - min(matched.values(), default=0)
             if spread >= index.params.min_match_blocks:
                 return dict.fromkeys(addresses, 0.5)
-        held = {a: index.blocks_of(a) for a in addresses}
-        capacity = min(index.capacity_of(e) for e in endpoints)
-        return min_max_low_is_best(held, int(capacity * SIGNIFICANT_SHARE))
+        capacity = {e.address: index.capacity_of(e) for e in endpoints}
+        if not all(capacity.values()):  # not scraped yet: blocks held, every difference counts
+            return min_max_low_is_best({a: index.blocks_of(a) for a in addresses})
+        fill = {a: index.blocks_of(a) * PER_MILLE // capacity[a] for a in addresses}
+        return min_max_low_is_best(fill, int(PER_MILLE * SIGNIFICANT_SHARE))

@@ -1,5 +1,6 @@
-"""``session-affinity-scorer``: 1.0 for the endpoint that served the request's session last
-(``x-session-id`` header by default), 0 elsewhere; sessions are forgotten LRU-first."""
+"""``session-affinity-scorer``: 1.0 for the endpoint that served the request's session last,
+0 elsewhere; sessions are forgotten LRU-first. A request's session is its ``x-session-id``
+header, its ``user`` field, or its first chat turn (``epp.session_key``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 
 from epp.framework import Endpoint, SchedulingRequest
 from epp.params import parse_params
+from epp.session_key import session_key
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,7 @@ class SessionAffinityScorer:
         self.name = name
         self.params = params
         self._sessions: OrderedDict[str, str] = OrderedDict()
+        self._last: tuple[SchedulingRequest | None, str | None] = (None, None)
 
     @classmethod
     def parse_config(cls, name: str, raw: Mapping[str, object]) -> Params:
@@ -32,13 +35,23 @@ class SessionAffinityScorer:
     def from_config(cls, name: str, raw: Mapping[str, object]) -> SessionAffinityScorer:
         return cls(name, cls.parse_config(name, raw))
 
+    def _session(self, request: SchedulingRequest) -> str | None:
+        """The request's session, worked out once for its scoring and its pick."""
+        seen, session = self._last
+        if seen is not request:
+            session = session_key(request.body, request.headers)
+            self._last = (request, session)
+        return session
+
     def score(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> dict[str, float]:
-        last = self._sessions.get(request.session_id) if request.session_id else None
+        session = self._session(request)
+        last = self._sessions.get(session) if session else None
         return {e.address: 1.0 if e.address == last else 0.0 for e in endpoints}
 
     def on_pick(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
-        if request.session_id:
-            self._sessions[request.session_id] = endpoint.address
-            self._sessions.move_to_end(request.session_id)
+        session = self._session(request)
+        if session:
+            self._sessions[session] = endpoint.address
+            self._sessions.move_to_end(session)
             if len(self._sessions) > self.params.max_sessions:
                 self._sessions.popitem(last=False)

@@ -78,6 +78,7 @@ class StreamState:
     dispatch: Dispatch | None = None  # the pick, finished when the stream ends
     prefiller: str = ""  # a prefill/decode pool's prefill endpoint (the decode worker calls it)
     prefill_dispatch: Dispatch | None = None
+    prompt_tokens: int | None = None  # the usage the endpoint answered with
 
 
 def _header_option(key: str, value: str) -> core.HeaderValueOption:
@@ -132,9 +133,10 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
             async for reply in self._process(state, requests):
                 yield reply
         finally:  # the response ended, or Envoy gave up on the stream: no longer in flight
-            for dispatch in (state.dispatch, state.prefill_dispatch):
-                if dispatch is not None:
-                    self.service.finished(dispatch)
+            if state.dispatch is not None:
+                self.service.finished(state.dispatch, state.prompt_tokens)
+            if state.prefill_dispatch is not None:
+                self.service.finished(state.prefill_dispatch)
 
     async def _process(
         self, state: StreamState, requests: AsyncIterator[ep.ProcessingRequest]
@@ -292,7 +294,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         if state.streaming:
             state.relay.feed(body.body)
             if body.end_of_stream and state.relay.usage:
-                self._count_usage(state.relay.usage)
+                self._count_usage(state, state.relay.usage)
             yield from body_chunks(
                 self._restore_model(state, body.body), "response_body", body.end_of_stream
             )
@@ -303,7 +305,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         data = bytes(state.response_body)
         usage = usage_of(data)
         if usage is not None:
-            self._count_usage(usage)
+            self._count_usage(state, usage)
         yield from body_chunks(self._restore_model(state, data), "response_body")
 
     def _restore_model(self, state: StreamState, data: bytes) -> bytes:
@@ -315,10 +317,13 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
             data = data.replace(old, new)
         return data
 
-    def _count_usage(self, usage: dict[str, object]) -> None:
-        for value, direction in zip(chat_usage(usage), ("prompt", "completion"), strict=True):
+    def _count_usage(self, state: StreamState, usage: dict[str, object]) -> None:
+        prompt, completion = chat_usage(usage)
+        for value, direction in ((prompt, "prompt"), (completion, "completion")):
             if isinstance(value, int):
                 self.service.metrics.tokens.labels(direction).inc(value)
+        if isinstance(prompt, int):
+            state.prompt_tokens = prompt
 
 
 def _read_headers(header_map: core.HeaderMap) -> dict[str, str]:

@@ -95,9 +95,11 @@ def kvgate_policy(peer: Peer, backends: list[Backend], model: str) -> str:
     - {name: prefix, type: prefix-cache-scorer, params: {mode: precise, block_size_tokens: 16}}
     - {name: spread, type: cold-spread-scorer}
     - {name: active, type: active-request-scorer}
+    - {name: session, type: session-affinity-scorer}
     - {name: pick, type: max-score-picker}
   profiles: [{name: default, plugins: [{ref: balance}, {ref: prefix, weight: 3},
-             {ref: spread, weight: 2}, {ref: active, weight: 1}, {ref: pick}]}]"""
+             {ref: spread, weight: 2}, {ref: active, weight: 1}, {ref: session, weight: 2},
+             {ref: pick}]}]"""
     else:
         endpoints = ", ".join(f"127.0.0.1:{b.port}" for b in backends)
         epp = "epp: {picker: least-in-flight}" if peer.policy == "least-in-flight" else ""

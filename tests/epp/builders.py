@@ -42,4 +42,5 @@ def make_request(
     request_id: str = "",
     model: str = "m",
 ) -> SchedulingRequest:
-    return SchedulingRequest(request_id, model, text, lora, {}, session)
+    headers = {"x-session-id": session} if session else {}
+    return SchedulingRequest(request_id, model, text, lora, headers)

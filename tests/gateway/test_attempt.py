@@ -69,7 +69,7 @@ class _Listed:
     def refused(self, endpoint: EndpointState) -> None:
         self.owner.refused.append(endpoint.address)
 
-    def finished(self, endpoint: EndpointState) -> None:
+    def finished(self, endpoint: EndpointState, prompt_tokens: int | None = None) -> None:
         self.owner.finished.append(endpoint.address)
 
     def prefill(self) -> EndpointState | None:

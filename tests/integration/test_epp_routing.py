@@ -212,3 +212,24 @@ async def test_precise_mode_spreads_distinct_chats_that_share_only_the_template(
     served = [round(t / per_chat) for t in tokens]
     # ties are broken at random: 4+ backends used and none above 10 fail ~1e-5 of runs
     assert sum(1 for s in served if s > 0) >= 4 and max(served) <= 10, served
+
+
+async def test_the_approximate_index_is_sized_by_the_backends_own_tokens(
+    backends: Callable[..., list[str]], start_gateway: Callable[..., tuple[str, KvgateProcess]]
+) -> None:
+    """A byte-tokenized backend holds one character per token, not the configured four: the
+    index learns it from the answers' usage and holds a quarter of what it first assumed."""
+    addresses = backends(2, "--cost", "zero", "--num-blocks", "64", "--max-model-len", "1024")
+    url, _ = start_gateway(policy(addresses))
+    async with aiohttp.ClientSession() as session:
+        for i in range(40):
+            await complete(session, url, f"{i:03d} " + f"distinct prompt {i} " * 24)
+    picker = scrape(url)
+    capacity = {
+        s.labels["endpoint"]: s.value for s in picker["kvgate_epp_prefix_index_capacity_blocks"]
+    }
+    held = {s.labels["endpoint"]: s.value for s in picker["kvgate_epp_prefix_index_blocks"]}
+    # 1,024 tokens of about 1 character each, in 64-character blocks: 16, not 64
+    assert set(capacity) == set(addresses)
+    assert all(15 <= capacity[a] <= 20 for a in addresses), capacity
+    assert all(0 < held[a] <= capacity[a] for a in addresses), (held, capacity)
