@@ -7,8 +7,11 @@ one router in front of them, and drives one workload through it with kvgate's lo
 (``loadtest.run.driver``): open loop, Poisson arrivals over the ramp ``--stages`` (rate:seconds),
 streamed chat completions of ``--output-tokens`` tokens. Workloads
 (``loadtest.workloads.chats``), sized to the backends: ``shared-prefix`` (4 system prompts of
-1,600 tokens per backend, which fill about 70% of the caches; many questions each, shuffled)
-and ``multi-turn`` (six-turn conversations resending their history).
+1,600 tokens per backend, which fill about 70% of the caches; many questions each, shuffled),
+``multi-turn`` (six-turn conversations resending their history) and ``lora-mix`` (the
+shared-prefix workload, each system prompt's requests for one of 8 LoRA adapters drawn from a
+Zipf distribution; every backend serves all 8 with 2 resident at once, and swapping one in
+costs a step 20 ms).
 
 Per run: TTFT p50/p90/p99 and output tokens/s from the client, TTFT p90 per stage, each
 backend's share of the requests and its prefix-cache hit rate (from ``/metrics`` before and
@@ -55,25 +58,44 @@ from loadtest.run.driver import LoadPlan, run_load
 from loadtest.run.session import oracle_of, workload_tokens
 from loadtest.workloads.arrivals import parse_stages
 from loadtest.workloads.chats import Chain, multi_turn, shared_prefix
+from loadtest.workloads.lora_mix import with_adapters
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "kvgate-sim"
 NUM_BLOCKS = 560  # per backend: 4 prompts of 100 blocks each fill ~70% of it
+WORKLOADS = ("shared-prefix", "multi-turn", "lora-mix")
+ADAPTERS = tuple(f"lora-{i}" for i in range(8))
+MAX_LORAS = 2  # resident per backend
 
 
 def workload(name: str, backends: int, requests: int, seed: int) -> list[Chain]:
-    if name == "shared-prefix":
-        groups = 4 * backends
-        return shared_prefix(groups, math.ceil(requests / groups), 1600, seed)
-    return multi_turn(math.ceil(requests / 6), 6, 600, 120, seed)
+    if name == "multi-turn":
+        return multi_turn(math.ceil(requests / 6), 6, 600, 120, seed)
+    groups = 4 * backends
+    chains = shared_prefix(groups, math.ceil(requests / groups), 1600, seed)
+    if name == "lora-mix":
+        return with_adapters(chains, list(ADAPTERS), 1.0, seed, by_group=True)
+    return chains
+
+
+def adapters_of(name: str) -> tuple[str, ...]:
+    return ADAPTERS if name == "lora-mix" else ()
+
+
+def backend_args(adapters: tuple[str, ...]) -> tuple[str, ...]:
+    """A simulated backend serving ``adapters`` (the simulated runner has no weights to load)."""
+    if not adapters:
+        return ()
+    modules = [f"{a}=/nonexistent/{a}" for a in adapters]
+    return ("--max-loras", str(MAX_LORAS), "--lora-modules", *modules)
 
 
 @contextmanager
-def fresh_backends(count: int) -> Iterator[list[Backend]]:
+def fresh_backends(count: int, adapters: tuple[str, ...] = ()) -> Iterator[list[Backend]]:
     backends = [Backend(free_port(), free_port()) for _ in range(count)]
     with ExitStack() as stack:
         for b in backends:
-            args = ("--cost", "default", "--num-blocks", str(NUM_BLOCKS))
+            args = ("--cost", "default", "--num-blocks", str(NUM_BLOCKS), *backend_args(adapters))
             stack.enter_context(
                 backend_process(b.port, *args, "--kv-events-port", str(b.kv_events_port))
             )
@@ -86,12 +108,13 @@ def one_run(
     tokens: list[list[int]],
     args: argparse.Namespace,
     bin_dir: Path | None,
+    adapters: tuple[str, ...] = (),
 ) -> dict[str, float]:
     stages = [Stage(rate=r, duration=s) for r, s in parse_stages(args.stages)]
     with (
         tempfile.TemporaryDirectory() as tmp,
-        fresh_backends(args.backends) as backends,
-        running_peer(peer, backends, MODEL, Path(tmp), bin_dir) as (url, pid),
+        fresh_backends(args.backends, adapters) as backends,
+        running_peer(peer, backends, MODEL, Path(tmp), bin_dir, adapters) as (url, pid),
     ):
         time.sleep(0.5)  # subscriptions and health checks settle
         urls = [b.url for b in backends]
@@ -137,10 +160,10 @@ def warm_diverted_share(url: str) -> float:
     return metric_sum(text, "kvgate_epp_warm_diverted_total", {}) / picks if picks else math.nan
 
 
-async def tokenized(chains: list[Chain]) -> list[list[int]]:
+async def tokenized(chains: list[Chain], adapters: tuple[str, ...] = ()) -> list[list[int]]:
     """The prompts' ids, in workload order, as a backend of the same kind renders them."""
     port = free_port()
-    with backend_process(port, "--cost", "zero"):
+    with backend_process(port, "--cost", "zero", *backend_args(adapters)):
         return await workload_tokens(f"http://127.0.0.1:{port}", chains)
 
 
@@ -151,7 +174,7 @@ def main() -> int:
     parser.add_argument("--stages", default="50:8,100:8", help="the ramp, RATE:SECONDS,...")
     parser.add_argument("--seed", type=int, default=0, help="of the arrival times")
     parser.add_argument("--output-tokens", type=int, default=32)
-    parser.add_argument("--workload", choices=("shared-prefix", "multi-turn"), action="append")
+    parser.add_argument("--workload", choices=WORKLOADS, action="append")
     parser.add_argument("--peer", action="append", help="only peers whose name contains this")
     args = parser.parse_args()
     spans = parse_stages(args.stages)
@@ -169,11 +192,12 @@ def main() -> int:
     results: dict[str, dict[str, list[dict[str, float]]]] = {}
     for number in range(args.rounds):
         order = peers if number % 2 == 0 else list(reversed(peers))
-        for name in args.workload or ["shared-prefix", "multi-turn"]:
+        for name in args.workload or WORKLOADS:
             chains = workload(name, args.backends, requests, number)
-            tokens = asyncio.run(tokenized(chains))
+            adapters = adapters_of(name)
+            tokens = asyncio.run(tokenized(chains, adapters))
             for peer in order:
-                row = one_run(peer, chains, tokens, args, bin_dir)
+                row = one_run(peer, chains, tokens, args, bin_dir, adapters)
                 results.setdefault(name, {}).setdefault(peer.name, []).append(row)
                 print(
                     f"round {number} {name} {peer.name}: TTFT p90 {row['ttft_p90_ms']:.0f} ms, "

@@ -11,6 +11,7 @@ sglang-router 0.3.2 (``round_robin``, ``cache_aware``) and vllm-router 0.1.17
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadtest.harness.processes import external_process, free_port, gateway_process
+from policies.schema import DEFAULT_EPP_PLUGINS, DEFAULT_EPP_PROFILES
 
 CACHE = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate"))
 PEER_VENV = CACHE / "router-peers"
@@ -84,31 +86,43 @@ def peer_bin() -> tuple[Path | None, str]:
     return bin_dir, ""
 
 
-def kvgate_policy(peer: Peer, backends: list[Backend], model: str) -> str:
+def default_profile_with(prefix_params: dict[str, object]) -> str:
+    """The default profile as an ``epp:`` section, its prefix scorer given ``prefix_params``."""
+    plugins = []
+    for spec in DEFAULT_EPP_PLUGINS:
+        params = {**spec.params, **prefix_params} if spec.name == "prefix" else spec.params
+        plugins.append({"name": spec.name, "type": spec.type, "params": dict(params)})
+    profiles = [
+        {
+            "name": profile.name,
+            "plugins": [
+                {"ref": ref.ref} if ref.weight is None else {"ref": ref.ref, "weight": ref.weight}
+                for ref in profile.plugins
+            ],
+        }
+        for profile in DEFAULT_EPP_PROFILES
+    ]
+    return "epp: " + json.dumps({"plugins": plugins, "profiles": profiles})
+
+
+def kvgate_policy(
+    peer: Peer, backends: list[Backend], model: str, adapters: tuple[str, ...] = ()
+) -> str:
     if peer.policy == "precise":
         endpoints = ", ".join(
             f"{{address: 127.0.0.1:{b.port}, kv_events_port: {b.kv_events_port}}}" for b in backends
         )
-        epp = """epp:
-  plugins:
-    - {name: balance, type: load-balance-filter}
-    - {name: prefix, type: prefix-cache-scorer, params: {mode: precise, block_size_tokens: 16}}
-    - {name: spread, type: cold-spread-scorer}
-    - {name: active, type: active-request-scorer}
-    - {name: session, type: session-affinity-scorer}
-    - {name: pick, type: max-score-picker}
-  profiles: [{name: default, plugins: [{ref: balance}, {ref: prefix, weight: 3},
-             {ref: spread, weight: 2}, {ref: active, weight: 1}, {ref: session, weight: 2},
-             {ref: pick}]}]"""
+        epp = default_profile_with({"mode": "precise", "block_size_tokens": 16})
     else:
         endpoints = ", ".join(f"127.0.0.1:{b.port}" for b in backends)
         epp = "epp: {picker: least-in-flight}" if peer.policy == "least-in-flight" else ""
         if peer.policy == "candidate":
             epp = os.environ.get("KVGATE_BENCH_EPP", "")
+    routes = ", ".join(f"{{model: {m}, pool: p}}" for m in (model, *adapters))
     return f"""
 listen: {{host: 127.0.0.1}}
-pools: {{p: {{endpoints: [{endpoints}]}}}}
-routes: [{{model: {model}, pool: p}}]
+pools: {{p: {{endpoints: [{endpoints}], adapters: [{", ".join(adapters)}]}}}}
+routes: [{routes}]
 observability: {{access_log: "off"}}
 timeouts: {{first_byte: 120s}}
 {epp}
@@ -117,14 +131,19 @@ timeouts: {{first_byte: 120s}}
 
 @contextmanager
 def running_peer(
-    peer: Peer, backends: list[Backend], model: str, workdir: Path, bin_dir: Path | None
+    peer: Peer,
+    backends: list[Backend],
+    model: str,
+    workdir: Path,
+    bin_dir: Path | None,
+    adapters: tuple[str, ...] = (),
 ) -> Iterator[tuple[str, int]]:
     """``peer`` started in front of ``backends``; yields its base URL and process id (whose
     tree is the router: a gateway's workers are its children)."""
     port = free_port()
     if peer.router == "kvgate":
         policy = workdir / f"policy-{port}.yaml"
-        policy.write_text(kvgate_policy(peer, backends, model))
+        policy.write_text(kvgate_policy(peer, backends, model, adapters))
         extra = ("--workers", str(peer.workers)) if peer.workers > 1 else ()
         tree = compiled_tree() if peer.compiled else None
         if peer.compiled and tree is None:

@@ -148,6 +148,18 @@ def test_lora_mix_is_zipf_and_keeps_a_conversation_on_one_adapter() -> None:
         with_adapters(chains, [], 1.0, 0)
 
 
+def test_lora_mix_by_group_keeps_a_system_prompt_on_one_adapter() -> None:
+    adapters = [f"a{i}" for i in range(8)]
+    chains = with_adapters(shared_prefix(40, 5, 20, 0), adapters, 1.0, 3, by_group=True)
+    by_group: dict[str, set[str | None]] = {}
+    for chain in chains:
+        for request in chain:
+            by_group.setdefault(request.group, set()).add(request.model)
+    assert len(by_group) == 40
+    assert all(len(models) == 1 for models in by_group.values())
+    assert len({m for models in by_group.values() for m in models}) > 2  # still a mix
+
+
 def test_custom_jsonl_round_trips_and_keeps_order(tmp_path: Path) -> None:
     from loadtest.workloads.custom_jsonl import load_custom, write_custom
 
