@@ -45,6 +45,10 @@ class Endpoint:
     metrics_port: int | None = None  # where /metrics is served, if not on ``address``
     dispatched: int = 0  # picks since the last scrape, not yet visible in ``metrics``
     in_flight: int = 0  # requests sent here and not yet finished (the picker's own count)
+    # the picker's own token counts of what it sent here: prompt tokens not cached here whose
+    # first output token has not come back yet, and output tokens still owed (output limits)
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
     kv_events_port: int | None = None  # where the engine publishes KV events (ZMQ PUB)
     kv_events_bind: str | None = None  # or: the address the EPP binds, engines connecting
     kv_events_replay_port: int | None = None  # the engine's replay socket (ZMQ ROUTER)

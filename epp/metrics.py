@@ -58,6 +58,15 @@ class EppMetrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.tokens_in_flight = Gauge(
+            "kvgate_epp_tokens_in_flight",
+            "Tokens of work this picker sent to the endpoint that are not done: phase prefill, "
+            "prompt tokens not cached there whose first token has not come back; phase decode, "
+            "output tokens still owed (the requests' output limits).",
+            ["endpoint", "phase"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.scrape_errors = Counter(
             "kvgate_epp_scrape_errors", "Failed metric scrapes.", ["endpoint"], registry=r
         )

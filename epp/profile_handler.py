@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from epp.framework import Endpoint, SchedulingRequest, SchedulingResult
-from epp.indexes.prefix_index import PrefixIndex, uncached_tokens
+from epp.indexes.prefix_index import PrefixIndex
 from epp.profile_runner import ProfileRunner
 
 DECODE_ROLES = ("decode", "both")
@@ -83,7 +83,7 @@ class PdProfileHandler:
         target = decode.target
         if target is None or self.index is None:
             return Decision(decode)
-        if uncached_tokens(self.index, request, target) < self.min_uncached_tokens:
+        if self.index.uncached_tokens(request, target) < self.min_uncached_tokens:
             return Decision(decode)
         prefillers = [e for e in candidates if e.role == "prefill"]
         busy = self.max_prefill_in_flight

@@ -27,6 +27,7 @@ from epp.scorers.prefix_cache import PrefixCacheScorer
 from epp.scorers.queue import QueueScorer
 from epp.scorers.running_requests import RunningRequestsScorer
 from epp.scorers.session_affinity import SessionAffinityScorer
+from epp.scorers.token_backlog import TokenBacklogScorer
 from policies.plugin_catalog import PluginKind
 
 Plugin = Filter | Scorer | Picker
@@ -112,6 +113,7 @@ BUILTINS: dict[str, PluginType] = {
     "prefix-cache-scorer": _shared("scorer", PrefixCacheScorer),
     "lora-affinity-scorer": _plugin("scorer", LoraAffinityScorer),
     "session-affinity-scorer": _plugin("scorer", SessionAffinityScorer),
+    "token-backlog-scorer": _shared("scorer", TokenBacklogScorer),
     "max-score-picker": _plugin("picker", MaxScorePicker),
     "random-picker": _plugin("picker", RandomPicker),
     "saturation-filter": _shared("filter", SaturationFilter),

@@ -28,7 +28,12 @@ from epp.routing_text import routing_text
 from epp.saturation import SaturationDetector
 from epp.scraper import MetricsScraper
 from epp.upstream_tls import upstream_tls
+from kvgate.wire.output_limit import requested_output_tokens
 from policies.schema import Policy
+
+# output tokens a request that names no limit is counted for (vLLM's own default is the
+# rest of the context, which says nothing about what the request will really produce)
+DEFAULT_OUTPUT_TOKENS = 256
 
 
 @dataclass(eq=False, slots=True)
@@ -39,6 +44,8 @@ class Dispatch:
     request: SchedulingRequest
     undo: list[Callable[[], None]]
     open: bool = True  # counted in the endpoint's in_flight until finished or refused
+    prefill_tokens: int = 0  # counted in the endpoint's prefill_tokens until its first token
+    decode_tokens: int = 0  # counted in the endpoint's decode_tokens until finished
 
 
 class EppService:
@@ -181,6 +188,11 @@ class EppService:
         and let the prefix indexes and learning plugins record it."""
         endpoint.dispatched += 1
         endpoint.in_flight += 1
+        # before the indexes learn this pick: what the endpoint does not hold yet
+        prefill = self.prefix.uncached_tokens(request, endpoint) if self.prefix else 0
+        decode = requested_output_tokens(request.body) or DEFAULT_OUTPUT_TOKENS
+        endpoint.prefill_tokens += prefill
+        endpoint.decode_tokens += decode
         self.scraper.wake(endpoint)
         for observer in self._observers:
             observer.on_pick(request, endpoint)
@@ -190,7 +202,15 @@ class EppService:
             undo.append(index.learn_keys(keys, endpoint))
             if self.exchange is not None:
                 self.exchange.publish(tag, endpoint.address, keys)
-        return Dispatch(endpoint, request, [u for u in undo if u is not None])
+        return Dispatch(
+            endpoint, request, [u for u in undo if u is not None], True, prefill, decode
+        )
+
+    def prefilled(self, dispatch: Dispatch) -> None:
+        """The endpoint sent the request's first token: its prompt is no longer waiting to be
+        computed there. Idempotent."""
+        dispatch.endpoint.prefill_tokens -= dispatch.prefill_tokens
+        dispatch.prefill_tokens = 0
 
     def finished(self, dispatch: Dispatch, prompt_tokens: int | None = None) -> None:
         """The request of ``dispatch`` is over (answered, failed or cancelled): it no longer
@@ -199,6 +219,9 @@ class EppService:
         if dispatch.open:
             dispatch.open = False
             dispatch.endpoint.in_flight -= 1
+            self.prefilled(dispatch)
+            dispatch.endpoint.decode_tokens -= dispatch.decode_tokens
+            dispatch.decode_tokens = 0
             if prompt_tokens:
                 for index in self.handle.indexes.values():
                     index.observe_usage(dispatch.request, dispatch.endpoint, prompt_tokens)
@@ -223,9 +246,11 @@ class EppService:
         return endpoints
 
     def update_gauges(self) -> None:
-        if self.prefix is None:
-            return
+        tokens = self.metrics.tokens_in_flight
         for endpoint in self.datastore.all():
             address = endpoint.address
-            self.metrics.index_blocks.labels(address).set(self.prefix.blocks_of(address))
-            self.metrics.index_capacity.labels(address).set(self.prefix.capacity_of(endpoint))
+            tokens.labels(address, "prefill").set(endpoint.prefill_tokens)
+            tokens.labels(address, "decode").set(endpoint.decode_tokens)
+            if self.prefix is not None:
+                self.metrics.index_blocks.labels(address).set(self.prefix.blocks_of(address))
+                self.metrics.index_capacity.labels(address).set(self.prefix.capacity_of(endpoint))

@@ -76,6 +76,12 @@ class Attempt:
             self._undecided = True
         return self.outcome
 
+    def first_token(self) -> None:
+        """The response's first token arrived: the picker no longer counts the prompt as
+        waiting to be computed (``Ranking.started``)."""
+        if self._ranking is not None and self._open:
+            self._ranking.started(self.endpoint)
+
     def blame(self) -> None:
         """The 5xx was the endpoint's fault: the breaker counts a failure."""
         if self._undecided:

@@ -87,6 +87,11 @@ class EppRanking:
             if state is endpoint:
                 self._service.refused(dispatch)
 
+    def started(self, endpoint: EndpointState) -> None:
+        for state, dispatch in self._dispatches:
+            if state is endpoint:
+                self._service.prefilled(dispatch)
+
     def finished(self, endpoint: EndpointState, prompt_tokens: int | None = None) -> None:
         for state, dispatch in self._dispatches:
             if state is endpoint:

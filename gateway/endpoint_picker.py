@@ -75,6 +75,10 @@ class Ranking(Protocol):
         """``endpoint`` could not be reached: it never took the request."""
         ...
 
+    def started(self, endpoint: EndpointState) -> None:
+        """``endpoint`` streamed the request's first token: its prompt has been computed."""
+        ...
+
     def finished(self, endpoint: EndpointState, prompt_tokens: int | None = None) -> None:
         """The request's try at ``endpoint`` is over (its attempt closed); ``prompt_tokens``:
         what the endpoint's usage reported, when it answered with one."""
@@ -134,6 +138,9 @@ class LeastInFlightRanking:
         self._random = rng
 
     def refused(self, endpoint: EndpointState) -> None:
+        return None
+
+    def started(self, endpoint: EndpointState) -> None:
         return None
 
     def finished(self, endpoint: EndpointState, prompt_tokens: int | None = None) -> None:

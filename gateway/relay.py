@@ -68,6 +68,7 @@ async def relay_stream(
             if out:
                 if ctx.ttft is None:
                     ctx.ttft = time.perf_counter() - ctx.start
+                    attempt.first_token()
                 await response.write(out)
     except asyncio.CancelledError as cancel:
         if cancel.args and cancel.args[0] == SHUTDOWN_CUT:

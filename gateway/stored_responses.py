@@ -208,6 +208,9 @@ class ContinuedRanking:
     def refused(self, endpoint: EndpointState) -> None:
         self._ranking.refused(endpoint)
 
+    def started(self, endpoint: EndpointState) -> None:
+        self._ranking.started(endpoint)
+
     def finished(self, endpoint: EndpointState, prompt_tokens: int | None = None) -> None:
         self._ranking.finished(endpoint, prompt_tokens)
 

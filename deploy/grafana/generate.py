@@ -147,6 +147,11 @@ DASHBOARDS: dict[str, tuple[str, list[Chart]]] = {
                 "{{pool}}",
                 "percentunit",
             ),
+            Chart(
+                "Picker: tokens in flight by endpoint (prefill: not yet computed; decode: owed)",
+                "sum by (endpoint, phase) (kvgate_epp_tokens_in_flight)",
+                "{{endpoint}} {{phase}}",
+            ),
         ],
     ),
     "kvgate-slos": (

@@ -29,6 +29,7 @@ from epp.indexes.prefix_index import (
     RequestMemo,
     Undo,
     kv_capacity,
+    matched_blocks,
 )
 from epp.routing_text import routing_text
 from kvgate.wire.block_hash import text_block_hashes
@@ -141,6 +142,7 @@ class ApproximatePrefixCache:
         self._block_chars = params.block_size_tokens * params.chars_per_token
         self._memo = RequestMemo()
         self.chars_per_token = CharsPerToken()
+        self._chars: tuple[SchedulingRequest | None, int] = (None, 0)
 
     @property
     def routing_limit(self) -> int:
@@ -160,9 +162,22 @@ class ApproximatePrefixCache:
         return self.index.match(keys, addresses)
 
     def prompt_tokens(self, request: SchedulingRequest) -> int:
-        # the routing text is cut to what the index uses: measure the whole request
-        text = routing_text(request.body) if request.body else request.routing_text
-        return len(text) // self.params.chars_per_token
+        return self._prompt_chars(request) // self.params.chars_per_token
+
+    def uncached_tokens(self, request: SchedulingRequest, endpoint: Endpoint) -> int:
+        cached = matched_blocks(self, request, endpoint) * self._block_chars
+        ratio = self.chars_per_token.of(endpoint.address) or self.params.chars_per_token
+        return int(max(0, self._prompt_chars(request) - cached) / ratio)
+
+    def _prompt_chars(self, request: SchedulingRequest) -> int:
+        """The whole request's routing text length (the routing text is cut to what the index
+        hashes), worked out once per request."""
+        seen, chars = self._chars
+        if seen is not request:
+            text = routing_text(request.body) if request.body else request.routing_text
+            chars = len(text)
+            self._chars = (request, chars)
+        return chars
 
     def learn(self, request: SchedulingRequest, endpoint: Endpoint) -> Undo:
         return self.learn_keys(self.keys(request), endpoint)
@@ -177,8 +192,9 @@ class ApproximatePrefixCache:
         return self.capacity_of(endpoint) or self.params.lru_capacity_per_endpoint
 
     def observe_usage(self, request: SchedulingRequest, endpoint: Endpoint, tokens: int) -> None:
-        text = routing_text(request.body) if request.body else request.routing_text
-        self.chars_per_token.observe(endpoint.address, len(text), tokens)
+        if not self.params.measure_chars_per_token:
+            return
+        self.chars_per_token.observe(endpoint.address, self._prompt_chars(request), tokens)
         self.index.trim(endpoint.address, self._capacity(endpoint))
 
     def capacity_of(self, endpoint: Endpoint) -> int:

@@ -8,7 +8,13 @@ from functools import partial
 
 from epp.framework import Endpoint, SchedulingRequest
 from epp.indexes.precise import PreciseIndex, block_keys
-from epp.indexes.prefix_index import PrefixIndexParams, RequestMemo, Undo, kv_capacity
+from epp.indexes.prefix_index import (
+    PrefixIndexParams,
+    RequestMemo,
+    Undo,
+    kv_capacity,
+    matched_blocks,
+)
 from epp.kv_events import KVEventSubscriber
 from epp.tokenize import make_tokenizer, request_token_ids
 
@@ -63,6 +69,10 @@ class PrecisePrefixCache:
 
     def prompt_tokens(self, request: SchedulingRequest) -> int:
         return len(self._token_ids(request))
+
+    def uncached_tokens(self, request: SchedulingRequest, endpoint: Endpoint) -> int:
+        cached = matched_blocks(self, request, endpoint) * self.params.block_size_tokens
+        return max(0, self.prompt_tokens(request) - cached)
 
     def learn(self, request: SchedulingRequest, endpoint: Endpoint) -> Undo:
         return self.learn_keys(self.keys(request), endpoint)

@@ -28,6 +28,7 @@ class PrefixIndexParams:
     mode: str = "approximate"  # approximate | precise
     block_size_tokens: int = 16
     chars_per_token: int = 4  # approximate: routing text per token, until measured per endpoint
+    measure_chars_per_token: bool = True  # approximate: from each endpoint's usage; else fixed
     max_prefix_blocks: int = 256
     lru_capacity_per_endpoint: int = DEFAULT_CAPACITY  # approximate, when KV size is unknown
     tokenizer: str = "byte"  # precise: byte | a model folder (or its tokenizer.json)
@@ -55,6 +56,11 @@ class PrefixIndex(Protocol):
 
     def prompt_tokens(self, request: SchedulingRequest) -> int:
         """About how many tokens the whole prompt has."""
+        ...
+
+    def uncached_tokens(self, request: SchedulingRequest, endpoint: Endpoint) -> int:
+        """About how many prompt tokens ``endpoint`` would have to compute (not cached there),
+        in its own tokens where the index knows them."""
         ...
 
     def learn(self, request: SchedulingRequest, endpoint: Endpoint) -> Undo:
@@ -98,11 +104,10 @@ def kv_capacity(endpoint: Endpoint, block_size_tokens: int) -> int:
     return 0
 
 
-def uncached_tokens(index: PrefixIndex, request: SchedulingRequest, endpoint: Endpoint) -> int:
-    """About how many prompt tokens ``endpoint`` would have to compute (not cached there)."""
+def matched_blocks(index: PrefixIndex, request: SchedulingRequest, endpoint: Endpoint) -> int:
+    """How many leading blocks of ``request`` the index believes ``endpoint`` holds."""
     keys = index.keys(request)
-    matched = index.match(keys, [endpoint.address])[endpoint.address] if keys else 0
-    return max(0, index.prompt_tokens(request) - matched * index.params.block_size_tokens)
+    return index.match(keys, [endpoint.address])[endpoint.address] if keys else 0
 
 
 class RequestMemo:

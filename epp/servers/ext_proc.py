@@ -292,6 +292,8 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         self, state: StreamState, body: ep.HttpBody
     ) -> Iterator[ep.ProcessingResponse]:
         if state.streaming:
+            if body.body and state.dispatch is not None:  # the first token is on its way back
+                self.service.prefilled(state.dispatch)
             state.relay.feed(body.body)
             if body.end_of_stream and state.relay.usage:
                 self._count_usage(state, state.relay.usage)

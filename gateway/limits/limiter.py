@@ -25,11 +25,10 @@ from gateway.limits.fallback import FallbackBuckets
 from gateway.limits.pending_usage import PendingUsage
 from gateway.limits.redis_store import RedisStore, StoreUnavailable
 from kvgate.wire.json_text import compact_json
+from kvgate.wire.output_limit import OUTPUT_LIMITS
 from policies.schema import LimitRule, Limits
 
 log = logging.getLogger("kvgate.gateway")
-# the output limit a request names (chat, Responses API, completions)
-OUTPUT_LIMITS = ("max_completion_tokens", "max_output_tokens", "max_tokens")
 
 
 class RateLimited(GatewayError):

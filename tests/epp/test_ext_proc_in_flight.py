@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
+from envoy.config.core.v3 import base_pb2 as core
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from epp.servers.ext_proc import ExternalProcessor
@@ -34,3 +35,44 @@ async def test_in_flight_from_the_pick_to_the_end_of_the_stream() -> None:
     assert replies[0].WhichOneof("response") == "request_headers"
     assert seen == [1]  # picked and sent
     assert sum(e.in_flight for e in service.datastore.endpoints("p")) == 0
+
+
+async def test_tokens_in_flight_follow_the_streamed_response() -> None:
+    """A streamed response's first body chunk ends the prompt's count; its end, the output's;
+    the usage in its last event is what the approximate index learns the endpoint's tokens from."""
+    service = EppService(load_policy_text(POLICY))
+    processor = ExternalProcessor(service)
+    body = json.dumps({"model": "m", "prompt": "x" * 2_400, "max_tokens": 5, "stream": True})
+    counts: list[tuple[int, int]] = []
+
+    def count() -> None:
+        endpoints = service.datastore.endpoints("p")
+        counts.append(
+            (sum(e.prefill_tokens for e in endpoints), sum(e.decode_tokens for e in endpoints))
+        )
+
+    first = b'data: {"choices":[{"index":0,"text":"a"}]}\n\n'
+    last = b'data: {"choices":[],"usage":{"prompt_tokens":2400,"completion_tokens":5}}\n\ndata: [DONE]\n\n'
+
+    async def envoy() -> AsyncIterator[ep.ProcessingRequest]:
+        yield headers_message(HEADERS)
+        for message in body_messages(body.encode()):
+            yield message
+        count()
+        yield ep.ProcessingRequest(
+            response_headers=ep.HttpHeaders(
+                headers=core.HeaderMap(
+                    headers=[core.HeaderValue(key="content-type", raw_value=b"text/event-stream")]
+                )
+            )
+        )
+        yield ep.ProcessingRequest(response_body=ep.HttpBody(body=first))
+        count()
+        yield ep.ProcessingRequest(response_body=ep.HttpBody(body=last, end_of_stream=True))
+
+    _ = [r async for r in processor.Process(envoy(), None)]
+    count()
+    assert counts == [(600, 5), (0, 5), (0, 0)]  # 2,400 characters at the configured 4 per token
+    assert service.prefix is not None
+    learned = service.prefix.chars_per_token.of  # type: ignore[attr-defined]
+    assert sorted([learned("127.0.0.2:9"), learned("127.0.0.3:9")], key=str) == [1.0, None]

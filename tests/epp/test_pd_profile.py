@@ -6,7 +6,6 @@ import dataclasses
 import time
 
 from epp.framework import Endpoint, SchedulingRequest, SchedulingResult
-from epp.indexes.prefix_index import uncached_tokens
 from epp.service import EppService
 from policies.loader import load_policy_text
 
@@ -98,7 +97,7 @@ def test_uncached_estimate_covers_prompts_longer_than_the_hashed_prefix() -> Non
     assert len(scheduling.routing_text) == 16_384
     target = service.datastore.endpoints("pd")[1]
     assert service.prefix is not None
-    assert uncached_tokens(service.prefix, scheduling, target) == 20_000
+    assert service.prefix.uncached_tokens(scheduling, target) == 20_000
 
 
 def test_nothing_is_rendered_when_no_approximate_index_reads_it() -> None:

@@ -48,6 +48,7 @@ class InOrder:
         self.handed_out: list[str] = []
         self.refused: list[str] = []
         self.finished: list[str] = []  # the tries the ranking was told are over
+        self.started: list[str] = []  # the tries whose first token came back
 
     def rank(self, pool: str, request: PickRequest) -> Ranking:
         self.rankings += 1
@@ -68,6 +69,9 @@ class _Listed:
 
     def refused(self, endpoint: EndpointState) -> None:
         self.owner.refused.append(endpoint.address)
+
+    def started(self, endpoint: EndpointState) -> None:
+        self.owner.started.append(endpoint.address)
 
     def finished(self, endpoint: EndpointState, prompt_tokens: int | None = None) -> None:
         self.owner.finished.append(endpoint.address)

@@ -233,3 +233,37 @@ async def test_the_approximate_index_is_sized_by_the_backends_own_tokens(
     assert set(capacity) == set(addresses)
     assert all(15 <= capacity[a] <= 20 for a in addresses), capacity
     assert all(0 < held[a] <= capacity[a] for a in addresses), (held, capacity)
+
+
+async def test_tokens_in_flight_are_counted_while_a_request_runs_and_return_to_zero(
+    backends: Callable[..., list[str]], start_gateway: Callable[..., tuple[str, KvgateProcess]]
+) -> None:
+    """The picker counts a request's uncached prompt until its first token comes back and its
+    output limit until it ends; nothing is left counted afterwards."""
+    (address,) = backends(1, "--cost", "0.4,0,0,0")  # every engine step takes 0.4 s
+    url, _ = start_gateway(policy([address]))
+
+    def tokens() -> dict[str, float]:
+        series = scrape(url)["kvgate_epp_tokens_in_flight"]
+        return {s.labels["phase"]: s.value for s in series if s.labels["endpoint"] == address}
+
+    body = {"model": "kvgate-sim", "prompt": PREFIX, "max_tokens": 3, "stream": True}
+    async with aiohttp.ClientSession() as session:
+
+        async def stream() -> list[dict[str, float]]:
+            seen = []
+            async with session.post(f"{url}/v1/completions", json=body) as response:
+                assert response.status == 200
+                await response.content.readline()  # the first token's event
+                await asyncio.sleep(0.05)
+                seen.append(tokens())
+                await response.read()
+            return seen
+
+        running = asyncio.create_task(stream())
+        await asyncio.sleep(0.2)  # the prefill step is running (the response head comes with
+        during = tokens()  # the first token)
+        (after_first,) = await running
+    assert during["prefill"] >= len(PREFIX) // 4 * 0.9 and during["decode"] == 3, during
+    assert after_first["prefill"] == 0 and after_first["decode"] == 3, after_first
+    assert tokens() == {"prefill": 0, "decode": 0}
