@@ -49,6 +49,8 @@ class Endpoint:
     # first output token has not come back yet, and output tokens still owed (output limits)
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    placed_tokens: float = 0.0  # uncached prompt tokens sent here, decayed (``epp.placement``)
+    placed_at: float = 0.0  # when ``placed_tokens`` was last brought up to date
     kv_events_port: int | None = None  # where the engine publishes KV events (ZMQ PUB)
     kv_events_bind: str | None = None  # or: the address the EPP binds, engines connecting
     kv_events_replay_port: int | None = None  # the engine's replay socket (ZMQ ROUTER)

@@ -21,6 +21,7 @@ from epp.handle import PluginHandle
 from epp.indexes.prefix_index import PrefixIndex
 from epp.metrics import EppMetrics
 from epp.pick_exchange import PickExchange
+from epp.placement import add_placed
 from epp.profile_handler import Decision, PdProfileHandler, ProfileHandler, SingleProfileHandler
 from epp.profile_runner import ProfileRunner
 from epp.registry import Plugin
@@ -193,6 +194,7 @@ class EppService:
         decode = requested_output_tokens(request.body) or DEFAULT_OUTPUT_TOKENS
         endpoint.prefill_tokens += prefill
         endpoint.decode_tokens += decode
+        add_placed(endpoint, prefill)
         self.scraper.wake(endpoint)
         for observer in self._observers:
             observer.on_pick(request, endpoint)

@@ -9,12 +9,15 @@ of piling onto whichever endpoint happened to be least busy at that moment (sgla
 cache_aware sends a miss to the smallest tree for the same reason). A request some endpoint
 holds gets 0.5 everywhere: the prefix scorer decides it.
 
-Once the caches are scraped, a difference of less than a quarter of a cache counts only in
-proportion: caches that are all full differ by a few blocks from moment to moment (an engine
-that is busy holds fewer finished blocks), and scaling that noise to the full 0-1 range sent
-every new conversation to the busiest engine (precise mode on multi-turn, issue 19). Fill,
-not blocks: a cache a quarter the size of another is full with a quarter of the blocks, and
-counting blocks sent every new prefix to it.
+Once the caches are scraped, fill that differs by less than a quarter of a cache says nothing:
+caches that are all full differ by a few blocks from moment to moment (an engine that is busy
+holds fewer finished blocks), and scaling that noise to the full 0-1 range sent every new
+conversation to the busiest engine (precise mode on multi-turn, issue 19). Among caches alike
+in fill, the new prompt content each endpoint was sent lately decides (``among_full: placed``,
+``epp.placement``): a new conversation's later turns will follow it, so this spreads the
+conversations, where full caches no longer can. ``among_full: fill`` scores the small
+differences in proportion instead. Fill, not blocks: a cache a quarter the size of another is
+full with a quarter of the blocks, and counting blocks sent every new prefix to it.
 
 It reads the EPP's first prefix index (list a ``prefix-cache-scorer`` in the profile too).
 """
@@ -22,10 +25,12 @@ It reads the EPP's first prefix index (list a ``prefix-cache-scorer`` in the pro
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from epp.framework import Endpoint, SchedulingRequest
 from epp.handle import PluginHandle
-from epp.params import NoParams, parse_params
+from epp.params import parse_params
+from epp.placement import placed
 from epp.scorers.queue import min_max_low_is_best
 
 # differences in cache fill below this share of a cache count in proportion, not in full
@@ -33,23 +38,28 @@ SIGNIFICANT_SHARE = 0.25
 PER_MILLE = 1000
 
 
+@dataclass(frozen=True)
+class Params:
+    among_full: str = "placed"  # placed | fill: what decides among caches alike in fill
+
+
 class ColdSpreadScorer:
     """Scores a request no endpoint holds by cache fill (the emptiest scores 1)."""
 
-    def __init__(self, name: str, handle: PluginHandle) -> None:
+    def __init__(self, name: str, params: Params, handle: PluginHandle) -> None:
         self.name = name
+        self.params = params
         self._handle = handle
 
     @classmethod
-    def parse_config(cls, name: str, raw: Mapping[str, object]) -> NoParams:
-        return parse_params(NoParams, name, raw)
+    def parse_config(cls, name: str, raw: Mapping[str, object]) -> Params:
+        return parse_params(Params, name, raw, {"among_full": lambda v: v in ("placed", "fill")})
 
     @classmethod
     def from_config(
         cls, name: str, raw: Mapping[str, object], handle: PluginHandle
     ) -> ColdSpreadScorer:
-        cls.parse_config(name, raw)
-        return cls(name, handle)
+        return cls(name, cls.parse_config(name, raw), handle)
 
     def score(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> dict[str, float]:
         index = self._handle.primary_index
@@ -66,4 +76,10 @@ class ColdSpreadScorer:
         if not all(capacity.values()):  # not scraped yet: blocks held, every difference counts
             return min_max_low_is_best({a: index.blocks_of(a) for a in addresses})
         fill = {a: index.blocks_of(a) * PER_MILLE // capacity[a] for a in addresses}
-        return min_max_low_is_best(fill, int(PER_MILLE * SIGNIFICANT_SHARE))
+        significant = int(PER_MILLE * SIGNIFICANT_SHARE)
+        if (
+            self.params.among_full == "fill"
+            or max(fill.values()) - min(fill.values()) >= significant
+        ):
+            return min_max_low_is_best(fill, significant)
+        return min_max_low_is_best({e.address: int(placed(e)) for e in endpoints})

@@ -60,3 +60,13 @@ def test_eviction_follows_the_calibrated_capacity() -> None:
     request = SchedulingRequest("r", "m", text, body={"prompt": text})
     index.learn(request, endpoint)
     assert index.blocks_of(A) == 2
+
+
+def test_a_pinned_ratio_is_not_measured() -> None:
+    params = PrefixIndexParams(block_size_tokens=16, measure_chars_per_token=False)
+    index = ApproximatePrefixCache(params)
+    endpoint = make_endpoint(A)
+    endpoint.metrics.block_size, endpoint.metrics.num_gpu_blocks = 16, 1_000
+    text = "x" * 4_000
+    index.observe_usage(SchedulingRequest("r", "m", text, body={"prompt": text}), endpoint, 4_000)
+    assert index.capacity_of(endpoint) == 1_000  # still 4 characters per token

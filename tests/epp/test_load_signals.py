@@ -8,6 +8,7 @@ import pytest
 
 from epp.filters.load_balance import LoadBalanceFilter, Params
 from epp.handle import PluginHandle
+from epp.placement import add_placed
 from epp.scorers.active_requests import ActiveRequestScorer
 from epp.scorers.cold_spread import ColdSpreadScorer
 from epp.scorers.prefix_cache import PrefixCacheScorer
@@ -70,27 +71,31 @@ def test_load_balance_filter(counts: tuple[int, ...], params: Params, kept: list
 
 
 @pytest.mark.parametrize(
-    ("num_gpu_blocks", "expected"),
+    ("num_gpu_blocks", "among_full", "expected"),
     [
         # caches of 32 blocks (8 of 16 tokens): 8, 4 and 0 held differ by a quarter or more
-        (8, {A: 0.0, B: 0.5, C: 1.0}),
+        (8, "placed", {A: 0.0, B: 0.5, C: 1.0}),
         # caches of 4,000 blocks hold 8, 4 and 0: no real difference in room, which a min-max
         # scaling would blow up to 0 against 1 (issue 19: every new conversation went to the
-        # busiest engine); below a quarter of a cache it counts in proportion
-        (1000, {A: 0.0, B: 0.004, C: 0.008}),
+        # busiest engine); below a quarter of a cache it counts in proportion ...
+        (1000, "fill", {A: 0.0, B: 0.004, C: 0.008}),
+        # ... or by the new content placed on each lately: A 300 tokens, B 100, C 200
+        (1000, "placed", {A: 0.0, B: 1.0, C: 0.5}),
         # not scraped yet (capacity unknown): min-max
-        (0, {A: 0.0, B: 0.5, C: 1.0}),
+        (0, "placed", {A: 0.0, B: 0.5, C: 1.0}),
     ],
 )
 def test_cold_spread_places_new_prefixes_where_caches_hold_least(
-    num_gpu_blocks: int, expected: dict[str, float]
+    num_gpu_blocks: int, among_full: str, expected: dict[str, float]
 ) -> None:
     handle = PluginHandle()
     prefix = PrefixCacheScorer.from_config(
         "prefix", {"block_size_tokens": 4, "chars_per_token": 1}, handle
     )
-    spread = ColdSpreadScorer.from_config("spread", {}, handle)
+    spread = ColdSpreadScorer.from_config("spread", {"among_full": among_full}, handle)
     a, b, c = (make_endpoint(x) for x in (A, B, C))
+    for endpoint, tokens in ((a, 300), (b, 100), (c, 200)):
+        add_placed(endpoint, tokens)
     for endpoint in (a, b, c):
         endpoint.metrics.num_gpu_blocks = num_gpu_blocks  # of 16 tokens: 4 index blocks each
     for text in ("aaaabbbbccccdddd", "eeeeffffgggghhhh"):
@@ -139,3 +144,14 @@ epp:
         "kvgate_epp_warm_diverted_total", {"pool": "p"}
     )
     assert (counted or 0.0) == diverted
+
+
+def test_placed_content_halves_every_half_life() -> None:
+    from epp.placement import HALF_LIFE, placed
+
+    endpoint = make_endpoint(A)
+    assert placed(endpoint, 5.0) == 0.0
+    add_placed(endpoint, 1_000, now=10.0)
+    add_placed(endpoint, 1_000, now=10.0 + HALF_LIFE)  # the first 1,000 count 500 by now
+    assert placed(endpoint, 10.0 + HALF_LIFE) == pytest.approx(1_500)
+    assert placed(endpoint, 10.0 + 2 * HALF_LIFE) == pytest.approx(750)
