@@ -10,7 +10,9 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Generic, Protocol, TypeVar, runtime_checkable
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -74,6 +76,26 @@ class SchedulingRequest:
     body: Mapping[str, object] = field(default_factory=dict)  # the OpenAI request, for tokenizing
     # filled while scoring: per endpoint scored, the leading blocks of the prompt it holds
     prefix_match: dict[str, int] = field(default_factory=dict)
+
+
+class RequestMemo(Generic[T]):
+    """What a plugin worked out for the last request (its block keys, its token ids, its
+    length, its session), so scoring, learning and the prefill decision work a request out
+    once. Keyed by the request object itself, never by its id: a client may send any
+    ``x-request-id``, twice, with different prompts."""
+
+    __slots__ = ("_request", "_value")
+
+    def __init__(self) -> None:
+        self._request: SchedulingRequest | None = None
+        self._value: T | None = None
+
+    def get(self, request: SchedulingRequest) -> T | None:
+        return self._value if request is self._request else None
+
+    def put(self, request: SchedulingRequest, value: T) -> T:
+        self._request, self._value = request, value
+        return value
 
 
 @runtime_checkable

@@ -21,12 +21,11 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from functools import partial
 
-from epp.framework import Endpoint, SchedulingRequest
+from epp.framework import Endpoint, RequestMemo, SchedulingRequest
 from epp.indexes.chars_per_token import CharsPerToken
 from epp.indexes.prefix_index import (
     DEFAULT_CAPACITY,
     PrefixIndexParams,
-    RequestMemo,
     Undo,
     kv_capacity,
     matched_blocks,
@@ -140,9 +139,9 @@ class ApproximatePrefixCache:
         self.params = params
         self.index = ApproximatePrefixIndex()
         self._block_chars = params.block_size_tokens * params.chars_per_token
-        self._memo = RequestMemo()
+        self._memo: RequestMemo[list[int]] = RequestMemo()
         self.chars_per_token = CharsPerToken()
-        self._chars: tuple[SchedulingRequest | None, int] = (None, 0)
+        self._chars: RequestMemo[int] = RequestMemo()
 
     @property
     def routing_limit(self) -> int:
@@ -172,11 +171,10 @@ class ApproximatePrefixCache:
     def _prompt_chars(self, request: SchedulingRequest) -> int:
         """The whole request's routing text length (the routing text is cut to what the index
         hashes), worked out once per request."""
-        seen, chars = self._chars
-        if seen is not request:
+        chars = self._chars.get(request)
+        if chars is None:
             text = routing_text(request.body) if request.body else request.routing_text
-            chars = len(text)
-            self._chars = (request, chars)
+            chars = self._chars.put(request, len(text))
         return chars
 
     def learn(self, request: SchedulingRequest, endpoint: Endpoint) -> Undo:

@@ -6,11 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from functools import partial
 
-from epp.framework import Endpoint, SchedulingRequest
+from epp.framework import Endpoint, RequestMemo, SchedulingRequest
 from epp.indexes.precise import PreciseIndex, block_keys
 from epp.indexes.prefix_index import (
     PrefixIndexParams,
-    RequestMemo,
     Undo,
     kv_capacity,
     matched_blocks,
@@ -35,8 +34,8 @@ class PrecisePrefixCache:
         self.index = PreciseIndex(params.speculative_ttl)
         self.events = KVEventSubscriber(self.index, endpoints, on_lag)
         self._tokenizer = make_tokenizer(params.tokenizer)
-        self._memo = RequestMemo()
-        self._tokens = RequestMemo()
+        self._memo: RequestMemo[list[int]] = RequestMemo()
+        self._tokens: RequestMemo[list[int]] = RequestMemo()
         self._started = False
 
     @property

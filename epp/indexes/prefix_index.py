@@ -108,22 +108,3 @@ def matched_blocks(index: PrefixIndex, request: SchedulingRequest, endpoint: End
     """How many leading blocks of ``request`` the index believes ``endpoint`` holds."""
     keys = index.keys(request)
     return index.match(keys, [endpoint.address])[endpoint.address] if keys else 0
-
-
-class RequestMemo:
-    """The last request's ids (its block keys, or its token ids), so scoring, learning and the
-    prefill decision work a request out once. Keyed by the request object itself, never by its
-    id: a client may send any ``x-request-id``, twice, with different prompts."""
-
-    __slots__ = ("_keys", "_request")
-
-    def __init__(self) -> None:
-        self._request: SchedulingRequest | None = None
-        self._keys: list[int] = []
-
-    def get(self, request: SchedulingRequest) -> list[int] | None:
-        return self._keys if request is self._request else None
-
-    def put(self, request: SchedulingRequest, keys: list[int]) -> list[int]:
-        self._request, self._keys = request, keys
-        return keys

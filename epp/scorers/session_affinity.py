@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from epp.framework import Endpoint, SchedulingRequest
+from epp.framework import Endpoint, RequestMemo, SchedulingRequest
 from epp.params import parse_params
 from epp.session_key import session_key
 
@@ -25,7 +25,7 @@ class SessionAffinityScorer:
         self.name = name
         self.params = params
         self._sessions: OrderedDict[str, str] = OrderedDict()
-        self._last: tuple[SchedulingRequest | None, str | None] = (None, None)
+        self._memo: RequestMemo[str] = RequestMemo()  # "" for a request with no session
 
     @classmethod
     def parse_config(cls, name: str, raw: Mapping[str, object]) -> Params:
@@ -35,12 +35,11 @@ class SessionAffinityScorer:
     def from_config(cls, name: str, raw: Mapping[str, object]) -> SessionAffinityScorer:
         return cls(name, cls.parse_config(name, raw))
 
-    def _session(self, request: SchedulingRequest) -> str | None:
+    def _session(self, request: SchedulingRequest) -> str:
         """The request's session, worked out once for its scoring and its pick."""
-        seen, session = self._last
-        if seen is not request:
-            session = session_key(request.body, request.headers)
-            self._last = (request, session)
+        session = self._memo.get(request)
+        if session is None:
+            session = self._memo.put(request, session_key(request.body, request.headers) or "")
         return session
 
     def score(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> dict[str, float]:
