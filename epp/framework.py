@@ -53,6 +53,8 @@ class Endpoint:
     decode_tokens: int = 0
     placed_tokens: float = 0.0  # uncached prompt tokens sent here, decayed (``epp.placement``)
     placed_at: float = 0.0  # when ``placed_tokens`` was last brought up to date
+    # requests of each LoRA adapter sent here, decayed alike (``epp.placement``)
+    placed_adapters: dict[str, float] = field(default_factory=dict)
     kv_events_port: int | None = None  # where the engine publishes KV events (ZMQ PUB)
     kv_events_bind: str | None = None  # or: the address the EPP binds, engines connecting
     kv_events_replay_port: int | None = None  # the engine's replay socket (ZMQ ROUTER)

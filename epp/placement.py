@@ -1,7 +1,12 @@
-"""New prompt content the picker placed on each endpoint lately: the uncached prompt tokens of
-its dispatches, decayed with a half-life. Unlike what a cache holds, which stops growing once
-the cache is full, it keeps counting where new prefixes (new conversations, new system prompts)
-went, and so where their later requests will go."""
+"""What the picker placed on each endpoint lately, decayed with a half-life: the uncached prompt
+tokens of its dispatches, and the requests of each LoRA adapter.
+
+Unlike what a cache holds, which stops growing once the cache is full, placed content keeps
+counting where new prefixes (new conversations, new system prompts) went, and so where their
+later requests will go. The adapters placed on an endpoint are the ones it will keep serving
+while those prefixes stay there: a new prefix of an adapter fits an endpoint that already
+serves it, or one that serves fewer adapters than it can hold at once (``adapter_fits``).
+"""
 
 from __future__ import annotations
 
@@ -12,12 +17,28 @@ from epp.framework import Endpoint
 
 HALF_LIFE = 60.0  # seconds
 _RATE = math.log(2) / HALF_LIFE
+# an adapter counts as served by an endpoint while its decayed request count is at least this
+# (one request, for a half-life)
+SERVED_REQUESTS = 0.5
 
 
-def add_placed(endpoint: Endpoint, tokens: int, now: float | None = None) -> None:
-    """``tokens`` uncached prompt tokens were just sent to ``endpoint``."""
+def add_placed(
+    endpoint: Endpoint, tokens: int, adapter: str | None = None, now: float | None = None
+) -> None:
+    """A request with ``tokens`` uncached prompt tokens (of ``adapter``, if any) was just sent
+    to ``endpoint``."""
     now = time.monotonic() if now is None else now
-    endpoint.placed_tokens = placed(endpoint, now) + tokens
+    decay = _decay(endpoint, now)
+    endpoint.placed_tokens = endpoint.placed_tokens * decay + tokens
+    if endpoint.placed_adapters or adapter is not None:
+        counts = {
+            name: count * decay
+            for name, count in endpoint.placed_adapters.items()
+            if count * decay >= SERVED_REQUESTS / 4
+        }
+        if adapter is not None:
+            counts[adapter] = counts.get(adapter, 0.0) + 1.0
+        endpoint.placed_adapters = counts
     endpoint.placed_at = now
 
 
@@ -25,5 +46,26 @@ def placed(endpoint: Endpoint, now: float | None = None) -> float:
     """The decayed sum of the uncached prompt tokens sent to ``endpoint``."""
     if not endpoint.placed_tokens:
         return 0.0
-    now = time.monotonic() if now is None else now
-    return endpoint.placed_tokens * math.exp(-_RATE * max(0.0, now - endpoint.placed_at))
+    return endpoint.placed_tokens * _decay(endpoint, time.monotonic() if now is None else now)
+
+
+def served_adapters(endpoint: Endpoint, now: float | None = None) -> set[str]:
+    """The adapters ``endpoint`` serves: those the picker sent it lately, and those its own
+    metrics report running."""
+    decay = _decay(endpoint, time.monotonic() if now is None else now)
+    served = {a for a, n in endpoint.placed_adapters.items() if n * decay >= SERVED_REQUESTS}
+    return served | endpoint.metrics.running_loras
+
+
+def adapter_fits(endpoint: Endpoint, adapter: str, now: float | None = None) -> bool:
+    """Whether a new prefix of ``adapter`` fits ``endpoint`` without making it juggle more
+    adapters than it holds at once (its ``max_loras``; unknown: it fits)."""
+    limit = endpoint.metrics.max_loras
+    if not limit:
+        return True
+    served = served_adapters(endpoint, now)
+    return adapter in served or len(served) < limit
+
+
+def _decay(endpoint: Endpoint, now: float) -> float:
+    return math.exp(-_RATE * max(0.0, now - endpoint.placed_at))

@@ -194,7 +194,7 @@ class EppService:
         decode = requested_output_tokens(request.body) or DEFAULT_OUTPUT_TOKENS
         endpoint.prefill_tokens += prefill
         endpoint.decode_tokens += decode
-        add_placed(endpoint, prefill)
+        add_placed(endpoint, prefill, request.lora)
         self.scraper.wake(endpoint)
         for observer in self._observers:
             observer.on_pick(request, endpoint)

@@ -19,6 +19,12 @@ conversations, where full caches no longer can. ``among_full: fill`` scores the 
 differences in proportion instead. Fill, not blocks: a cache a quarter the size of another is
 full with a quarter of the blocks, and counting blocks sent every new prefix to it.
 
+A new prefix of a LoRA adapter goes where it fits (``epp.placement.adapter_fits``: an endpoint
+that serves that adapter already, or serves fewer adapters than it holds at once): those score
+0.5-1 (spread among themselves as above), the rest 0. Each prefix's later requests follow it,
+so this keeps each engine to the adapters it can hold, instead of one that swaps adapters in
+and out and makes requests wait for a free adapter slot.
+
 It reads the EPP's first prefix index (list a ``prefix-cache-scorer`` in the profile too).
 """
 
@@ -29,8 +35,9 @@ from dataclasses import dataclass
 
 from epp.framework import Endpoint, SchedulingRequest
 from epp.handle import PluginHandle
+from epp.indexes.prefix_index import PrefixIndex
 from epp.params import parse_params
-from epp.placement import placed
+from epp.placement import adapter_fits, placed
 from epp.scorers.queue import min_max_low_is_best
 
 # differences in cache fill below this share of a cache count in proportion, not in full
@@ -72,6 +79,17 @@ class ColdSpreadScorer:
             spread = max(matched.values(), default=0) - min(matched.values(), default=0)
             if spread >= index.params.min_match_blocks:
                 return dict.fromkeys(addresses, 0.5)
+        if request.lora is not None:
+            lora = request.lora
+            fit = [e for e in endpoints if adapter_fits(e, lora)]
+            if fit and len(fit) < len(endpoints):
+                scores = dict.fromkeys(addresses, 0.0)
+                scores.update({a: 0.5 + s / 2 for a, s in self._spread(index, fit).items()})
+                return scores
+        return self._spread(index, endpoints)
+
+    def _spread(self, index: PrefixIndex, endpoints: list[Endpoint]) -> dict[str, float]:
+        addresses = [e.address for e in endpoints]
         capacity = {e.address: index.capacity_of(e) for e in endpoints}
         if not all(capacity.values()):  # not scraped yet: blocks held, every difference counts
             return min_max_low_is_best({a: index.blocks_of(a) for a in addresses})

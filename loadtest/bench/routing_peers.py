@@ -109,15 +109,17 @@ def kvgate_policy(
     peer: Peer, backends: list[Backend], model: str, adapters: tuple[str, ...] = ()
 ) -> str:
     if peer.policy == "precise":
+        epp = default_profile_with({"mode": "precise", "block_size_tokens": 16})
+    elif peer.policy == "candidate":
+        epp = os.environ.get("KVGATE_BENCH_EPP", "")
+    else:
+        epp = "epp: {picker: least-in-flight}" if peer.policy == "least-in-flight" else ""
+    if "precise" in epp:  # the engines' KV events feed its index
         endpoints = ", ".join(
             f"{{address: 127.0.0.1:{b.port}, kv_events_port: {b.kv_events_port}}}" for b in backends
         )
-        epp = default_profile_with({"mode": "precise", "block_size_tokens": 16})
     else:
         endpoints = ", ".join(f"127.0.0.1:{b.port}" for b in backends)
-        epp = "epp: {picker: least-in-flight}" if peer.policy == "least-in-flight" else ""
-        if peer.policy == "candidate":
-            epp = os.environ.get("KVGATE_BENCH_EPP", "")
     routes = ", ".join(f"{{model: {m}, pool: p}}" for m in (model, *adapters))
     return f"""
 listen: {{host: 127.0.0.1}}
