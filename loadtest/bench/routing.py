@@ -49,6 +49,7 @@ from loadtest.bench.routing_peers import (
     running_peer,
 )
 from loadtest.bench.routing_report import plot_stages, report
+from loadtest.bench.ttft_floor import idle_ttft_p90_ms
 from loadtest.client.backend_metrics import deltas, scrape_all
 from loadtest.harness.proc_stats import cpu_seconds
 from loadtest.harness.processes import backend_process, free_port
@@ -144,6 +145,7 @@ def one_run(
         "captured_reuse": sum(r.cached_tokens for r in ok) / oracle if oracle else 0.0,
         "cpu_ms_per_request": cpu * 1000 / len(ok) if ok else math.nan,
         "cold_misses": cold_misses,
+        "ttft_floor_p90_ms": idle_ttft_p90_ms(tokens, run.records),
     }
     for number, stage in enumerate(per_stage):
         latency = stage["successes"]["latency"]  # type: ignore[index]

@@ -37,7 +37,12 @@ def report(results: Results) -> None:
         table = {name: medians(rows) for name, rows in peers.items()}
         baseline = table.get(BASELINE, {})
         rounds = len(next(iter(peers.values())))
-        print(f"\n{workload} (median of {rounds} rounds)\n")
+        floor = statistics.median(r.get("ttft_floor_p90_ms", math.nan) for r in table.values())
+        best = f", RR p90 ÷ floor {baseline['ttft_p90_ms'] / floor:.1f}" if baseline else ""
+        print(
+            f"\n{workload} (median of {rounds} rounds; TTFT p90 floor {floor:.0f} ms{best}: each"
+            " request alone on an idle engine holding all an ideal router could have cached)\n"
+        )
         print(
             "| router | "
             + " | ".join(c for c, _, _ in COLUMNS)

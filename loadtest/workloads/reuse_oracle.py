@@ -15,10 +15,16 @@ from collections.abc import Iterable
 
 def cacheable_tokens(prompts: Iterable[list[int]], block: int) -> int:
     """Tokens an unbounded cache of ``block``-token blocks could serve, prompts in order."""
+    return sum(cacheable_per_prompt(prompts, block))
+
+
+def cacheable_per_prompt(prompts: Iterable[list[int]], block: int) -> list[int]:
+    """Of each prompt in order, the tokens an unbounded cache of ``block``-token blocks could
+    serve."""
     seen: set[int] = set()
-    total = 0
+    counts: list[int] = []
     for ids in prompts:
-        parent, matching = 0, True
+        parent, matching, total = 0, True, 0
         for start in range(0, (len(ids) - 1) // block * block, block):
             parent = hash((parent, tuple(ids[start : start + block])))
             if matching and parent in seen:
@@ -26,4 +32,5 @@ def cacheable_tokens(prompts: Iterable[list[int]], block: int) -> int:
             else:
                 matching = False
             seen.add(parent)
-    return total
+        counts.append(total)
+    return counts
