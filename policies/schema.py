@@ -188,10 +188,11 @@ DEFAULT_EPP_PLUGINS = (
 )
 # Sticky until overloaded: a request goes where its prefix is cached (prefix x3) unless that
 # endpoint has clearly more requests in flight than the least loaded (the balance filter: 8
-# more and twice as many); a new prefix goes where the caches hold least (spread x2); the
-# picker's own in-flight count breaks ties (active x1); a conversation's next turn goes where
-# its last turn went (session x2: its history is cached there even when the prefix index has
-# let go of it), unless the balance filter took that endpoint out. Neither GIE's queue x2 and KV x2
+# more and twice as many); a new prefix goes where the caches hold least and its LoRA adapter
+# fits (spread x2); the picker's own in-flight count breaks ties (active x1); a conversation's
+# next turn goes where its last turn went (session x2: its history is cached there even when the
+# prefix index has let go of it), unless the balance filter took that endpoint out. Neither
+# GIE's queue x2 and KV x2
 # beside prefix x3 nor a saturation filter in the profile is kept: under load each diverted
 # warm requests often enough that the misses added load and affinity collapsed
 # (docs/benchmarks.md, "Routing"). Saturation still gates admission (requests wait while every
