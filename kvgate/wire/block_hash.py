@@ -70,14 +70,16 @@ def token_block_hashes(
     if max_blocks is not None:
         end = min(end, first_block + max_blocks)
     hashes: list[int] = []
-    for i in range(first_block, end):
-        data = token_bytes(token_ids[i * block_size : (i + 1) * block_size])
-        key = (
-            extras[i - first_block]
-            if extras is not None and i - first_block < len(extras)
-            else extra
-        )
-        parent = _digest(data + key, parent)
+    if end <= first_block:
+        return hashes
+    tokens = array("I", token_ids[first_block * block_size : end * block_size])
+    data = memoryview(tokens).cast("B")
+    width = block_size * tokens.itemsize
+    known = len(extras) if extras is not None else 0
+    for j in range(end - first_block):
+        block = data[j * width : (j + 1) * width]
+        key = extras[j] if extras is not None and j < known else extra
+        parent = _digest(block.tobytes() + key if key else block, parent)
         hashes.append(parent)
     return hashes
 
