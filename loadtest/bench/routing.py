@@ -56,10 +56,11 @@ from loadtest.harness.processes import backend_process, free_port
 from loadtest.reports.serving_metrics import benchmark_result
 from loadtest.reports.stage_report import Stage, stage_report
 from loadtest.run.driver import LoadPlan, run_load
-from loadtest.run.session import oracle_of, workload_tokens
+from loadtest.run.session import BLOCK, sent_prompts, workload_tokens
 from loadtest.workloads.arrivals import parse_stages
 from loadtest.workloads.chats import Chain, multi_turn, shared_prefix
 from loadtest.workloads.lora_mix import with_adapters
+from loadtest.workloads.reuse_oracle import cacheable_per_prompt
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "kvgate-sim"
@@ -127,7 +128,9 @@ def one_run(
         counters = deltas(before, asyncio.run(scrape_all(urls)), urls)
         cold_misses = warm_diverted_share(url) if peer.router == "kvgate" else math.nan
     result = benchmark_result(run.records, run.duration)
-    oracle = oracle_of(tokens, run.records)
+    prompts = sent_prompts(tokens, run.records)
+    cached = cacheable_per_prompt(prompts, BLOCK)  # what an ideal router could have cached
+    oracle = sum(cached)
     ok = [r for r in run.records if r.ok]
     served = [row["requests"] for row in counters["per_backend"].values()]  # type: ignore[attr-defined]
     mean = statistics.fmean(served) if served else 0.0
@@ -145,7 +148,7 @@ def one_run(
         "captured_reuse": sum(r.cached_tokens for r in ok) / oracle if oracle else 0.0,
         "cpu_ms_per_request": cpu * 1000 / len(ok) if ok else math.nan,
         "cold_misses": cold_misses,
-        "ttft_floor_p90_ms": idle_ttft_p90_ms(tokens, run.records),
+        "ttft_floor_p90_ms": idle_ttft_p90_ms(prompts, cached),
     }
     for number, stage in enumerate(per_stage):
         latency = stage["successes"]["latency"]  # type: ignore[index]

@@ -38,11 +38,16 @@ async def workload_tokens(url: str, chains: list[Chain]) -> list[list[int]]:
     return in_order(chains, await prompt_tokens(url, chains))
 
 
+def sent_prompts(tokens: list[list[int]], records: list[RequestRecord]) -> list[list[int]]:
+    """The prompt ids of the requests that were sent, in the order they were sent."""
+    sent = sorted((r for r in records if r.index >= 0), key=lambda r: r.start)
+    return [tokens[r.index] for r in sent]
+
+
 def oracle_of(tokens: list[list[int]], records: list[RequestRecord]) -> int:
     """What an ideal router could have served from cache of the requests that were sent, in
     the order they were sent."""
-    sent = sorted((r for r in records if r.index >= 0), key=lambda r: r.start)
-    return cacheable_tokens([tokens[r.index] for r in sent], BLOCK)
+    return cacheable_tokens(sent_prompts(tokens, records), BLOCK)
 
 
 async def measured(plan: LoadPlan, backends: list[str], progress: bool) -> tuple[LoadRun, Any]:

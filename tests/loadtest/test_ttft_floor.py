@@ -24,4 +24,6 @@ def test_only_leading_blocks_an_earlier_prompt_had_count_as_cached() -> None:
 def test_a_prompt_costs_one_prefill_step_of_its_uncached_tokens() -> None:
     prompts = [list(range(40)), list(range(40))]
     # 4 ms a step + 1 ms per uncached token + 0.1 ms per token read; the second has 32 cached
-    assert idle_ttft_ms(prompts, COST) == pytest.approx([4 + 40 + 4, 4 + 8 + 4])
+    assert idle_ttft_ms(prompts, cacheable_per_prompt(prompts, 16), COST) == pytest.approx(
+        [4 + 40 + 4, 4 + 8 + 4]
+    )
