@@ -15,6 +15,9 @@ PUB/SUB drops what was sent before a subscriber attached. With ``replay_port`` (
 ``replay_endpoint``, a ROUTER socket), a subscriber asks for the engine's buffered history as
 it starts (live batches it then receives twice are skipped), and for what it missed when it
 sees a gap; without one, a gap clears that engine's entries.
+
+The SUB sockets are read from the event loop's reader callback, every queued message at once
+and applied in place; only a replay runs as a task, the socket paused until it is done.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
@@ -36,6 +40,29 @@ log = logging.getLogger("kvgate.epp")
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # vLLM's end-of-replay marker
 REPLAY_TIMEOUT = 1.0  # seconds to wait for each replayed message
 REPLAY_SETTLE = 0.2  # seconds between subscribing and asking for the history
+Route = Callable[[list[bytes]], Endpoint | None]  # which endpoint a message is from
+
+
+@dataclass(frozen=True, slots=True)
+class _Gap:
+    """A live batch held back until the batches ``start`` .. ``seq - 1`` are replayed."""
+
+    endpoint: Endpoint
+    start: int
+    seq: int
+    batch: EventBatch
+
+
+class _Listener:
+    """A SUB socket, read by the event loop's reader callback while ``reading``."""
+
+    def __init__(self, socket: zmq.Socket[bytes], route: Route) -> None:
+        self.socket = socket
+        self.route = route
+        fd = socket.getsockopt(zmq.FD)
+        assert isinstance(fd, int)
+        self.fd = fd
+        self.reading = False
 
 
 class KVEventSubscriber:
@@ -54,6 +81,7 @@ class KVEventSubscriber:
         self.replayed = 0
         self._replayed: dict[tuple[str, int | None], int] = {}  # highest seq a replay applied
         self._context = zmq.asyncio.Context.instance()
+        self._listeners: list[_Listener] = []
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -61,72 +89,94 @@ class KVEventSubscriber:
         for endpoint in self.endpoints:
             if endpoint.kv_events_bind:
                 bound.setdefault(endpoint.kv_events_bind, []).append(endpoint)
+                continue
+            host = endpoint.address.rsplit(":", 1)[0]
+            socket = self._socket()
+            socket.connect(f"tcp://{host}:{endpoint.kv_events_port}")
+            listener = _Listener(socket, _only(endpoint))
+            if endpoint.kv_events_replay_port:  # what the engine sent before we listened
+                self._tasks.append(asyncio.create_task(self._history(endpoint, listener)))
             else:
-                self._tasks.append(asyncio.create_task(self._connect(endpoint)))
+                self._resume(listener)
         for address, endpoints in bound.items():
             socket = self._socket()
             socket.bind(address)  # bound now, so a bad address fails the start
-            self._tasks.append(asyncio.create_task(self._bound(socket, endpoints)))
+            self._resume(_Listener(socket, _by_topic(endpoints)))
 
     async def stop(self) -> None:
         await cancel_all(self._tasks)
+        for listener in self._listeners:
+            self._pause(listener)
+            listener.socket.close(linger=0)
+        self._listeners.clear()
 
-    def _socket(self) -> zmq.asyncio.Socket:
-        socket = self._context.socket(zmq.SUB)
+    def _socket(self) -> zmq.Socket[bytes]:
+        socket: zmq.Socket[bytes] = zmq.Socket(self._context, zmq.SUB)  # read without futures
         socket.setsockopt(zmq.SUBSCRIBE, b"")
         socket.setsockopt(zmq.LINGER, 0)
         return socket
 
-    async def _connect(self, endpoint: Endpoint) -> None:
-        host = endpoint.address.rsplit(":", 1)[0]
-        socket = self._socket()
-        socket.connect(f"tcp://{host}:{endpoint.kv_events_port}")
-        try:
-            if endpoint.kv_events_replay_port:  # what the engine sent before we listened
-                await asyncio.sleep(REPLAY_SETTLE)  # the subscription reaches the publisher
-                await self._replay(endpoint, 0, None, None)
-            while True:
-                await self.handle(endpoint, await socket.recv_multipart())
-        finally:
-            socket.close(linger=0)
+    def _resume(self, listener: _Listener) -> None:
+        if listener not in self._listeners:
+            self._listeners.append(listener)
+        if not listener.reading:
+            listener.reading = True
+            asyncio.get_running_loop().add_reader(listener.fd, self._drain, listener)
+        self._drain(listener)  # ZMQ's descriptor signals edges: what is queued is read now
 
-    async def _bound(self, socket: zmq.asyncio.Socket, endpoints: list[Endpoint]) -> None:
-        by_topic = {e.kv_events_topic: e for e in endpoints if e.kv_events_topic}
-        unknown: set[bytes] = set()
-        try:
-            while True:
-                frames = await socket.recv_multipart()
-                topic = frames[0].decode("utf-8", errors="replace") if frames else ""
-                endpoint = by_topic.get(topic) or next(
-                    (e for e in endpoints if e.address in topic), None
-                )
-                if endpoint is None:
-                    if frames and frames[0] not in unknown:
-                        unknown.add(frames[0])
-                        log.warning("KV events on topic %r match no endpoint", topic)
-                    continue
-                await self.handle(endpoint, frames)
-        finally:
-            socket.close(linger=0)
+    def _pause(self, listener: _Listener) -> None:
+        if listener.reading:
+            listener.reading = False
+            asyncio.get_running_loop().remove_reader(listener.fd)
+
+    def _drain(self, listener: _Listener) -> None:
+        socket = listener.socket
+        while listener.reading and _readable(socket):
+            frames = socket.recv_multipart(zmq.NOBLOCK)
+            endpoint = listener.route(frames)
+            if endpoint is None:
+                continue
+            gap = self._take(endpoint, frames)
+            if gap is not None:  # the socket waits while the missed batches are fetched
+                self._pause(listener)
+                self._tasks.append(asyncio.create_task(self._fill(gap, listener)))
+
+    async def _history(self, endpoint: Endpoint, listener: _Listener) -> None:
+        await asyncio.sleep(REPLAY_SETTLE)  # the subscription reaches the publisher
+        await self._replay(endpoint, 0, None, None)
+        self._resume(listener)
+
+    async def _fill(self, gap: _Gap, listener: _Listener | None = None) -> None:
+        await self._replay(gap.endpoint, gap.start, gap.seq, gap.batch.data_parallel_rank)
+        self._apply(gap.endpoint.address, gap.seq, gap.batch)
+        if listener is not None:
+            self._resume(listener)
 
     async def handle(self, endpoint: Endpoint, frames: list[bytes]) -> None:
         """One ``[topic, seq, payload]`` message; malformed ones are logged and skipped. With a
         replay port, batches missed before it are fetched and applied first."""
+        gap = self._take(endpoint, frames)
+        if gap is not None:
+            await self._fill(gap)
+
+    def _take(self, endpoint: Endpoint, frames: list[bytes]) -> _Gap | None:
+        """Apply one message now, or return the gap to replay before it can be."""
         message = self._decode(endpoint.address, frames)
         if message is None:
-            return
+            return None
         seq, batch = message
         rank = batch.data_parallel_rank
         replayed = self._replayed.get((endpoint.address, rank))
         if replayed is not None:
             if seq <= replayed:
-                return  # already applied from the replay
+                return None  # already applied from the replay
             del self._replayed[(endpoint.address, rank)]
         last = self.index.last_seq(endpoint.address, rank)
         missed_from = 0 if last < 0 else last + 1
         if endpoint.kv_events_replay_port and seq > missed_from:
-            await self._replay(endpoint, missed_from, seq, batch.data_parallel_rank)
+            return _Gap(endpoint, missed_from, seq, batch)
         self._apply(endpoint.address, seq, batch)
+        return None
 
     def _decode(self, address: str, frames: list[bytes]) -> tuple[int, EventBatch] | None:
         if len(frames) != 3 or len(frames[1]) != 8:
@@ -177,3 +227,31 @@ class KVEventSubscriber:
             log.warning("KV event replay from %s timed out", endpoint.address)
         finally:
             socket.close(linger=0)
+
+
+def _readable(socket: zmq.Socket[bytes]) -> bool:
+    """Whether a message is queued (what ZMQ's edge-signalling descriptor asks to check)."""
+    events = socket.getsockopt(zmq.EVENTS)
+    return isinstance(events, int) and bool(events & zmq.POLLIN)
+
+
+def _only(endpoint: Endpoint) -> Route:
+    """Every message on a socket of its own is from ``endpoint``."""
+    return lambda _frames: endpoint
+
+
+def _by_topic(endpoints: list[Endpoint]) -> Route:
+    """Which of ``endpoints`` a message on a shared socket is from: the one whose
+    ``kv_events_topic`` it carries, else one whose address its topic contains."""
+    topics = {e.kv_events_topic: e for e in endpoints if e.kv_events_topic}
+    unknown: set[bytes] = set()
+
+    def route(frames: list[bytes]) -> Endpoint | None:
+        topic = frames[0].decode("utf-8", errors="replace") if frames else ""
+        endpoint = topics.get(topic) or next((e for e in endpoints if e.address in topic), None)
+        if endpoint is None and frames and frames[0] not in unknown:
+            unknown.add(frames[0])
+            log.warning("KV events on topic %r match no endpoint", topic)
+        return endpoint
+
+    return route

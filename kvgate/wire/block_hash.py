@@ -72,14 +72,17 @@ def token_block_hashes(
     hashes: list[int] = []
     if end <= first_block:
         return hashes
-    tokens = array("I", token_ids[first_block * block_size : end * block_size])
-    data = memoryview(tokens).cast("B")
-    width = block_size * tokens.itemsize
-    known = len(extras) if extras is not None else 0
-    for j in range(end - first_block):
-        block = data[j * width : (j + 1) * width]
-        key = extras[j] if extras is not None and j < known else extra
-        parent = _digest(block.tobytes() + key if key else block, parent)
+    data = array("I", token_ids[first_block * block_size : end * block_size]).tobytes()
+    width = len(data) // (end - first_block)
+    keys = list(extras[: end - first_block]) if extras is not None else []
+    if not any(keys) and not (extra and len(keys) < end - first_block):
+        for start in range(0, len(data), width):  # no block has extra keys
+            parent = _digest(data[start : start + width], parent)
+            hashes.append(parent)
+        return hashes
+    for j, start in enumerate(range(0, len(data), width)):
+        key = keys[j] if j < len(keys) else extra
+        parent = _digest(data[start : start + width] + key, parent)
         hashes.append(parent)
     return hashes
 
