@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test test-vllm test-compiled compiled lint format prometheus kubectl check-images bench bench-engine bench-proxy bench-routing bench-pd bench-crosscheck bench-epp bench-policy bench-limiter bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
+.PHONY: demo test test-vllm test-compiled compiled lint format prometheus kubectl check-images bench bench-engine bench-proxy bench-routing bench-pd bench-crosscheck bench-epp bench-kv-events bench-policy bench-limiter bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -127,6 +127,10 @@ bench-routing: $(STAMP) compiled
 
 bench-epp: $(STAMP)
 	$(BIN)/python -m loadtest.bench.epp
+
+# The picker's CPU per KV-event batch beside a receive-only ZMQ reader: docs/benchmarks.md.
+bench-kv-events: $(STAMP)
+	$(BIN)/python -m loadtest.bench.kv_events
 
 # Prefill/decode disaggregation: KV transfer between two workers beside a raw loopback socket,
 # then PD against monolithic on two torch workers: docs/benchmarks.md, "Prefill/decode".

@@ -229,10 +229,13 @@ class KVEventSubscriber:
             socket.close(linger=0)
 
 
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum arithmetic per call
+
+
 def _readable(socket: zmq.Socket[bytes]) -> bool:
     """Whether a message is queued (what ZMQ's edge-signalling descriptor asks to check)."""
-    events = socket.getsockopt(zmq.EVENTS)
-    return isinstance(events, int) and bool(events & zmq.POLLIN)
+    events = socket.getsockopt(_EVENTS)
+    return isinstance(events, int) and bool(events & _POLLIN)
 
 
 def _only(endpoint: Endpoint) -> Route:

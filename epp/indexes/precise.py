@@ -12,6 +12,7 @@ short TTL, to cover the time before the engine's events arrive.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -65,6 +66,16 @@ EngineBlock = tuple[int, int]  # (KV-cache group, the engine's block hash)
 
 
 @dataclass
+class _Matched:
+    """One request's matches so far, taken while the index had seen ``changes`` changes."""
+
+    keys: list[int]
+    changes: int
+    until: float = math.inf  # when a speculative block counted in ``depths`` expires
+    depths: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
 class _EndpointState:
     keys_by_engine_hash: dict[EngineBlock, int] = field(default_factory=dict)
     key_counts: dict[int, int] = field(default_factory=dict)  # an engine may store a block twice
@@ -81,6 +92,8 @@ class PreciseIndex:
         self._endpoints: dict[str, _EndpointState] = {}
         self.gaps = 0
         self.restarts = 0
+        self._changes = 0  # batches applied, clears, speculative records and take-backs
+        self._matched: _Matched | None = None
 
     def __len__(self) -> int:
         return len(self._owners)
@@ -101,6 +114,7 @@ class PreciseIndex:
         """Apply one event batch from ``address`` (raw events, as ``kv_events.decode_event``
         reads them; unknown ones, and blocks of tiers other than the GPU's, are skipped).
         Sequence numbers are counted per data-parallel ``rank``."""
+        self._changes += 1
         state = self._endpoints.setdefault(address, _EndpointState())
         last = state.last_seq.get(rank, -1)
         if last >= 0 and seq != last + 1:
@@ -155,6 +169,7 @@ class PreciseIndex:
                 self._drop(key, address)
 
     def clear(self, address: str, keep_seq: bool = False) -> None:
+        self._changes += 1
         state = self._endpoints.pop(address, None)
         if state is None:
             return
@@ -174,6 +189,7 @@ class PreciseIndex:
     def record_speculative(self, address: str, keys: Iterable[int]) -> list[int]:
         """Count ``keys`` as held by ``address`` for ``speculative_ttl`` seconds (until its
         events arrive); the keys that were not already speculated."""
+        self._changes += 1
         now = time.monotonic()
         state = self._endpoints.setdefault(address, _EndpointState())
         if len(state.speculative) > 100_000:
@@ -185,26 +201,49 @@ class PreciseIndex:
 
     def forget_speculative(self, address: str, keys: Iterable[int]) -> None:
         """Take back speculative ``keys`` of ``address`` (the endpoint never got the request)."""
+        self._changes += 1
         state = self._endpoints.get(address)
         if state is not None:
             for key in keys:
                 state.speculative.pop(key, None)
 
     def match(self, keys: list[int], addresses: Iterable[str]) -> dict[str, int]:
-        """Per address, how many leading blocks it holds (or was just sent)."""
+        """Per address, how many leading blocks it holds (or was just sent). The scorers of one
+        pick ask about the same keys in turn: each address is walked once while the index is
+        unchanged and no speculative block it counted has expired."""
         now = time.monotonic()
+        memo = self._matched
+        if (
+            memo is None
+            or memo.keys is not keys
+            or memo.changes != self._changes
+            or now >= memo.until
+        ):
+            memo = self._matched = _Matched(keys, self._changes)
         result: dict[str, int] = {}
         for address in addresses:
-            state = self._endpoints.get(address)
-            depth = 0
-            for key in keys:
-                owners = self._owners.get(key)
-                held = owners is not None and address in owners
-                if not held and state is not None:
-                    expiry = state.speculative.get(key)
-                    held = expiry is not None and expiry > now
-                if not held:
-                    break
-                depth += 1
+            depth = memo.depths.get(address)
+            if depth is None:
+                depth, until = self._depth(keys, address, now)
+                memo.depths[address] = depth
+                memo.until = min(memo.until, until)
             result[address] = depth
         return result
+
+    def _depth(self, keys: list[int], address: str, now: float) -> tuple[int, float]:
+        """How many leading ``keys`` ``address`` holds, and until when that stays true (the
+        first expiry among the speculative blocks counted)."""
+        state = self._endpoints.get(address)
+        speculative = state.speculative if state is not None else {}
+        owners_of = self._owners.get
+        until = math.inf
+        depth = 0
+        for key in keys:
+            owners = owners_of(key)
+            if owners is None or address not in owners:
+                expiry = speculative.get(key)
+                if expiry is None or expiry <= now:
+                    break
+                until = min(until, expiry)
+            depth += 1
+        return depth, until

@@ -95,10 +95,23 @@ def test_speculative_records_expire() -> None:
 def test_agrees_with_a_brute_force_oracle(
     ops: list[tuple[str, str, list[int]]], query: list[int]
 ) -> None:
-    """Prompts are chains of 4-token blocks drawn from a small alphabet of block contents."""
+    """Prompts are chains of 4-token blocks drawn from a small alphabet of block contents; the
+    same query is matched after every batch (the index's memo of the last query must follow)."""
     index = PreciseIndex()
     oracle: dict[str, dict[int, tuple[int, ...]]] = {A: {}, B: {}}  # engine hash -> block chain
     seqs = {A: 0, B: 0}
+    keys = block_keys([t for b in query for t in [b] * BS], BS)
+
+    def expected() -> dict[str, int]:
+        depths = {}
+        for address in (A, B):
+            held = set(oracle[address].values())
+            depth = 0
+            while depth < len(query) and tuple(query[: depth + 1]) in held:
+                depth += 1
+            depths[address] = depth
+        return depths
+
     for address, op, blocks in ops:
         chain = tuple(blocks)
         engine_hashes = [hash((address, chain[: i + 1])) & 0xFFFFFFFF for i in range(len(chain))]
@@ -115,15 +128,19 @@ def test_agrees_with_a_brute_force_oracle(
             oracle[address].clear()
         index.apply_batch(address, seqs[address], [event])
         seqs[address] += 1
-    keys = block_keys([t for b in query for t in [b] * BS], BS)
-    expected = {}
-    for address in (A, B):
-        held = set(oracle[address].values())
-        depth = 0
-        while depth < len(query) and tuple(query[: depth + 1]) in held:
-            depth += 1
-        expected[address] = depth
-    assert index.match(keys, [A, B]) == expected
+        assert index.match(keys, [A]) == {A: expected()[A]}
+        assert index.match(keys, [A, B]) == expected()
+
+
+def test_a_match_follows_speculation_taken_back() -> None:
+    index = PreciseIndex()
+    keys = block_keys(list(range(8)), BS)
+    index.record_speculative(A, keys[:1])
+    assert index.match(keys, [A]) == {A: 1}
+    index.record_speculative(A, keys)
+    assert index.match(keys, [A, B]) == {A: 2, B: 0}
+    index.forget_speculative(A, keys)
+    assert index.match(keys, [A, B]) == {A: 0, B: 0}
 
 
 def tagged(hashes: list[int], parent: int | None, tokens: list[int], **fields: object) -> object:
