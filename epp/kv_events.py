@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 
 import zmq
@@ -82,7 +82,7 @@ class KVEventSubscriber:
         self._replayed: dict[tuple[str, int | None], int] = {}  # highest seq a replay applied
         self._context = zmq.asyncio.Context.instance()
         self._listeners: list[_Listener] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()  # replays under way
 
     async def start(self) -> None:
         bound: dict[str, list[Endpoint]] = {}
@@ -93,22 +93,22 @@ class KVEventSubscriber:
             host = endpoint.address.rsplit(":", 1)[0]
             socket = self._socket()
             socket.connect(f"tcp://{host}:{endpoint.kv_events_port}")
-            listener = _Listener(socket, _only(endpoint))
+            listener = self._listen(socket, _only(endpoint))
             if endpoint.kv_events_replay_port:  # what the engine sent before we listened
-                self._tasks.append(asyncio.create_task(self._history(endpoint, listener)))
+                self._spawn(self._history(endpoint, listener))
             else:
                 self._resume(listener)
         for address, endpoints in bound.items():
             socket = self._socket()
             socket.bind(address)  # bound now, so a bad address fails the start
-            self._resume(_Listener(socket, _by_topic(endpoints)))
+            self._resume(self._listen(socket, _by_topic(endpoints)))
 
     async def stop(self) -> None:
-        await cancel_all(self._tasks)
-        for listener in self._listeners:
+        listeners, self._listeners = self._listeners, []  # first: replays then resume nothing
+        for listener in listeners:
             self._pause(listener)
             listener.socket.close(linger=0)
-        self._listeners.clear()
+        await cancel_all(list(self._tasks))
 
     def _socket(self) -> zmq.Socket[bytes]:
         socket: zmq.Socket[bytes] = zmq.Socket(self._context, zmq.SUB)  # read without futures
@@ -116,9 +116,17 @@ class KVEventSubscriber:
         socket.setsockopt(zmq.LINGER, 0)
         return socket
 
+    def _listen(self, socket: zmq.Socket[bytes], route: Route) -> _Listener:
+        listener = _Listener(socket, route)
+        self._listeners.append(listener)  # closed by ``stop``, read or not
+        return listener
+
+    def _spawn(self, work: Coroutine[object, object, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def _resume(self, listener: _Listener) -> None:
-        if listener not in self._listeners:
-            self._listeners.append(listener)
         if not listener.reading:
             listener.reading = True
             asyncio.get_running_loop().add_reader(listener.fd, self._drain, listener)
@@ -139,18 +147,23 @@ class KVEventSubscriber:
             gap = self._take(endpoint, frames)
             if gap is not None:  # the socket waits while the missed batches are fetched
                 self._pause(listener)
-                self._tasks.append(asyncio.create_task(self._fill(gap, listener)))
+                self._spawn(self._fill(gap, listener))
 
     async def _history(self, endpoint: Endpoint, listener: _Listener) -> None:
-        await asyncio.sleep(REPLAY_SETTLE)  # the subscription reaches the publisher
-        await self._replay(endpoint, 0, None, None)
-        self._resume(listener)
+        try:
+            await asyncio.sleep(REPLAY_SETTLE)  # the subscription reaches the publisher
+            await self._replay(endpoint, 0, None, None)
+        finally:
+            if listener in self._listeners:  # not stopped meanwhile
+                self._resume(listener)
 
     async def _fill(self, gap: _Gap, listener: _Listener | None = None) -> None:
-        await self._replay(gap.endpoint, gap.start, gap.seq, gap.batch.data_parallel_rank)
-        self._apply(gap.endpoint.address, gap.seq, gap.batch)
-        if listener is not None:
-            self._resume(listener)
+        try:
+            await self._replay(gap.endpoint, gap.start, gap.seq, gap.batch.data_parallel_rank)
+            self._apply(gap.endpoint.address, gap.seq, gap.batch)
+        finally:
+            if listener is not None and listener in self._listeners:
+                self._resume(listener)
 
     async def handle(self, endpoint: Endpoint, frames: list[bytes]) -> None:
         """One ``[topic, seq, payload]`` message; malformed ones are logged and skipped. With a
