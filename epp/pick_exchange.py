@@ -4,14 +4,16 @@ placed on an endpoint looks cold to the other, which places it again elsewhere, 
 halves (measured in docs/benchmarks.md, "Routing").
 
 Each worker's picker binds a Unix datagram socket in a directory the supervisor creates
-(``KVGATE_PICKS_DIR``) and, for every pick, sends ``[index tag, endpoint address, keys]``
-(msgpack) to every other worker's socket; the receivers record it in the same index
-(``PrefixIndex.learn_keys``). Datagrams are hints: one that cannot be sent at once (a full
-buffer, a worker restarting) is dropped, never waited for. The directory is rescanned every
-second (every 50 ms while no other worker is found), so restarted workers are found; a worker
-that starts later has not seen the picks made before it (they are not replayed) and learns
-from there on. A socket that cannot be bound (a path too long for one) leaves that worker
-without the exchange, with one warning.
+(``KVGATE_PICKS_DIR``) and, for every pick, sends ``[endpoint address, placed tokens, LoRA
+adapter, [[index tag, keys], ...]]`` (msgpack) to every other worker's socket; the receivers
+record the keys in the same indexes (``PrefixIndex.learn_keys``) and the new content and the
+adapter in what the endpoint was placed lately (``epp.placement``), so that where new prefixes
+and adapters go is decided on every worker's picks. Datagrams are hints: one that cannot be
+sent at once (a full buffer, a worker restarting) is dropped, never waited for. The directory
+is rescanned every second (every 50 ms while no other worker is found), so restarted workers
+are found; a worker that starts later has not seen the picks made before it (they are not
+replayed) and learns from there on. A socket that cannot be bound (a path too long for one)
+leaves that worker without the exchange, with one warning.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgpack
@@ -38,7 +41,35 @@ MAX_DATAGRAM = 65_000
 MAX_PATH = 100  # a Unix socket's path must fit in sun_path (108 bytes on Linux)
 _NUMBERS = itertools.count()  # one socket per picker of this process (a reload makes a new one)
 
-Receiver = Callable[[int, str, list[int]], None]  # (index tag, endpoint address, keys)
+
+@dataclass(frozen=True)
+class SiblingPick:
+    """What one worker tells the others of a pick: the endpoint, the prompt tokens it had
+    not cached (``epp.placement``'s placed content), the request's LoRA adapter, and the
+    request's block keys in each prefix index (by index tag)."""
+
+    address: str
+    placed: int = 0
+    lora: str | None = None
+    keys: list[tuple[int, list[int]]] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        data: bytes = msgpack.packb([self.address, self.placed, self.lora, self.keys])
+        return data
+
+    @classmethod
+    def decode(cls, data: bytes) -> SiblingPick:
+        """Raises ``ValueError`` (or ``TypeError``) for a datagram that is not one."""
+        address, placed, lora, keys = msgpack.unpackb(data)
+        return cls(
+            str(address),
+            int(placed),
+            None if lora is None else str(lora),
+            [(int(tag), [int(k) for k in chain]) for tag, chain in keys],
+        )
+
+
+Receiver = Callable[[SiblingPick], None]
 
 
 def exchange_directory() -> str:
@@ -100,14 +131,14 @@ class PickExchange:
             self._peers = [str(p) for p in self.directory.glob("*.sock") if p != self.path]
         return self._peers
 
-    def publish(self, tag: int, address: str, keys: list[int]) -> None:
-        """Tell the other workers that ``address`` was sent a request of ``keys``."""
-        if self._sock is None or not keys:
+    def publish(self, pick: SiblingPick) -> None:
+        """Tell the other workers of ``pick``."""
+        if self._sock is None:
             return
         peers = self._others()
         if not peers:
             return
-        data = msgpack.packb([tag, address, keys])
+        data = pick.encode()
         if len(data) > MAX_DATAGRAM:
             return
         for peer in peers:
@@ -128,8 +159,9 @@ class PickExchange:
                 log.debug("pick exchange: %s", exc)
                 return
             try:
-                tag, address, keys = msgpack.unpackb(data)
-                self.on_pick(int(tag), str(address), [int(k) for k in keys])
-                self.received += 1
+                pick = SiblingPick.decode(data)
             except (ValueError, TypeError, msgpack.UnpackException) as exc:
                 log.debug("pick exchange: a malformed datagram (%s)", exc)
+                continue
+            self.on_pick(pick)
+            self.received += 1

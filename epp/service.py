@@ -20,7 +20,7 @@ from epp.framework import Endpoint, PickObserver, SchedulingRequest
 from epp.handle import PluginHandle
 from epp.indexes.prefix_index import PrefixIndex
 from epp.metrics import EppMetrics
-from epp.pick_exchange import PickExchange
+from epp.pick_exchange import PickExchange, SiblingPick
 from epp.placement import add_placed
 from epp.profile_handler import Decision, PdProfileHandler, ProfileHandler, SingleProfileHandler
 from epp.profile_runner import ProfileRunner
@@ -83,10 +83,15 @@ class EppService:
         self._by_address = {e.address: e for e in self.datastore.all()}
         self.exchange = PickExchange.from_environment(self._learn_sibling_pick)
 
-    def _learn_sibling_pick(self, tag: int, address: str, keys: list[int]) -> None:
-        endpoint = self._by_address.get(address)
-        for mine, index in self._tagged:
-            if mine == tag and endpoint is not None:
+    def _learn_sibling_pick(self, pick: SiblingPick) -> None:
+        endpoint = self._by_address.get(pick.address)
+        if endpoint is None:
+            return
+        add_placed(endpoint, pick.placed, pick.lora)
+        tagged = dict(self._tagged)
+        for tag, keys in pick.keys:
+            index = tagged.get(tag)
+            if index is not None:
                 index.learn_keys(keys, endpoint)
 
     def _handler(self, pool: str, plugins: dict[str, Plugin]) -> ProfileHandler:
@@ -199,11 +204,13 @@ class EppService:
         for observer in self._observers:
             observer.on_pick(request, endpoint)
         undo = []
+        tagged_keys = []
         for tag, index in self._tagged:
             keys = index.keys(request)
             undo.append(index.learn_keys(keys, endpoint))
-            if self.exchange is not None:
-                self.exchange.publish(tag, endpoint.address, keys)
+            tagged_keys.append((tag, keys))
+        if self.exchange is not None:
+            self.exchange.publish(SiblingPick(endpoint.address, prefill, request.lora, tagged_keys))
         return Dispatch(
             endpoint, request, [u for u in undo if u is not None], True, prefill, decode
         )

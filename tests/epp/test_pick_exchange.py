@@ -6,27 +6,30 @@ import asyncio
 from pathlib import Path
 
 import msgpack
+import pytest
 
-from epp.pick_exchange import PickExchange
+from epp.pick_exchange import PickExchange, SiblingPick
+from epp.placement import placed
+from epp.service import EppService
+from policies.loader import load_policy_text
+
+PICK = SiblingPick("10.0.0.1:8000", 1_200, "sql", [(7, [1, 2, 3]), (9, [2**64 - 1])])
 
 
 async def test_a_pick_reaches_every_other_worker_and_not_the_sender(tmp_path: Path) -> None:
-    got: dict[str, list[tuple[int, str, list[int]]]] = {"a": [], "b": [], "c": []}
-    ends = {
-        name: PickExchange(str(tmp_path), lambda t, addr, k, n=name: got[n].append((t, addr, k)))
-        for name in got
-    }
+    got: dict[str, list[SiblingPick]] = {"a": [], "b": [], "c": []}
+    ends = {name: PickExchange(str(tmp_path), got[name].append) for name in got}
     for end in ends.values():
         end.start()
     try:
-        ends["a"].publish(7, "10.0.0.1:8000", [1, 2, 3])
-        ends["a"].publish(7, "10.0.0.1:8000", [])  # nothing to tell
+        ends["a"].publish(PICK)
+        ends["a"].publish(SiblingPick("10.0.0.2:8000"))  # the base model, nothing placed
         for _ in range(100):
-            if got["b"] and got["c"]:
+            if len(got["b"]) == len(got["c"]) == 2:
                 break
             await asyncio.sleep(0.01)
-        assert got["b"] == got["c"] == [(7, "10.0.0.1:8000", [1, 2, 3])]
-        assert got["a"] == [] and ends["a"].sent == 2
+        assert got["b"] == got["c"] == [PICK, SiblingPick("10.0.0.2:8000")]
+        assert got["a"] == [] and ends["a"].sent == 4
     finally:
         for end in ends.values():
             end.stop()
@@ -38,9 +41,9 @@ def _sockets(directory: Path) -> list[Path]:
 
 
 async def test_garbage_and_gone_peers_are_survived(tmp_path: Path) -> None:
-    got: list[tuple[int, str, list[int]]] = []
-    receiver = PickExchange(str(tmp_path), lambda t, a, k: got.append((t, a, k)))
-    sender = PickExchange(str(tmp_path), lambda t, a, k: None)
+    got: list[SiblingPick] = []
+    receiver = PickExchange(str(tmp_path), got.append)
+    sender = PickExchange(str(tmp_path), lambda pick: None)
     _touch(tmp_path / "dead.sock")  # a worker that died without cleaning up
     receiver.start()
     sender.start()
@@ -50,13 +53,14 @@ async def test_garbage_and_gone_peers_are_survived(tmp_path: Path) -> None:
         raw = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         raw.sendto(b"\xc1 not msgpack", str(receiver.path))
         raw.sendto(msgpack.packb(["tag", 3]), str(receiver.path))
+        raw.sendto(msgpack.packb(["h:1", 0, None, [["tag", [1]]]]), str(receiver.path))
         raw.close()
-        sender.publish(1, "h:1", [9])
+        sender.publish(SiblingPick("h:1", keys=[(1, [9])]))
         for _ in range(100):
             if got:
                 break
             await asyncio.sleep(0.01)
-        assert got == [(1, "h:1", [9])]
+        assert got == [SiblingPick("h:1", keys=[(1, [9])])]
         assert sender.dropped == 1  # the dead socket
     finally:
         sender.stop()
@@ -70,9 +74,9 @@ def _touch(path: Path) -> None:
 async def test_a_path_too_long_for_a_socket_leaves_the_worker_running(tmp_path: Path) -> None:
     deep = tmp_path / ("d" * 120)
     _mkdir(deep)
-    end = PickExchange(str(deep), lambda t, a, k: None)
+    end = PickExchange(str(deep), lambda pick: None)
     end.start()  # logs a warning instead of raising
-    end.publish(1, "h:1", [1])  # and does nothing
+    end.publish(SiblingPick("h:1", keys=[(1, [1])]))  # and does nothing
     end.stop()
     assert end.sent == 0
 
@@ -94,3 +98,48 @@ def test_the_directory_is_short_enough_for_sockets(monkeypatch) -> None:  # type
         assert made.startswith("/tmp/kvgate-picks-") and os.path.isdir(made)
     finally:
         shutil.rmtree(made)
+
+
+async def test_a_sibling_pick_counts_in_the_receivers_placement_and_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where new content and adapters went is decided on every worker's picks: a pick made by
+    one worker's picker counts on the other as the same placed tokens and adapter request,
+    and its blocks as held there."""
+    monkeypatch.setenv("KVGATE_PICKS_DIR", str(tmp_path))
+    policy = load_policy_text(
+        "pools: {p: {endpoints: [127.0.1.1:10000, 127.0.1.1:10001], adapters: [sql]}}\n"
+        "routes: [{model: m, pool: p}, {model: sql, pool: p}]\n"
+    )
+    sender, receiver = EppService(policy), EppService(policy)
+    ends = [s.exchange for s in (sender, receiver)]
+    body = {"model": "sql", "prompt": "a system prompt to be placed somewhere " * 20}
+    try:
+        for end in ends:
+            assert end is not None
+            end.start()
+        request = sender.scheduling_request("p", "r1", "sql", body, {})
+        assert request.lora == "sql"
+        sent_to = sender.datastore.all()[0]
+        sender.dispatched(request, sent_to)
+        assert receiver.exchange is not None
+        for _ in range(100):
+            if receiver.exchange.received:
+                break
+            await asyncio.sleep(0.01)
+        there, other = receiver.datastore.all()
+        assert there.address == sent_to.address
+        assert there.placed_adapters == pytest.approx({"sql": 1.0}, rel=1e-3)
+        assert placed(there) == pytest.approx(placed(sent_to), rel=1e-3) and placed(there) > 0
+        assert placed(other) == 0 and other.placed_adapters == {}
+        assert receiver.prefix is not None
+        same = receiver.scheduling_request("p", "r2", "sql", body, {})
+        keys = receiver.prefix.keys(same)
+        assert receiver.prefix.match(keys, [there.address, other.address]) == {
+            there.address: len(keys),
+            other.address: 0,
+        }
+    finally:
+        for end in ends:
+            if end is not None:
+                end.stop()
