@@ -20,6 +20,10 @@ _RATE = math.log(2) / HALF_LIFE
 # an adapter counts as served by an endpoint while its decayed request count is at least this
 # (one request, for a half-life)
 SERVED_REQUESTS = 0.5
+# an endpoint sent more than this many times the pool's mean new content lately has no room
+# for more (lora-mix's slow rounds had backends of 5-7 system prompts where the mean is 4:
+# 1.25-1.75x)
+CROWDED = 1.25
 
 
 def add_placed(
@@ -65,6 +69,16 @@ def adapter_fits(endpoint: Endpoint, adapter: str, now: float | None = None) -> 
         return True
     served = served_adapters(endpoint, now)
     return adapter in served or len(served) < limit
+
+
+def room_among(fit: list[Endpoint], pool: list[Endpoint], now: float | None = None) -> bool:
+    """Whether some endpoint of ``fit`` was sent at most ``CROWDED`` times the mean new
+    content of ``pool`` lately. When none was, keeping a popular adapter's new prefixes on the
+    few endpoints that serve it would overflow their caches (their prefixes evicted and
+    computed again), which costs more than one more adapter elsewhere."""
+    now = time.monotonic() if now is None else now
+    mean = sum(placed(e, now) for e in pool) / len(pool) if pool else 0.0
+    return any(placed(e, now) <= CROWDED * mean for e in fit)
 
 
 def _decay(endpoint: Endpoint, now: float) -> float:

@@ -23,7 +23,10 @@ A new prefix of a LoRA adapter goes where it fits (``epp.placement.adapter_fits`
 that serves that adapter already, or serves fewer adapters than it holds at once): those score
 0.5-1 (spread among themselves as above), the rest 0. Each prefix's later requests follow it,
 so this keeps each engine to the adapters it can hold, instead of one that swaps adapters in
-and out and makes requests wait for a free adapter slot.
+and out and makes requests wait for a free adapter slot. Unless every endpoint it fits was
+sent more than 1.25 times the pool's mean new content lately (``epp.placement.room_among``):
+a popular adapter served by few endpoints would overflow their caches, so its new prefix is
+spread over the whole pool and takes one more adapter to an endpoint with room.
 
 It reads the EPP's first prefix index (list a ``prefix-cache-scorer`` in the profile too).
 """
@@ -37,7 +40,7 @@ from epp.framework import Endpoint, SchedulingRequest
 from epp.handle import PluginHandle
 from epp.indexes.prefix_index import PrefixIndex
 from epp.params import parse_params
-from epp.placement import adapter_fits, placed
+from epp.placement import adapter_fits, placed, room_among
 from epp.scorers.queue import min_max_low_is_best
 
 # differences in cache fill below this share of a cache count in proportion, not in full
@@ -82,7 +85,7 @@ class ColdSpreadScorer:
         if request.lora is not None:
             lora = request.lora
             fit = [e for e in endpoints if adapter_fits(e, lora)]
-            if fit and len(fit) < len(endpoints):
+            if fit and len(fit) < len(endpoints) and room_among(fit, endpoints):
                 scores = dict.fromkeys(addresses, 0.0)
                 scores.update({a: 0.5 + s / 2 for a, s in self._spread(index, fit).items()})
                 return scores

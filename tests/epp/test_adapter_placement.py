@@ -9,7 +9,7 @@ import pytest
 
 from epp.framework import Endpoint
 from epp.handle import PluginHandle
-from epp.placement import HALF_LIFE, adapter_fits, add_placed, served_adapters
+from epp.placement import HALF_LIFE, adapter_fits, add_placed, room_among, served_adapters
 from epp.scorers.cold_spread import ColdSpreadScorer
 from epp.scorers.prefix_cache import PrefixCacheScorer
 from tests.epp.builders import make_endpoint, make_request
@@ -87,3 +87,33 @@ def test_where_an_adapter_fits_everywhere_or_nowhere_placed_content_alone_decide
     assert spread_scores(endpoints, "y") == by_placed  # both serve y
     assert spread_scores(endpoints, "w") == by_placed  # neither has room: no preference
     assert spread_scores(endpoints, None) == by_placed  # the base model
+
+
+def test_a_crowded_adapter_spreads_to_endpoints_with_room() -> None:
+    # only A serves x, and it was sent 2.25x the pool's mean new content: its cache would
+    # overflow, so x's new prefix goes where there is room, as for an adapter that fits nowhere
+    endpoints = [
+        serving(A, {"x": 4, "y": 1}, 900),
+        serving(B, {"y": 1, "z": 1}, 100),
+        serving(C, {"v": 1, "w": 1}, 200),
+    ]
+    assert spread_scores(endpoints, "x") == pytest.approx({A: 0.0, B: 1.0, C: 0.875})
+    # below 1.25x the mean it still has room (A sent 200 of 500: 1.2x the mean)
+    endpoints[0] = serving(A, {"x": 4, "y": 1}, 200)
+    assert spread_scores(endpoints, "x") == pytest.approx({A: 1.0, B: 0.0, C: 0.0})
+
+
+@pytest.mark.parametrize(
+    ("fit_placed", "pool_placed", "room"),
+    [
+        ((125,), (125, 75, 100), True),  # at most 1.25x the mean (100)
+        ((126,), (126, 75, 100), False),
+        ((400, 100), (400, 100, 100), True),  # one fitting endpoint has room
+        ((0,), (0, 0), True),  # nothing sent yet
+    ],
+)
+def test_room_among(fit_placed: tuple[int, ...], pool_placed: tuple[int, ...], room: bool) -> None:
+    pool = [make_endpoint(f"10.0.1.{i}:8000") for i in range(len(pool_placed))]
+    for endpoint, tokens in zip(pool, pool_placed, strict=True):
+        add_placed(endpoint, tokens, now=0.0)
+    assert room_among(pool[: len(fit_placed)], pool, now=0.0) is room
