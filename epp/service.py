@@ -81,6 +81,7 @@ class EppService:
             for params, index in self.handle.indexes.items()
         ]
         self._by_address = {e.address: e for e in self.datastore.all()}
+        self._index_by_tag = dict(self._tagged)
         self.exchange = PickExchange.from_environment(self._learn_sibling_pick)
 
     def _learn_sibling_pick(self, pick: SiblingPick) -> None:
@@ -88,9 +89,8 @@ class EppService:
         if endpoint is None:
             return
         add_placed(endpoint, pick.placed, pick.lora)
-        tagged = dict(self._tagged)
         for tag, keys in pick.keys:
-            index = tagged.get(tag)
+            index = self._index_by_tag.get(tag)
             if index is not None:
                 index.learn_keys(keys, endpoint)
 
