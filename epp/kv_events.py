@@ -139,7 +139,7 @@ class KVEventSubscriber:
 
     def _drain(self, listener: _Listener) -> None:
         socket = listener.socket
-        while listener.reading and _readable(socket):
+        while listener.reading and has_message(socket):
             frames = socket.recv_multipart(zmq.NOBLOCK)
             endpoint = listener.route(frames)
             if endpoint is None:
@@ -245,8 +245,9 @@ class KVEventSubscriber:
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum arithmetic per call
 
 
-def _readable(socket: zmq.Socket[bytes]) -> bool:
-    """Whether a message is queued (what ZMQ's edge-signalling descriptor asks to check)."""
+def has_message(socket: zmq.Socket[bytes]) -> bool:
+    """Whether a message is queued on ``socket`` (what ZMQ's edge-signalling descriptor asks
+    a reader to check after each wake-up and each receive)."""
     events = socket.getsockopt(_EVENTS)
     return isinstance(events, int) and bool(events & _POLLIN)
 

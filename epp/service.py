@@ -76,12 +76,11 @@ class EppService:
         self.scraper.on_error = lambda e: self.metrics.scrape_errors.labels(e.address).inc()
         self.scraper.tls = upstream_tls(policy)
         # sibling workers' picks (gateway --workers N): indexes tagged by their parameters
-        self._tagged = [
-            (zlib.crc32(repr(params).encode()), index)
+        self._index_by_tag = {
+            zlib.crc32(repr(params).encode()): index
             for params, index in self.handle.indexes.items()
-        ]
+        }
         self._by_address = {e.address: e for e in self.datastore.all()}
-        self._index_by_tag = dict(self._tagged)
         self.exchange = PickExchange.from_environment(self._learn_sibling_pick)
 
     def _learn_sibling_pick(self, pick: SiblingPick) -> None:
@@ -205,7 +204,7 @@ class EppService:
             observer.on_pick(request, endpoint)
         undo = []
         tagged_keys = []
-        for tag, index in self._tagged:
+        for tag, index in self._index_by_tag.items():
             keys = index.keys(request)
             undo.append(index.learn_keys(keys, endpoint))
             tagged_keys.append((tag, keys))

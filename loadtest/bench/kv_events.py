@@ -66,7 +66,7 @@ async def subscribe(mode: str, ports: list[int], batches: int) -> dict[str, floa
     """Read ``batches`` batches from ``ports`` the ``mode`` way; CPU from the first on."""
     from epp.framework import Endpoint
     from epp.indexes.precise import PreciseIndex
-    from epp.kv_events import KVEventSubscriber
+    from epp.kv_events import KVEventSubscriber, has_message
 
     first, last = asyncio.Event(), asyncio.Event()
     received = 0
@@ -87,10 +87,7 @@ async def subscribe(mode: str, ports: list[int], batches: int) -> dict[str, floa
             socket.connect(f"tcp://127.0.0.1:{port}")
 
             def drain(socket: zmq.Socket[bytes] = socket) -> None:
-                while True:
-                    events = socket.getsockopt(zmq.EVENTS)
-                    if not (isinstance(events, int) and events & zmq.POLLIN):
-                        return
+                while has_message(socket):  # the subscriber's own check
                     socket.recv_multipart(zmq.NOBLOCK)
                     count()
 
