@@ -225,9 +225,12 @@ class Limiter:
         """One call to Redis, each bucket seeded with the level last seen; the levels it
         answers are recorded for the fallback (``StoreUnavailable`` when it cannot answer)."""
         assert isinstance(self.primary, RedisStore)
-        now = time.monotonic()
-        result = await self.primary.take(specs, self.fallback.seeds(specs, now), force=force)
-        self.fallback.observe(specs, result, now)
+        result = await self.primary.take(
+            specs, self.fallback.seeds(specs, time.monotonic()), force=force
+        )
+        # the levels are Redis's at some moment of the call: dated at its answer, they refill
+        # from the latest moment they could be from (a projection never hands out extra units)
+        self.fallback.observe(specs, result, time.monotonic())
         return result
 
     async def _take(self, specs: list[BucketSpec]) -> TakeResult:

@@ -1,9 +1,10 @@
 """Buckets shared by every gateway replica in Redis, taken atomically by one Lua script.
 
-The script reads the clock from Redis (``TIME``), so replicas with skewed clocks agree. A bucket
-Redis does not hold (a restarted Redis without persistence, or a first use) starts from the
-``seed`` the caller passes, the level this replica last saw projected to now, else full: a Redis
-restart does not hand every tenant a fresh minute.
+The script reads the clock from Redis (``TIME``), so replicas with skewed clocks agree, and
+answers with it to the microsecond (``tostring`` would round it to 100 µs, and answers that tie
+cannot be ordered). A bucket Redis does not hold (a restarted Redis without persistence, or a
+first use) starts from the ``seed`` the caller passes, the level this replica last saw
+projected to now, else full: a Redis restart does not hand every tenant a fresh minute.
 
 Every call is bounded by ``timeout`` on the event loop, extended while the loop itself is late
 (``within``), and by ten times that (at least 250 ms) when the caller would rather wait than
@@ -52,13 +53,14 @@ for i = 1, n do
   if cost > 0 and tokens < cost then wait = math.max(wait, (cost - tokens) / rate) end
 end
 local allowed = force or wait == 0
-local out = {allowed and 1 or 0, tostring(wait), tostring(now)}
+local stamp = string.format('%.6f', now)
+local out = {allowed and 1 or 0, tostring(wait), stamp}
 for i = 1, n do
   local cap = tonumber(ARGV[(i - 1) * 3 + 2])
   local cost = tonumber(ARGV[(i - 1) * 3 + 3])
   local tokens = levels[i]
   if allowed then tokens = tokens - cost end
-  redis.call('HSET', KEYS[i], 'tokens', tostring(math.min(tokens, cap)), 'ts', tostring(now))
+  redis.call('HSET', KEYS[i], 'tokens', tostring(math.min(tokens, cap)), 'ts', stamp)
   redis.call('EXPIRE', KEYS[i], 120)
   out[#out + 1] = tostring(tokens)
 end

@@ -4,6 +4,7 @@ and restarted mid-test, fail-open and fail-closed."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -12,6 +13,8 @@ import aiohttp
 import pytest
 import redis
 
+from gateway.limits.buckets import BucketSpec
+from gateway.limits.redis_store import RedisStore
 from loadtest.harness.processes import KvgateProcess
 from loadtest.harness.redis_server import RedisServer
 
@@ -145,3 +148,20 @@ async def test_redis_outage_and_recovery(
     assert LIMIT - spent - 1 <= tokens <= LIMIT - spent + refill + 1, (tokens, spent, refill)
     async with aiohttp.ClientSession() as session, session.get(f"{url}/readyz") as ready:
         assert ready.status == 200 and (await ready.json())["limiter"] == "ok"
+
+
+async def test_the_stores_clock_orders_every_answer(redis_server: RedisServer) -> None:
+    """The fallback keeps the level of the newest answer by Redis's clock. Answers read to
+    100 µs tied when Redis ran them back to back, and a tie let an older, higher level replace
+    the newest one (a restarted Redis was then seeded several requests too high)."""
+    store = RedisStore(redis_server.url, timeout=5.0)
+    await store.start()
+    spec = BucketSpec("clock", capacity=LIMIT, cost=1)
+    answers = await asyncio.gather(*(store.take([spec], [None]) for _ in range(100)))
+    await store.close()
+    by_time = sorted(answers, key=lambda answer: answer.at)
+    levels = [answer.remaining[0] for answer in by_time]
+    # each take leaves one unit less (refill over these milliseconds is far below one)
+    assert all(later < earlier for earlier, later in itertools.pairwise(levels)), [
+        (answer.at, answer.remaining[0]) for answer in by_time
+    ]
