@@ -40,6 +40,12 @@ class MetricNames:
     num_blocks_label: str
     kv_usage_fallback: str | None = None  # read when ``kv_usage`` is absent
 
+    def series(self) -> tuple[str, ...]:
+        """Every series name the picker reads, for a scrape that asks for only those."""
+        names = (self.waiting, self.running, self.kv_usage, self.cache_info)
+        optional = (self.kv_usage_fallback, self.lora_info)
+        return names + tuple(name for name in optional if name is not None)
+
 
 VLLM = MetricNames(
     "vllm:num_requests_waiting",

@@ -8,6 +8,13 @@ deaths) and the saturation detector accepts its metrics as fresh for that much l
 (``Endpoint.metrics_grace``). A pick wakes the endpoint's poller: its next scrape comes one
 busy interval later, and it stays busy while anything runs there.
 
+A scrape asks for only the series the picker reads (``/metrics?name[]=...``, the filter of
+prometheus_client's own exposition; a vLLM /metrics runs hundreds of lines, and the server
+renders them all for every poll). A server that ignores the filter answers with everything,
+which parses the same. An endpoint's first scrape checks that the filtered answer has the
+running or waiting series; if not, and the whole text has it, that endpoint is scraped whole
+from then on (a server whose filter drops what it serves, or that refuses the query).
+
 A failed scrape leaves the old metrics in place and drops the grace, so they age and the
 saturation detector treats the endpoint as saturated once they are stale.
 """
@@ -19,16 +26,23 @@ import logging
 import random
 import ssl
 from collections.abc import Callable
+from urllib.parse import quote
 
 from epp.datastore import Datastore
 from epp.framework import Endpoint
-from epp.metrics_parser import VLLM, parse_metrics
+from epp.metrics_parser import VLLM, MetricNames, parse_metrics
 from epp.tasks import cancel_all
 from kvgate.wire.http.client import ConnectionPool, UpstreamConnectionError
 
 log = logging.getLogger("kvgate.epp")
 UNHEALTHY_AFTER = 3  # consecutive failed scrapes
 _ACCEPT = b"accept: text/plain\r\n"  # the header lines of a scrape
+WHOLE = "/metrics"
+
+
+def filtered_path(names: MetricNames) -> str:
+    """``/metrics`` restricted to the series in ``names``."""
+    return WHOLE + "?" + "&".join(f"name%5B%5D={quote(name, safe='')}" for name in names.series())
 
 
 class ScrapeError(Exception):
@@ -56,6 +70,8 @@ class MetricsScraper:
         self._wake: dict[int, asyncio.Event] = {}  # by id(endpoint): set by a pick
         self.scrapes = 0  # successful scrapes, all endpoints
         self.tls: dict[str, tuple[ssl.SSLContext, str]] = {}  # https:// endpoints, by address
+        # by id(endpoint): the path it is scraped at, once its first scrape has decided
+        self._paths: dict[int, str] = {}
 
     async def start(self) -> None:
         # the gateway's raw keep-alive client: a scrape costs ~5x less CPU than with aiohttp's
@@ -83,10 +99,10 @@ class MetricsScraper:
         if self._pool is not None:
             self._pool.close()
 
-    async def _get(self, address: str) -> str:
+    async def _get(self, address: str, path: str) -> str:
         assert self._pool is not None, "start() first"
         response = await self._pool.request(
-            address, "GET", "/metrics", _ACCEPT, b"", first_byte=self.timeout
+            address, "GET", path, _ACCEPT, b"", first_byte=self.timeout
         )
         try:
             if response.status != 200:
@@ -100,7 +116,11 @@ class MetricsScraper:
         names = self.datastore.metric_names.get(endpoint.pool, VLLM)
         address = self._scrape_address(endpoint)
         try:
-            text = await self._get(address)
+            path = self._paths.get(id(endpoint))
+            if path is None:
+                text = await self._first_scrape(endpoint, address, names)
+            else:
+                text = await self._get(address, path)
         except (TimeoutError, UpstreamConnectionError, ScrapeError) as exc:
             self.errors += 1
             if self.on_error is not None:
@@ -112,6 +132,24 @@ class MetricsScraper:
         endpoint.dispatched = 0
         self.scrapes += 1
         return True
+
+    async def _first_scrape(self, endpoint: Endpoint, address: str, names: MetricNames) -> str:
+        """Scrape filtered, unless the filtered answer lacks the series the whole text has;
+        remember which for the endpoint's later scrapes."""
+        path = filtered_path(names)
+        try:
+            text = await self._get(address, path)
+            if names.running in text or names.waiting in text:
+                self._paths[id(endpoint)] = path
+                return text
+        except ScrapeError:
+            pass  # a server that refuses the query may serve the whole text
+        text = await self._get(address, WHOLE)
+        whole = names.running in text or names.waiting in text
+        self._paths[id(endpoint)] = WHOLE if whole else path
+        if whole:
+            log.info("%s answers a filtered scrape without its series: scraping it whole", address)
+        return text
 
     @staticmethod
     def _scrape_address(endpoint: Endpoint) -> str:

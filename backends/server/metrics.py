@@ -103,6 +103,10 @@ class EngineCollector(Collector):
         self.max_loras = max_loras
         self._lora_seen: dict[tuple[str, str], float] = {}
 
+    def describe(self) -> list[Metric]:
+        """The families it serves (the registry maps ``?name[]=`` to them)."""
+        return list(self.collect())
+
     def collect(self) -> Iterator[Metric]:
         scheduler = self.engine.scheduler
         stats = scheduler.stats
@@ -243,6 +247,10 @@ class ServerMetrics(Collector):
         self.finished: dict[str, int] = {}
         self.registry.register(self.engine_collector)
         self.registry.register(self)
+
+    def describe(self) -> list[Metric]:
+        """The families it serves (the registry maps ``?name[]=`` to them)."""
+        return list(self.collect())
 
     def collect(self) -> Iterator[Metric]:
         for histogram in (self.ttft, self.itl, self.e2e):

@@ -35,6 +35,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from epp.framework import SchedulingRequest
 from epp.service import EppService
 from loadtest.bench.metrics_parse import compare as compare_parsers
+from loadtest.bench.scrape_cost import main as print_scrape_costs
 from loadtest.client.envoy_messages import body_messages, headers_message
 from loadtest.harness.proc_stats import cpu_seconds
 from loadtest.harness.processes import epp_process, free_port
@@ -213,6 +214,8 @@ def main() -> int:
     print("| lines | picker's parser µs | prometheus_client µs | ratio |")
     print("|---:|---:|---:|---:|")
     print(f"| {lines} | {ours:.1f} | {full:.1f} | {full / ours:.1f}x |")
+    print("\n## A scrape of a reference backend, whole and filtered (`?name[]=...`)\n")
+    print_scrape_costs()
     sizes = (1_000, 8_000, 32_000)
     print(
         f"\n## Over ext_proc (one gRPC stream per request, loopback, Python client; "

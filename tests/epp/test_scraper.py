@@ -9,6 +9,7 @@ import pytest
 from aiohttp import web
 
 from epp.datastore import Datastore
+from epp.metrics_parser import VLLM
 from epp.scraper import MetricsScraper
 from loadtest.harness.processes import free_port
 from policies.loader import load_policy_text
@@ -117,3 +118,59 @@ async def test_idle_interval_zero_polls_at_the_busy_interval(
     finally:
         await scraper.stop()
     assert state["scrapes"] >= 10
+
+
+FULL = (
+    'vllm:num_requests_running{model_name="m"} 3.0\n'
+    'vllm:num_requests_waiting{model_name="m"} 1.0\n'
+    'vllm:cache_config_info{block_size="16",num_gpu_blocks="560"} 1.0\n'
+    'vllm:e2e_request_latency_seconds_count{model_name="m"} 9.0\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("server", "later_paths"),
+    [
+        ("filters", "filtered"),  # prometheus_client's exposition: only the series asked for
+        ("ignores", "filtered"),  # answers everything: parses the same, nothing to change
+        ("drops", "whole"),  # a filter that loses what it serves (nameless collectors)
+        ("refuses", "whole"),  # a 400 for the query
+    ],
+)
+async def test_scrapes_ask_for_the_series_the_picker_reads(server: str, later_paths: str) -> None:
+    queries: list[list[str]] = []
+
+    async def metrics(request: web.Request) -> web.Response:
+        names = request.query.getall("name[]", [])
+        queries.append(names)
+        if not names or server == "ignores":
+            return web.Response(text=FULL)
+        if server == "refuses":
+            return web.Response(status=400, text="no queries here")
+        wanted = set(names) if server == "filters" else set()
+        lines = [line for line in FULL.splitlines(True) if line.split("{")[0] in wanted]
+        return web.Response(text="".join(lines))
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    async with serving(app) as port:
+        policy = load_policy_text(
+            f"pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}\nroutes: [{{model: m, pool: p}}]\n"
+        )
+        datastore = Datastore(policy)
+        scraper = MetricsScraper(datastore)
+        await scraper.start()
+        try:
+            (endpoint,) = datastore.endpoints("p")
+            for _ in range(3):
+                assert await scraper.scrape_once(endpoint)
+        finally:
+            await scraper.stop()
+    m = endpoint.metrics
+    assert (m.running, m.waiting, m.block_size, m.num_gpu_blocks) == (3, 1, 16, 560)
+    assert scraper.errors == 0
+    picked = set(VLLM.series())
+    assert picked >= {"vllm:num_requests_running", "vllm:cache_config_info"}
+    assert set(queries[0]) == picked  # the first scrape asks for the series
+    later = queries[-2:]
+    assert later == ([queries[0]] * 2 if later_paths == "filtered" else [[], []]), queries

@@ -8,8 +8,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 
-def scrape(base_url: str) -> dict[str, list[Sample]]:
-    with urllib.request.urlopen(f"{base_url}/metrics", timeout=5) as response:
+def scrape(base_url: str, query: str = "") -> dict[str, list[Sample]]:
+    """Samples by wire name; ``query``: e.g. ``?name[]=...`` (URL-encoded)."""
+    with urllib.request.urlopen(f"{base_url}/metrics{query}", timeout=5) as response:
         text = response.read().decode()
     samples: dict[str, list[Sample]] = {}
     for family in text_string_to_metric_families(text):

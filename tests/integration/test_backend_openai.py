@@ -10,6 +10,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlencode
 
 import openai
 import pytest
@@ -211,6 +212,16 @@ def test_metrics_have_vllm_names_and_labels(served: Served) -> None:
     expected_blocks = 512 if served.model == "kvgate-sim" else 16 * 2**20 // (16 * 2 * 64 * 4 * 2)
     assert info.labels["num_gpu_blocks"] == str(expected_blocks)
     assert samples["vllm:generation_tokens_total"][0].value >= 1
+
+
+def test_metrics_serve_only_the_series_asked_for(served: Served) -> None:
+    """``?name[]=`` as prometheus_client's exposition reads it: the picker's 50 ms polls ask
+    for a few gauges, not every histogram."""
+    wanted = ["vllm:num_requests_running", "vllm:cache_config_info", "vllm:prompt_tokens_total"]
+    samples = scrape(served.url, "?" + urlencode([("name[]", name) for name in wanted]))
+    assert sorted(samples) == sorted(wanted)
+    assert samples["vllm:cache_config_info"][0].labels["block_size"] == "16"
+    assert len(scrape(served.url)) > len(wanted) + 10  # no query: everything
 
 
 @pytest.mark.parametrize(

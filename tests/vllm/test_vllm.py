@@ -20,7 +20,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from epp.framework import Endpoint
 from epp.indexes.precise import PreciseIndex, block_keys
 from epp.kv_events import KVEventSubscriber
-from epp.metrics_parser import parse_metrics
+from epp.metrics_parser import VLLM, parse_metrics
+from epp.scraper import filtered_path
 from epp.tokenize import make_tokenizer, request_token_ids
 from loadtest.client.envoy_messages import body_messages, headers_message
 from loadtest.harness.processes import epp_process, free_port, gateway_process
@@ -41,8 +42,8 @@ CHATS = [
 PROMPTS = ["hello world", SYSTEM, "  spaces  and\nnewlines\t", "ünïcödé"]
 
 
-def scrape(server: VllmServer) -> str:
-    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as response:
+def scrape(server: VllmServer, path: str = "/metrics") -> str:
+    with urllib.request.urlopen(f"{server.url}{path}", timeout=10) as response:
         text: str = response.read().decode()
     return text
 
@@ -168,6 +169,13 @@ def test_the_epp_reads_real_metrics(vllm_servers: list[VllmServer]) -> None:
     assert metrics.block_size == BLOCK and metrics.num_gpu_blocks > 0
     assert 0.0 <= metrics.kv_usage <= 1.0 and metrics.waiting == 0
     assert metrics.max_loras == 2
+    # the scraper asks for only the series it reads: vLLM answers with what it reads from
+    filtered = parse_metrics(scrape(vllm_servers[0], filtered_path(VLLM)))
+    assert (filtered.block_size, filtered.num_gpu_blocks, filtered.max_loras) == (
+        metrics.block_size,
+        metrics.num_gpu_blocks,
+        metrics.max_loras,
+    )
 
 
 def test_lora_residency_from_real_lora_requests_info(
