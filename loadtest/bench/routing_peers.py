@@ -6,7 +6,8 @@ least-in-flight, blind to caches; ``candidate``: the profile in ``KVGATE_BENCH_E
 ``epp:`` section to try against the rest, the default when unset), and the real peer
 packages, installed into a venv of their own (``~/.cache/kvgate/router-peers``):
 sglang-router 0.3.2 (``round_robin``, ``cache_aware``) and vllm-router 0.1.17
-(``cache_aware``, ``consistent_hash``, which keys ``X-Session-ID``).
+(``cache_aware``, ``consistent_hash``, which keys ``X-Session-ID``); and the floor of a Python
+router's CPU per request, ``loadtest.bench.floor_proxy`` (round robin, bytes passed through).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Backend:
 @dataclass(frozen=True)
 class Peer:
     name: str
-    router: str  # kvgate | sglang | vllm-router
+    router: str  # kvgate | sglang | vllm-router | floor (loadtest.bench.floor_proxy)
     policy: str  # kvgate: default | precise | least-in-flight; a peer's --policy otherwise
     workers: int = 1  # kvgate: gateway worker processes on one port
     compiled: bool = False  # kvgate: run the mypyc build (`make compiled`), as production does
@@ -58,6 +59,8 @@ PEERS = (
     Peer("sglang-router cache_aware", "sglang", "cache_aware"),
     Peer("vllm-router cache_aware", "vllm-router", "cache_aware"),
     Peer("vllm-router consistent_hash", "vllm-router", "consistent_hash"),
+    # the least a Python relay costs on this work: its CPU per request is kvgate's floor
+    Peer("python relay floor (round robin)", "floor", "round_robin"),
 )
 
 
@@ -161,6 +164,14 @@ def running_peer(
             assert gateway.proc is not None
             yield f"http://127.0.0.1:{port}", gateway.proc.pid
         return
+    log = workdir / f"{peer.router}.log"
+    health = f"http://127.0.0.1:{port}/health"  # the relay passes it to a backend
+    if peer.router == "floor":
+        upstreams = ",".join(str(b.port) for b in backends)
+        argv = [sys.executable, "-m", "loadtest.bench.floor_proxy", str(port), upstreams]
+        with external_process(argv, health, log=log) as proc:
+            yield f"http://127.0.0.1:{port}", proc.pid
+        return
     if bin_dir is None:
         raise RuntimeError("the peer routers are not installed")
     workers = [b.url for b in backends]
@@ -173,6 +184,5 @@ def running_peer(
         argv = [str(bin_dir / "vllm-router"), *common, "--policy", peer.policy]
         argv += ["--log-level", "warning", *metrics]
     env = {"HF_HUB_OFFLINE": "1"}  # sglang-router looks for a tokenizer otherwise
-    log = workdir / f"{peer.router}.log"
-    with external_process(argv, f"http://127.0.0.1:{port}/health", env=env, log=log) as proc:
+    with external_process(argv, health, env=env, log=log) as proc:
         yield f"http://127.0.0.1:{port}", proc.pid
