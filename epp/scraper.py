@@ -49,6 +49,19 @@ class ScrapeError(Exception):
     """The endpoint answered, but not with its metrics."""
 
 
+async def fetch_metrics(pool: ConnectionPool, address: str, path: str, idle: float) -> str:
+    """One scrape's text over ``pool``'s kept-alive connections (``ScrapeError`` for a status
+    other than 200; ``idle``: seconds to the first byte, and for each gap while reading)."""
+    response = await pool.request(address, "GET", path, _ACCEPT, b"", first_byte=idle)
+    try:
+        if response.status != 200:
+            raise ScrapeError(f"HTTP {response.status}")
+        body = await response.read(idle)
+    finally:
+        response.close()
+    return body.decode("utf-8", errors="replace")
+
+
 class MetricsScraper:
     """Scrapes every endpoint's /metrics into the datastore, with backoff for dead endpoints."""
 
@@ -101,16 +114,7 @@ class MetricsScraper:
 
     async def _get(self, address: str, path: str) -> str:
         assert self._pool is not None, "start() first"
-        response = await self._pool.request(
-            address, "GET", path, _ACCEPT, b"", first_byte=self.timeout
-        )
-        try:
-            if response.status != 200:
-                raise ScrapeError(f"HTTP {response.status}")
-            body = await response.read(self.timeout)
-        finally:
-            response.close()
-        return body.decode("utf-8", errors="replace")
+        return await fetch_metrics(self._pool, address, path, self.timeout)
 
     async def scrape_once(self, endpoint: Endpoint) -> bool:
         names = self.datastore.metric_names.get(endpoint.pool, VLLM)

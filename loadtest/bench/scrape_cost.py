@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import uvloop
 
 from epp.metrics_parser import VLLM, parse_metrics
-from epp.scraper import WHOLE, filtered_path
+from epp.scraper import WHOLE, fetch_metrics, filtered_path
 from kvgate.wire.http.client import ConnectionPool
 from loadtest.harness.proc_stats import cpu_seconds
 from loadtest.harness.processes import backend_process, free_port
@@ -31,25 +31,17 @@ class ScrapeCost:
     server_us: float  # the backend's CPU per scrape
 
 
-async def _scrape(pool: ConnectionPool, address: str, path: str) -> bytes:
-    response = await pool.request(address, "GET", path, b"", b"", first_byte=5.0)
-    try:
-        return await response.read(5.0)
-    finally:
-        response.close()
-
-
 async def _rounds(address: str, pid: int, rounds: int) -> list[ScrapeCost]:
     pool = ConnectionPool(connect_timeout=5.0)
     paths = (WHOLE, filtered_path(VLLM))
     samples: dict[str, list[tuple[float, float]]] = {path: [] for path in paths}
-    sizes = {path: len(await _scrape(pool, address, path)) for path in paths}
+    sizes = {path: len(await fetch_metrics(pool, address, path, 5.0)) for path in paths}
     try:
         for turn in range(rounds):
             for path in paths if turn % 2 == 0 else paths[::-1]:
                 ours, theirs = time.process_time(), cpu_seconds(pid)
                 for _ in range(SCRAPES):
-                    parse_metrics((await _scrape(pool, address, path)).decode(), VLLM)
+                    parse_metrics(await fetch_metrics(pool, address, path, 5.0), VLLM)
                 scraper = (time.process_time() - ours) / SCRAPES * 1e6
                 samples[path].append((scraper, (cpu_seconds(pid) - theirs) / SCRAPES * 1e6))
     finally:
