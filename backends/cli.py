@@ -58,6 +58,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     torch_group.add_argument("--max-lora-rank", type=int, default=64)
     torch_group.add_argument(
+        "--plain-matmul",
+        action="store_true",
+        help="plain torch matmuls for the projections, not oneDNN's packed weights (CPU)",
+    )
+    torch_group.add_argument(
         "--engine-process",
         action="store_true",
         help="run the model in a child process (default: a thread of the server process)",

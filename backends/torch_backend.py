@@ -26,6 +26,7 @@ def build_torch_parts(args: argparse.Namespace) -> RunnerParts:
         kv_cache_memory=args.kv_cache_memory,
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
+        packed_projections=not args.plain_matmul,
         vocab_size=tokenizer.vocab_size if args.preset else None,
     )
     eos = tuple(tokenizer.eos_token_ids)

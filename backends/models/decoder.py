@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from backends.models.attention import AttentionMetadata, GatherBuffers, paged_attention
 from backends.models.config import ModelConfig
+from backends.models.projection import build_projections
 from backends.models.rope import apply_rope, rope_table
 from backends.models.weights import ModelWeights
 
@@ -50,9 +51,19 @@ class KVCache:
 
 
 class Decoder:
-    def __init__(self, config: ModelConfig, weights: ModelWeights, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: ModelWeights,
+        device: torch.device,
+        *,
+        packed_projections: bool = True,
+    ) -> None:
+        """``packed_projections``: run the projections on oneDNN's packed weights where this
+        torch and device allow it (``backends.models.projection``)."""
         self.config = config
         self.weights = weights
+        self.projections = build_projections(weights, packed_projections)
         self.device = device
         dtype = weights.embed.dtype
         self.cos, self.sin = rope_table(config, device, dtype)
@@ -76,13 +87,9 @@ class Decoder:
         heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         hidden = F.embedding(input_ids, w.embed)
         size = (cfg.hidden_size,)
-        for n, layer in enumerate(w.layers):
+        for n, (layer, proj) in enumerate(zip(w.layers, self.projections.layers, strict=True)):
             x = F.rms_norm(hidden, size, layer.input_norm, eps)
-            qkv = (
-                x @ layer.qkv
-                if layer.qkv_bias is None
-                else torch.addmm(layer.qkv_bias, x, layer.qkv)
-            )
+            qkv = proj.qkv(x)
             if lora is not None:
                 qkv = lora.add(n, "qkv", x, qkv)
             qk = apply_rope(
@@ -92,21 +99,21 @@ class Decoder:
             attended = paged_attention(
                 qk[:, :heads], qk[:, heads:], v, cache.layers[n], meta, self.scale, self.buffers
             )
-            out = attended @ layer.o_proj
+            out = proj.o_proj(attended)
             if lora is not None:
                 out = lora.add(n, "o_proj", attended, out)
             hidden = hidden + out
             x = F.rms_norm(hidden, size, layer.post_norm, eps)
-            gate_up = x @ layer.gate_up
+            gate_up = proj.gate_up(x)
             if lora is not None:
                 gate_up = lora.add(n, "gate_up", x, gate_up)
             gate, up = gate_up.chunk(2, dim=-1)
             act = F.silu(gate) * up
-            down = act @ layer.down
+            down = proj.down(act)
             if lora is not None:
                 down = lora.add(n, "down", act, down)
             hidden = hidden + down
         return F.rms_norm(hidden, size, w.norm, eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden @ self.weights.lm_head
+        return self.projections.lm_head(hidden)

@@ -34,6 +34,7 @@ class RunnerOptions:
     max_loras: int = 1  # adapters resident at once (the rest wait in CPU memory)
     max_lora_rank: int = 64
     seed: int = 0  # the shared sampling generator's seed (unseeded requests)
+    packed_projections: bool = True  # oneDNN's packed weights where the device allows
 
 
 class TorchRunner:
@@ -52,8 +53,14 @@ class TorchRunner:
         self.config = config
         self.device = weights.embed.device
         self.dtype = weights.embed.dtype
-        self.model = Decoder(config, weights, self.device)
+        self.model = Decoder(
+            config, weights, self.device, packed_projections=options.packed_projections
+        )
         self.options = options
+        log.info(
+            "projections: %s",
+            "oneDNN packed weights" if self.model.projections.packed else "plain matmuls",
+        )
         self.sampler = Sampler(eos_token_ids or config.eos_token_ids, options.seed)
         self.loras = LoraRegistry(
             config, options.max_loras, options.max_lora_rank, self.dtype, self.device

@@ -40,6 +40,7 @@ class TorchModelSpec:
     kv_cache_memory: str = "0.1"  # bytes ("512MiB") or a fraction of free memory ("0.1")
     max_loras: int = 1
     max_lora_rank: int = 64
+    packed_projections: bool = True  # oneDNN's packed weights where the device allows
     vocab_size: int | None = None  # a preset's vocabulary (the tokenizer's)
 
 
@@ -128,6 +129,7 @@ def _build(
         kv_cache_bytes=parse_memory(spec.kv_cache_memory, free_memory(device)),
         max_loras=spec.max_loras,
         max_lora_rank=spec.max_lora_rank,
+        packed_projections=spec.packed_projections,
         seed=spec.seed,
     )
     return TorchRunner(config, weights, options, eos_token_ids=eos_token_ids, thread=thread)

@@ -39,6 +39,13 @@ def report(results: dict[str, object]) -> None:
         f"weights-only FLOP/s at {med:.0f} tok/s: {achieved:.1f} GFLOP/s = "
         f"{achieved / floor['decode16_mlp_gflops']:.1%} of the decode-shaped floor"
     )
+    if "decode16_mlp_packed_gflops" in floor:
+        print(
+            f"  (plain matmul / oneDNN packed: {floor['square_1024_plain_gflops']:.0f} / "
+            f"{floor['square_1024_packed_gflops']:.0f} GFLOP/s at 1024^3, "
+            f"{floor['decode16_mlp_plain_gflops']:.0f} / "
+            f"{floor['decode16_mlp_packed_gflops']:.0f} decode-shaped)"
+        )
     ceiling = results.get("torch_floor")
     if isinstance(ceiling, dict):
         sequential = hf.get("hf_sequential", {}).get("tokens_per_s")

@@ -2,8 +2,8 @@
 torch can do, with none of an engine's work.
 
 ``python -m loadtest.bench.torch_floor MODEL_DIR PROMPTS_JSON OUTPUT_TOKENS [BATCH]`` loads the
-model with kvgate's own loader (the same fused, transposed weights), then times, each the best
-of a few repeats:
+model with kvgate's own loader and projections (the same fused weights, on oneDNN's packed
+layout where the engine uses it), then times, each the best of a few repeats:
 
 - a decode step of ``BATCH`` sequences whose KV is one contiguous tensor per layer, every
   sequence at the workload's mean decode context (no paging, no padding, no masks, no
@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from backends.models.config import load_config
+from backends.models.projection import build_projections
 from backends.models.rope import apply_rope, rope_table
 from backends.models.weights import ModelWeights, load_weights
 
@@ -37,6 +38,7 @@ class ContiguousModel:
     def __init__(self, folder: str) -> None:
         self.config = cfg = load_config(folder)
         self.w: ModelWeights = load_weights(folder, cfg, torch.float32, torch.device("cpu"))
+        self.p = build_projections(self.w)
         self.cos, self.sin = rope_table(cfg, torch.device("cpu"), torch.float32)
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.dim = cfg.head_dim
@@ -51,9 +53,9 @@ class ContiguousModel:
         size, eps = (cfg.hidden_size,), cfg.rms_norm_eps
         cos, sin = self.cos[positions.reshape(-1)], self.sin[positions.reshape(-1)]
         hidden = F.embedding(ids.reshape(-1), w.embed)
-        for layer in w.layers:
+        for layer, proj in zip(w.layers, self.p.layers, strict=True):
             x = F.rms_norm(hidden, size, layer.input_norm, eps)
-            qkv = x @ layer.qkv
+            qkv = proj.qkv(x)
             qk = apply_rope(qkv[:, : q_size + kv_size].view(-1, heads + kv_heads, dim), cos, sin)
             q = qk[:, :heads].view(batch, q_len, heads, dim).transpose(1, 2)
             k = qk[:, heads:].view(batch, q_len, kv_heads, dim).transpose(1, 2)
@@ -61,12 +63,12 @@ class ContiguousModel:
             attended = F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, scale=dim**-0.5, enable_gqa=True
             )
-            hidden = hidden + attended.transpose(1, 2).reshape(-1, q_size) @ layer.o_proj
+            hidden = hidden + proj.o_proj(attended.transpose(1, 2).reshape(-1, q_size))
             x = F.rms_norm(hidden, size, layer.post_norm, eps)
-            gate, up = (x @ layer.gate_up).chunk(2, dim=-1)
-            hidden = hidden + (F.silu(gate) * up) @ layer.down
+            gate, up = proj.gate_up(x).chunk(2, dim=-1)
+            hidden = hidden + proj.down(F.silu(gate) * up)
         last = hidden.view(batch, q_len, -1)[:, -1]
-        return (F.rms_norm(last, size, w.norm, eps) @ w.lm_head).argmax(-1)
+        return self.p.lm_head(F.rms_norm(last, size, w.norm, eps)).argmax(-1)
 
 
 class DecodeStep:
@@ -87,19 +89,19 @@ class DecodeStep:
         batch = self.ids.shape[0]
         cos, sin = m.cos[self.positions.reshape(-1)], m.sin[self.positions.reshape(-1)]
         hidden = F.embedding(self.ids.reshape(-1), w.embed)
-        for layer, (keys, values) in zip(w.layers, self.cache, strict=True):
+        for layer, proj, (keys, values) in zip(w.layers, m.p.layers, self.cache, strict=True):
             x = F.rms_norm(hidden, size, layer.input_norm, eps)
-            qkv = x @ layer.qkv
+            qkv = proj.qkv(x)
             qk = apply_rope(qkv[:, : q_size + kv_size].view(-1, heads + kv_heads, dim), cos, sin)
             q = qk[:, :heads].reshape(batch, kv_heads, heads // kv_heads, dim)
             keys[:, :, -1] = qk[:, heads:]  # the new token's KV written in place
             values[:, :, -1] = qkv[:, q_size + kv_size :].view(-1, kv_heads, dim)
             attended = F.scaled_dot_product_attention(q, keys, values, scale=dim**-0.5)
-            hidden = hidden + attended.reshape(batch, q_size) @ layer.o_proj
+            hidden = hidden + proj.o_proj(attended.reshape(batch, q_size))
             x = F.rms_norm(hidden, size, layer.post_norm, eps)
-            gate, up = (x @ layer.gate_up).chunk(2, dim=-1)
-            hidden = hidden + (F.silu(gate) * up) @ layer.down
-        (F.rms_norm(hidden, size, w.norm, eps) @ w.lm_head).argmax(-1).tolist()
+            gate, up = proj.gate_up(x).chunk(2, dim=-1)
+            hidden = hidden + proj.down(F.silu(gate) * up)
+        m.p.lm_head(F.rms_norm(hidden, size, w.norm, eps)).argmax(-1).tolist()
 
 
 def best_seconds(call: Callable[[], object], repeats: int, rounds: int = 3) -> float:

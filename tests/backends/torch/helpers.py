@@ -13,9 +13,16 @@ from backends.runners.torch_runner import TorchRunner
 from backends.runners.torch_setup import TorchModelSpec, build_torch_runner
 
 
-def make_runner(folder: Path, memory: str = "32MiB", max_loras: int = 1) -> TorchRunner:
+def make_runner(
+    folder: Path, memory: str = "32MiB", max_loras: int = 1, *, packed: bool = True
+) -> TorchRunner:
     return build_torch_runner(
-        TorchModelSpec(model_path=str(folder), kv_cache_memory=memory, max_loras=max_loras)
+        TorchModelSpec(
+            model_path=str(folder),
+            kv_cache_memory=memory,
+            max_loras=max_loras,
+            packed_projections=packed,
+        )
     )
 
 

@@ -11,6 +11,7 @@ from backends.engine.sequence import SamplingParams
 from backends.engine.step import SeqStep, StepInput
 from backends.models.config import load_config
 from backends.models.decoder import KVCache
+from backends.models.projection import packing_supported
 from tests.backends.torch.conftest import hf_greedy
 from tests.backends.torch.helpers import collect, greedy, make_engine, make_runner
 
@@ -54,11 +55,15 @@ def last_logits(runner: object, steps: list[SeqStep]) -> torch.Tensor:
     return captured[0]
 
 
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "plain-matmul"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_match_transformers_for_sequences_of_different_lengths_stacked_in_one_step(
-    family: str, model_folders: dict[str, Path], hf_models: dict[str, object]
+    family: str, packed: bool, model_folders: dict[str, Path], hf_models: dict[str, object]
 ) -> None:
-    runner = make_runner(model_folders[family])
+    runner = make_runner(model_folders[family], packed=packed)
+    assert runner.model.projections.packed is (
+        packed and packing_supported(runner.device, runner.dtype)
+    )
     runner.num_kv_blocks(16)
     prompts = [prompt(n, seed=n) for n in (5, 37, 130)]
     tables = [[3], [9, 4, 7], [20, 21, 22, 23, 24, 25, 26, 27, 28]]
