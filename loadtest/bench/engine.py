@@ -76,7 +76,7 @@ def child_json(args: list[str]) -> dict[str, float]:
     return result
 
 
-def start_kvgate(model: Path, engine_process: bool = False) -> KvgateProcess:
+def start_kvgate(model: Path, *extra: str) -> KvgateProcess:
     args: tuple[str, ...] = (
         "--model-path",
         str(model),
@@ -84,9 +84,8 @@ def start_kvgate(model: Path, engine_process: bool = False) -> KvgateProcess:
         "2048",
         "--kv-cache-memory",
         "1GiB",
+        *extra,
     )
-    if engine_process:
-        args += ("--engine-process",)
     proc = backend_process(free_port(), *args, model=MODEL_NAME, runner="torch")
     return proc.start(timeout=120)
 
@@ -116,6 +115,11 @@ def main() -> int:
         action="store_true",
         help="also run kvgate with --engine-process (the model in a child process)",
     )
+    parser.add_argument(
+        "--plain-matmul",
+        action="store_true",
+        help="also run kvgate with --plain-matmul (projections without oneDNN's packed weights)",
+    )
     args = parser.parse_args()
     model = build_model()
     results: dict[str, object] = {"machine": os.uname().nodename, "cpus": os.cpu_count()}
@@ -123,10 +127,14 @@ def main() -> int:
     kvgate = start_kvgate(model)
     assert kvgate.proc is not None
     servers["kvgate"] = kvgate.health_url.rsplit("/", 1)[0]
-    kvgate_process: KvgateProcess | None = None
-    if args.engine_process:
-        kvgate_process = start_kvgate(model, engine_process=True)
-        servers["kvgate-process"] = kvgate_process.health_url.rsplit("/", 1)[0]
+    variants: dict[str, KvgateProcess] = {}  # kvgate started with other flags, by name
+    for name, wanted, flag in (
+        ("kvgate-process", args.engine_process, "--engine-process"),
+        ("kvgate-plain", args.plain_matmul, "--plain-matmul"),
+    ):
+        if wanted:
+            variants[name] = start_kvgate(model, flag)
+            servers[name] = variants[name].health_url.rsplit("/", 1)[0]
     vllm: VllmServer | None = None
     if not args.no_vllm:
         python, why = vllm_python()
@@ -193,17 +201,16 @@ def main() -> int:
         if vllm is not None:
             vllm.stop()
             vllm = None
-        if kvgate_process is not None:
-            kvgate_process.stop()
-            kvgate_process = None
+        for variant in variants.values():
+            variant.stop()
         if args.rss_requests:
             points = rss_over_requests(servers["kvgate"], kvgate.proc.pid, args.rss_requests)
             results["kvgate_rss_mb"] = points
             print("kvgate RSS (requests, MiB):", ", ".join(f"{n}: {m:.0f}" for n, m in points))
     finally:
         kvgate.stop()
-        if kvgate_process is not None:
-            kvgate_process.stop()
+        for variant in variants.values():
+            variant.stop()
         if vllm is not None:
             vllm.stop()
     peers: dict[str, dict[str, float]] = {}

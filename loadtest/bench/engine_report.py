@@ -21,7 +21,11 @@ def report(results: dict[str, object]) -> None:
     print("|---|---|---:|---:|")
     med = sorted(kv)[len(kv) // 2]
     print(f"| kvgate (torch runner) | {', '.join(f'{v:.0f}' for v in kv)} | {med:.0f} | 1.00 |")
-    for name, label in (("kvgate-process", "kvgate, --engine-process"), ("vllm", "vLLM CPU")):
+    for name, label in (
+        ("kvgate-process", "kvgate, --engine-process"),
+        ("kvgate-plain", "kvgate, --plain-matmul"),
+        ("vllm", "vLLM CPU"),
+    ):
         if name not in rounds:
             continue
         vl = [r["tokens_per_s"] for r in rounds[name]]
