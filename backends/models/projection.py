@@ -7,6 +7,12 @@ way when ``packing_supported`` says the device and dtype allow it and a probe pr
 with the plain matmul; otherwise, and on CUDA, it is the plain matmul. Both give the same
 numbers up to float rounding. The measured difference is in docs/benchmarks.md ("Engine").
 
+oneDNN builds and caches a kernel, with buffers sized by the row count, for every distinct
+number of rows it sees; a step's rows take any value up to the token budget, and that cache
+grew by gigabytes. A packed projection therefore only ever runs on a few row counts: up to
+``CHUNK_ROWS`` rows rounded up to a bucket (padded with zero rows), and longer inputs in
+chunks of ``CHUNK_ROWS`` (the last chunk overlapping the one before it).
+
 The packed copy is held beside the ``[in, out]`` weight that ``ModelWeights`` keeps (the
 adapters' tests and the KV tools read that one), so packed projections take the projection
 weights' memory twice.
@@ -24,6 +30,15 @@ from backends.models.weights import LayerWeights, ModelWeights
 log = logging.getLogger(__name__)
 
 PACK_BATCH_HINT = 16  # the batch oneDNN tunes its layout for (any batch is served)
+CHUNK_ROWS = 512  # the most rows one oneDNN call gets
+ROW_STEP = 32  # row buckets: powers of two up to this, then its multiples up to CHUNK_ROWS
+
+
+def row_bucket(rows: int) -> int:
+    """The row count a packed call runs ``rows`` (1 to ``CHUNK_ROWS``) as."""
+    if rows <= ROW_STEP:
+        return 1 << (rows - 1).bit_length()
+    return -(-rows // ROW_STEP) * ROW_STEP
 
 
 def packing_supported(device: torch.device, dtype: torch.dtype) -> bool:
@@ -62,14 +77,29 @@ class Projection:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[rows, in]``; returns ``[rows, out]``."""
-        if self._packed is not None:
-            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
-                x, self._packed, self.bias, "none", [], ""
-            )
-            return out
-        if self.bias is None:
-            return x @ self.weight
-        return torch.addmm(self.bias, x, self.weight)
+        if self._packed is None:
+            if self.bias is None:
+                return x @ self.weight
+            return torch.addmm(self.bias, x, self.weight)
+        rows = x.shape[0]
+        if rows <= CHUNK_ROWS:
+            bucket = row_bucket(rows)
+            if bucket == rows:
+                return self._run(x)
+            padded = x.new_zeros(bucket, x.shape[1])
+            padded[:rows] = x
+            return self._run(padded)[:rows]
+        out = x.new_empty(rows, self.weight.shape[1])
+        for start in range(0, rows, CHUNK_ROWS):
+            start = min(start, rows - CHUNK_ROWS)  # the last chunk overlaps the one before
+            out[start : start + CHUNK_ROWS] = self._run(x[start : start + CHUNK_ROWS])
+        return out
+
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+            x, self._packed, self.bias, "none", [], ""
+        )
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,13 @@ torch = pytest.importorskip("torch")
 
 from backends.models import projection  # noqa: E402
 from backends.models.config import PRESETS  # noqa: E402
-from backends.models.projection import Projection, build_projections, packing_supported  # noqa: E402
+from backends.models.projection import (  # noqa: E402
+    CHUNK_ROWS,
+    Projection,
+    build_projections,
+    packing_supported,
+    row_bucket,
+)
 from backends.models.weights import random_weights  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -20,7 +26,7 @@ needs_packing = pytest.mark.skipif(
 
 
 @needs_packing
-@pytest.mark.parametrize("rows", [1, 16, 300])
+@pytest.mark.parametrize("rows", [1, 15, 16, 300, 512, 1100])  # 1,100: three chunks, overlapping
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_a_packed_projection_computes_the_plain_matmul(rows: int, with_bias: bool) -> None:
     generator = torch.Generator().manual_seed(rows)
@@ -35,6 +41,27 @@ def test_a_packed_projection_computes_the_plain_matmul(rows: int, with_bias: boo
     expected = x @ weight + (bias if bias is not None else 0)
     torch.testing.assert_close(want, expected)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_packed_calls_see_only_a_few_row_counts() -> None:
+    # oneDNN keeps a kernel and its buffers per row count: every count up to the chunk size
+    # maps onto a small set of buckets, each at least the count and less than a step above it
+    buckets = {row_bucket(rows) for rows in range(1, CHUNK_ROWS + 1)}
+    assert len(buckets) <= 25
+    assert max(buckets) == CHUNK_ROWS
+    assert [row_bucket(n) for n in (1, 2, 3, 5, 16, 17, 32, 33, 64, 65, 500)] == [
+        1,
+        2,
+        4,
+        8,
+        16,
+        32,
+        32,
+        64,
+        64,
+        96,
+        512,
+    ]
 
 
 @needs_packing
