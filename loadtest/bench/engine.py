@@ -25,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -91,6 +92,23 @@ def start_kvgate(model: Path, *extra: str) -> KvgateProcess:
     return proc.start(timeout=120)
 
 
+HF_MODES = ("sequential", "static8", "continuous")
+
+
+def hf_round(
+    model: Path, prompts: list[list[int]], output_tokens: int
+) -> dict[str, dict[str, float]]:
+    """One round of each HF transformers peer on ``prompts``, each in a process of its own."""
+    prompts_file = ROOT / "build" / "bench-engine-round-prompts.json"
+    prompts_file.parent.mkdir(exist_ok=True)
+    prompts_file.write_text(json.dumps(prompts))
+    args = [str(model), str(prompts_file), str(output_tokens)]
+    return {
+        f"hf_{mode}": child_json(["loadtest.bench.hf_peers", args[0], mode, *args[1:]])
+        for mode in HF_MODES
+    }
+
+
 def rss_over_requests(url: str, pid: int, total: int) -> list[tuple[int, float]]:
     """kvgate's RSS after each tenth of ``total`` short requests."""
     points = []
@@ -107,7 +125,14 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--output-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per server")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per engine")
+    parser.add_argument(
+        "--pause",
+        type=float,
+        default=3.0,
+        help="seconds of quiet after each engine's round (vLLM keeps a core busy for about a "
+        "second after its last request)",
+    )
     parser.add_argument("--rss-requests", type=int, default=10_000)
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--no-hf", action="store_true")
@@ -189,6 +214,12 @@ def main() -> int:
                     f"TTFT p50 {result.ttft_p50_ms:.0f} ms",
                     flush=True,
                 )
+                time.sleep(args.pause)
+            if not args.no_hf:
+                for name, value in hf_round(model, prompts, args.output_tokens).items():
+                    rounds.setdefault(name, []).append(value)
+                    print(f"round {number} {name}: {value['tokens_per_s']:.0f} output tok/s")
+                    time.sleep(args.pause)
         results["rounds"] = rounds
         prefix = make_prompts(1, 1024, 1024, VOCAB, seed=7)[0]
         suffixes = make_prompts(9, 16, 16, VOCAB, seed=8)
@@ -219,23 +250,9 @@ def main() -> int:
             variant.stop()
         if vllm is not None:
             vllm.stop()
-    peers: dict[str, dict[str, float]] = {}
-    prompts_file = ROOT / "build" / "bench-engine-prompts.json"  # round 0's, for the peers
+    prompts_file = ROOT / "build" / "bench-engine-prompts.json"  # round 0's, for the ceiling
     prompts_file.parent.mkdir(exist_ok=True)
     prompts_file.write_text(json.dumps(make_prompts(args.requests, 32, 512, VOCAB, seed=0)))
-    if not args.no_hf:
-        for mode in ("sequential", "static8", "continuous"):
-            peers[f"hf_{mode}"] = child_json(
-                [
-                    "loadtest.bench.hf_peers",
-                    str(model),
-                    mode,
-                    str(prompts_file),
-                    str(args.output_tokens),
-                ]
-            )
-            print(f"HF {mode}: {peers[f'hf_{mode}']['tokens_per_s']:.0f} output tok/s", flush=True)
-    results["hf"] = peers
     results["matmul_floor"] = child_json(["loadtest.bench.matmul_floor", "256", "768"])
     results["torch_floor"] = child_json(
         ["loadtest.bench.torch_floor", str(model), str(prompts_file), str(args.output_tokens)]

@@ -5,36 +5,44 @@ from __future__ import annotations
 PARAMETERS = 5_246_208  # of the bench shape: 2 x params FLOP per generated token
 
 
+LABELS = {
+    "kvgate-process": "kvgate, --engine-process",
+    "kvgate-plain": "kvgate, --plain-matmul",
+    "vllm": "vLLM CPU",
+    "hf_sequential": "HF `generate`, one request at a time",
+    "hf_static8": "HF `generate`, static batches of 8",
+    "hf_continuous": "HF `generate_batch` (continuous batching)",
+}
+
+
 def best(values: list[dict[str, float]], key: str) -> float:
     return max(v[key] for v in values)
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def report(results: dict[str, object]) -> None:
     rounds = results["rounds"]
     assert isinstance(rounds, dict)
-    hf = results["hf"]
-    assert isinstance(hf, dict)
     floor = results["matmul_floor"]
     assert isinstance(floor, dict)
     kv = [r["tokens_per_s"] for r in rounds["kvgate"]]
-    print("\n| engine | output tok/s (per round) | median | kvgate / it |")
-    print("|---|---|---:|---:|")
-    med = sorted(kv)[len(kv) // 2]
-    print(f"| kvgate (torch runner) | {', '.join(f'{v:.0f}' for v in kv)} | {med:.0f} | 1.00 |")
-    for name, label in (
-        ("kvgate-process", "kvgate, --engine-process"),
-        ("kvgate-plain", "kvgate, --plain-matmul"),
-        ("vllm", "vLLM CPU"),
-    ):
+    print("\n| engine | output tok/s per round | median | kvgate / it per round | median |")
+    print("|---|---|---:|---|---:|")
+    med = median(kv)
+    print(f"| kvgate (torch runner) | {', '.join(f'{v:.0f}' for v in kv)} | {med:.0f} | | 1.00 |")
+    for name, label in LABELS.items():
         if name not in rounds:
             continue
-        vl = [r["tokens_per_s"] for r in rounds[name]]
-        vmed = sorted(vl)[len(vl) // 2]
-        print(f"| {label} | {', '.join(f'{v:.0f}' for v in vl)} | {vmed:.0f} | {med / vmed:.2f} |")
-    for name, value in hf.items():
+        them = [r["tokens_per_s"] for r in rounds[name]]
+        ratios = [ours / theirs for ours, theirs in zip(kv, them, strict=False)]
         print(
-            f"| {name} | {value['tokens_per_s']:.0f} | {value['tokens_per_s']:.0f} | "
-            f"{med / value['tokens_per_s']:.2f} |"
+            f"| {label} | {', '.join(f'{v:.0f}' for v in them)} | {median(them):.0f} | "
+            f"{', '.join(f'{r:.2f}' for r in ratios)} | **{median(ratios):.2f}** |"
         )
     achieved = 2 * PARAMETERS * med / 1e9
     print(
@@ -52,7 +60,8 @@ def report(results: dict[str, object]) -> None:
         )
     ceiling = results.get("torch_floor")
     if isinstance(ceiling, dict):
-        sequential = hf.get("hf_sequential", {}).get("tokens_per_s")
+        sequential_rounds = [r["tokens_per_s"] for r in rounds.get("hf_sequential", [])]
+        sequential = median(sequential_rounds) if sequential_rounds else 0
         versus = (
             f" = {ceiling['ceiling_tokens_per_s'] / sequential:.1f}x HF sequential"
             if sequential
