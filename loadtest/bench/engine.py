@@ -183,6 +183,7 @@ def main() -> int:
             asyncio.run(
                 run_round(url, MODEL_NAME, warm_up, args.output_tokens, args.concurrency, "warm-up")
             )
+            time.sleep(args.pause)
         rounds: dict[str, list[dict[str, float]]] = {name: [] for name in servers}
         for number in range(args.rounds):
             prompts = make_prompts(args.requests, 32, 512, VOCAB, seed=number)
