@@ -3,7 +3,7 @@
 One model (a ~5M-parameter random-weight Llama with a locally trained tokenizer, built by
 ``tests/vllm/tiny_model.py --shape bench``), one workload: ``--requests`` token-id prompts of
 32-512 tokens, 64 output tokens each (``ignore_eos``), greedy, concurrency 16. Side by side in
-the same run, after one untimed warm-up round each, in interleaved rounds (kvgate, vLLM,
+the same run, after one untimed warm-up round each (same size), in interleaved rounds (kvgate, vLLM,
 vLLM, kvgate, ...):
 
 - kvgate's engine through its OpenAI server (``kvgate backend --runner torch``);
@@ -178,7 +178,7 @@ def main() -> int:
             vllm.start().wait_ready()
             servers["vllm"] = vllm.url
     try:
-        warm_up = make_prompts(args.concurrency, 32, 512, VOCAB, seed=10_000)
+        warm_up = make_prompts(args.requests, 32, 512, VOCAB, seed=10_000)
         for url in servers.values():  # untimed: first-call costs, and peers' start-up work
             asyncio.run(
                 run_round(url, MODEL_NAME, warm_up, args.output_tokens, args.concurrency, "warm-up")
