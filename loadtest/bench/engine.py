@@ -3,14 +3,14 @@
 One model (a ~5M-parameter random-weight Llama with a locally trained tokenizer, built by
 ``tests/vllm/tiny_model.py --shape bench``), one workload: ``--requests`` token-id prompts of
 32-512 tokens, 64 output tokens each (``ignore_eos``), greedy, concurrency 16. Side by side in
-the same run, after one untimed warm-up round each (same size), in interleaved rounds (kvgate, vLLM,
-vLLM, kvgate, ...):
+the same run, after one untimed warm-up round each (same size), in interleaved rounds
+(kvgate, vLLM, vLLM, kvgate, ...) with a quiet pause after each:
 
 - kvgate's engine through its OpenAI server (``kvgate backend --runner torch``);
 - vLLM's CPU build on the same folder (its own venv, made by ``tests/vllm/prepare.sh``);
 
-then, each in a process of its own: HF ``generate`` one request at a time and in static
-batches of 8, HF's continuous batching (``generate_batch``), a bare torch matmul loop (the
+and in each round, each in a process of its own, HF ``generate`` one request at a time and in
+static batches of 8 and HF's continuous batching (``generate_batch``); then a bare matmul loop (the
 physical limit), and the same workload computed by the least eager torch can do (the
 plain-torch ceiling, ``loadtest.bench.torch_floor``). Then TTFT over a shared 1,024-token
 prefix, cold against cached, on both servers, and kvgate's RSS over ``--rss-requests`` short
