@@ -14,8 +14,8 @@ grew by gigabytes. A packed projection therefore only ever runs on a few row cou
 chunks of ``CHUNK_ROWS`` (the last chunk overlapping the one before it).
 
 The packed copy is held beside the ``[in, out]`` weight that ``ModelWeights`` keeps (the
-adapters' tests and the KV tools read that one), so packed projections take the projection
-weights' memory twice.
+plain path's, and what tests compare), so packed projections take the projection weights'
+memory twice.
 """
 
 from __future__ import annotations

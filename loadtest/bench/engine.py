@@ -102,9 +102,10 @@ def hf_round(
     prompts_file = ROOT / "build" / "bench-engine-round-prompts.json"
     prompts_file.parent.mkdir(exist_ok=True)
     prompts_file.write_text(json.dumps(prompts))
-    args = [str(model), str(prompts_file), str(output_tokens)]
     return {
-        f"hf_{mode}": child_json(["loadtest.bench.hf_peers", args[0], mode, *args[1:]])
+        f"hf_{mode}": child_json(
+            ["loadtest.bench.hf_peers", str(model), mode, str(prompts_file), str(output_tokens)]
+        )
         for mode in HF_MODES
     }
 
