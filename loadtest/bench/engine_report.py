@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from loadtest.reports.stats import percentile
+
 PARAMETERS = 5_246_208  # of the bench shape: 2 x params FLOP per generated token
 
 
@@ -19,12 +21,6 @@ def best(values: list[dict[str, float]], key: str) -> float:
     return max(v[key] for v in values)
 
 
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def report(results: dict[str, object]) -> None:
     rounds = results["rounds"]
     assert isinstance(rounds, dict)
@@ -33,7 +29,7 @@ def report(results: dict[str, object]) -> None:
     kv = [r["tokens_per_s"] for r in rounds["kvgate"]]
     print("\n| engine | output tok/s per round | median | kvgate / it per round | median |")
     print("|---|---|---:|---|---:|")
-    med = median(kv)
+    med = percentile(kv, 50)
     print(f"| kvgate (torch runner) | {', '.join(f'{v:.0f}' for v in kv)} | {med:.0f} | | 1.00 |")
     for name, label in LABELS.items():
         if name not in rounds:
@@ -41,8 +37,8 @@ def report(results: dict[str, object]) -> None:
         them = [r["tokens_per_s"] for r in rounds[name]]
         ratios = [ours / theirs for ours, theirs in zip(kv, them, strict=False)]
         print(
-            f"| {label} | {', '.join(f'{v:.0f}' for v in them)} | {median(them):.0f} | "
-            f"{', '.join(f'{r:.2f}' for r in ratios)} | **{median(ratios):.2f}** |"
+            f"| {label} | {', '.join(f'{v:.0f}' for v in them)} | {percentile(them, 50):.0f} | "
+            f"{', '.join(f'{r:.2f}' for r in ratios)} | **{percentile(ratios, 50):.2f}** |"
         )
     achieved = 2 * PARAMETERS * med / 1e9
     print(
@@ -61,7 +57,7 @@ def report(results: dict[str, object]) -> None:
     ceiling = results.get("torch_floor")
     if isinstance(ceiling, dict):
         sequential_rounds = [r["tokens_per_s"] for r in rounds.get("hf_sequential", [])]
-        sequential = median(sequential_rounds) if sequential_rounds else 0
+        sequential = percentile(sequential_rounds, 50) if sequential_rounds else 0
         versus = (
             f" = {ceiling['ceiling_tokens_per_s'] / sequential:.1f}x HF sequential"
             if sequential
