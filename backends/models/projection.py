@@ -114,7 +114,11 @@ class LayerProjections:
 class ModelProjections:
     layers: list[LayerProjections]
     lm_head: Projection
-    packed: bool  # whether they run on oneDNN's packed weights
+
+    @property
+    def packed(self) -> bool:
+        """Whether they run on oneDNN's packed weights (all or none do)."""
+        return self.lm_head.packed
 
 
 def build_projections(weights: ModelWeights, pack: bool = True) -> ModelProjections:
@@ -133,7 +137,7 @@ def build_projections(weights: ModelWeights, pack: bool = True) -> ModelProjecti
         )
 
     layers = [layer(w) for w in weights.layers]
-    return ModelProjections(layers, Projection(weights.lm_head, None, pack), pack)
+    return ModelProjections(layers, Projection(weights.lm_head, None, pack))
 
 
 def _probe_agrees() -> bool:
