@@ -17,10 +17,6 @@ LABELS = {
 }
 
 
-def best(values: list[dict[str, float]], key: str) -> float:
-    return max(v[key] for v in values)
-
-
 def report(results: dict[str, object]) -> None:
     rounds = results["rounds"]
     assert isinstance(rounds, dict)
