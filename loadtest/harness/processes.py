@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import ssl
@@ -18,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 
 _HANDED_OUT: set[int] = set()
+_PORTS = random.SystemRandom()  # not the global generator, which tests seed
 PR_SET_PDEATHSIG = 1
 
 
@@ -26,18 +28,34 @@ def _end_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel picks ports from for ``bind(0)`` and outgoing connections."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now, and that this process has
-    not handed out before: the kernel may give the same free port to two calls in a row
-    (``port, events = free_port(), free_port()``), before either is bound."""
-    for _ in range(100):
+    """A TCP port on 127.0.0.1 that nothing listens on right now, that this process has not
+    handed out before, and that lies below the kernel's ephemeral range: a port the kernel
+    hands out itself can be taken, between this call and the server's bind, by any socket
+    that binds port 0 or connects (a vLLM server's own ZMQ sockets took its KV-events port
+    that way), and it may give the same free port to two calls in a row."""
+    low = min(ephemeral_ports()[0], 32768)
+    for _ in range(200):
+        port = _PORTS.randrange(max(low // 2, 1024), low)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port: int = sock.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
-    raise RuntimeError("no fresh free port after 100 tries")
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no fresh free port after 200 tries")
 
 
 def wait_http_ok(
