@@ -73,7 +73,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--num-blocks", type=int, default=4096, help="KV-cache blocks")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        help="tokens computed in one step (default: 2048 for the torch runner on a CPU, as "
+        "vLLM's CPU server; else 4096; at least --max-model-len without chunked prefill)",
+    )
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--no-chunked-prefill", action="store_true")
     p.add_argument("--no-prefix-caching", action="store_true")
@@ -116,11 +121,16 @@ def build_state(args: argparse.Namespace) -> ServerState:
     else:
         parts = _sim_parts(args)
     kv_events = args.kv_events_port is not None or args.kv_events_endpoint is not None
+    max_model_len = min(args.max_model_len, parts.max_model_len or args.max_model_len)
+    budget = args.max_num_batched_tokens
+    if budget is None:  # without chunks a whole prompt must fit in a step, as vLLM sizes it
+        budget = parts.max_num_batched_tokens
+        budget = budget if not args.no_chunked_prefill else max(budget, max_model_len)
     config = EngineConfig(
         SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_model_len=min(args.max_model_len, parts.max_model_len or args.max_model_len),
+            max_num_batched_tokens=budget,
+            max_model_len=max_model_len,
             enable_chunked_prefill=not args.no_chunked_prefill,
             max_loras=args.max_loras,
             eos_token_ids=parts.eos_token_ids,

@@ -22,3 +22,5 @@ class RunnerParts:
     max_model_len: int | None = None  # the model's context, when it has one
     vocab_size: int | None = None  # the model's vocabulary (may exceed the tokenizer's)
     load_lora: Callable[[str, str], None] = _no_load  # a start-up adapter (ValueError if bad)
+    # tokens computed in one step unless --max-num-batched-tokens says otherwise
+    max_num_batched_tokens: int = 4096

@@ -9,7 +9,7 @@ from pathlib import Path
 from backends.runner_parts import RunnerParts
 from backends.runners.process_runner import ProcessRunner
 from backends.runners.torch_runner import TorchRunner
-from backends.runners.torch_setup import TorchModelSpec, build_torch_runner
+from backends.runners.torch_setup import TorchModelSpec, build_torch_runner, choose_device
 from kvgate.wire.request_tokenizer import RequestTokenizer, make_tokenizer
 
 
@@ -48,7 +48,15 @@ def build_torch_parts(args: argparse.Namespace) -> RunnerParts:
         max_model_len=config.max_position_embeddings,
         vocab_size=config.vocab_size,
         load_lora=runner.load_lora_now,
+        max_num_batched_tokens=step_budget(choose_device(args.device).type),
     )
+
+
+def step_budget(device_type: str) -> int:
+    """Tokens per step by default: on a CPU, 2,048, vLLM's CPU server default (a CPU's prefill
+    is as efficient at 2,048 rows as at 4,096, and requests that arrive together then get their
+    first tokens in turn instead of all at the end of one long step); elsewhere 4,096."""
+    return 2048 if device_type == "cpu" else 4096
 
 
 def _tokenizer(folder: str | None) -> RequestTokenizer:
