@@ -125,11 +125,11 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
 async def choice_events(
     state: ServerState, req: GenerationRequest, index: int, stream: RequestStream
 ) -> AsyncIterator[ChoiceEvent]:
-    """Text deltas of one choice with their token ids; the last event carries the finish
-    reason. A delta of tokens without text yet is sent only when the request asked for token
-    ids or logprobs (else its tokens ride with the next text)."""
+    """Text deltas of one choice with their token ids, one per batch of new tokens; the last
+    event carries the finish reason. Tokens whose text is held back (an unfinished character,
+    a possible stop string) still get their delta, with empty text, as vLLM streams them: a
+    client sees each token when it is made, the first one included."""
     text_stream = TextStream(state.tokenizer.decoder(), req.stop)
-    wants_tokens = req.return_token_ids or req.sampling.logprobs
     pending: list[int] = []
     while True:
         tokens = await stream.next_tokens()
@@ -146,7 +146,7 @@ async def choice_events(
             reason = stream.finish_reason.value if stream.finish_reason else "stop"
             yield index, text, reason, pending
             return
-        if text or (wants_tokens and pending):
+        if text or pending:
             yield index, text, None, pending
             pending = []
 
