@@ -291,10 +291,11 @@ async def _write_deltas(
     req: GenerationRequest,
     streams: list[RequestStream],
 ) -> list[str]:
-    """Write every delta but the last of a single choice, which is returned to send last."""
+    """Write every delta but the last of a single choice, which is returned to send last. A
+    chat's opening chunk goes out with its first delta, when the first token is made, as vLLM
+    sends it (sent before, it would be a client's and the gateway's first token, at once)."""
     ids = req.return_token_ids
-    if opening := fmt.opening(list(streams[0].seq.prompt_token_ids) if ids else None):
-        await response.write(opening.encode())
+    opening = fmt.opening(list(streams[0].seq.prompt_token_ids) if ids else None)
     tail: list[str] = []
     emitted = [0] * len(streams)  # output tokens sent so far, per choice
     async for index, text, reason, tokens in _all_choice_events(state, req, streams):
@@ -309,6 +310,8 @@ async def _write_deltas(
         emitted[index] += len(tokens)
         prompt_ids = list(seq.prompt_token_ids) if ids and first and not req.is_chat else None
         chunk = fmt.delta(index, text, reason, logprobs, tokens if ids else None, prompt_ids)
+        if opening:
+            chunk, opening = opening + chunk, ""
         if reason is not None and len(streams) == 1:
             tail.append(chunk)
         else:

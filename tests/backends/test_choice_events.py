@@ -1,4 +1,5 @@
-"""A streamed choice's deltas: one per batch of new tokens, text or not (as vLLM streams)."""
+"""A streamed choice's deltas: one per batch of new tokens, text or not, and a chat's opening
+chunk with the first of them (as vLLM streams)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from typing import Any
 
 from backends.engine.engine import RequestStream
 from backends.engine.sequence import SamplingParams, Sequence
-from backends.server.openai_api import choice_events
+from backends.server.openai_api import _write_deltas, choice_events
 from backends.server.protocol import GenerationRequest
+from backends.server.sse import ChunkFormatter
 from kvgate.wire.tokenizer import ByteTokenizer
 
 
-def request(stop: tuple[str, ...] = ()) -> GenerationRequest:
+def request(stop: tuple[str, ...] = (), *, is_chat: bool = False) -> GenerationRequest:
     return GenerationRequest(
         model="m",
         prompts=[[104, 105]],
@@ -22,15 +24,18 @@ def request(stop: tuple[str, ...] = ()) -> GenerationRequest:
         include_usage=False,
         stop=stop,
         priority=0,
-        is_chat=False,
+        is_chat=is_chat,
     )
+
+
+def served_state() -> Any:
+    return SimpleNamespace(tokenizer=SimpleNamespace(decoder=ByteTokenizer().decoder))
 
 
 async def deltas(req: GenerationRequest, batches: list[list[int]]) -> list[tuple[str, list[int]]]:
     """The (text, tokens) of each delta, read after each batch of tokens arrives."""
-    state: Any = SimpleNamespace(tokenizer=SimpleNamespace(decoder=ByteTokenizer().decoder))
     stream = RequestStream(Sequence([104, 105], req.sampling))
-    events = choice_events(state, req, 0, stream)
+    events = choice_events(served_state(), req, 0, stream)
     out = []
     for batch in batches:
         for token in batch:
@@ -49,3 +54,36 @@ def test_a_token_whose_character_is_unfinished_still_gets_its_delta() -> None:
 def test_text_held_back_for_a_stop_string_still_sends_the_tokens_delta() -> None:
     got = asyncio.run(deltas(request(stop=("END",)), [list(b"E"), list(b"N")]))
     assert got == [("", list(b"E")), ("", list(b"N"))]
+
+
+class Written:
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    async def write(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+
+def test_a_chats_opening_chunk_waits_for_the_first_token() -> None:
+    async def scenario() -> tuple[list[bytes], list[bytes]]:
+        req = request(is_chat=True)
+        stream = RequestStream(Sequence([104, 105], req.sampling))
+        response = Written()
+        fmt = ChunkFormatter(req, "r1", 0)
+        writing = asyncio.ensure_future(
+            _write_deltas(response, fmt, served_state(), req, [stream])  # type: ignore[arg-type]
+        )
+        for _ in range(5):
+            await asyncio.sleep(0)
+        before = list(response.chunks)  # nothing made yet: nothing sent
+        stream.push(120)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        writing.cancel()
+        return before, response.chunks
+
+    before, after = asyncio.run(scenario())
+    assert before == []
+    assert len(after) == 1  # the role and the first delta, in one write
+    assert after[0].count(b"data: ") == 2
+    assert b'"role":"assistant"' in after[0] and b'"content":"x"' in after[0]
