@@ -268,7 +268,7 @@ async def _stream(
     await response.prepare(request)
     fmt = ChunkFormatter(req, request_id, int(time.time()))
     try:
-        tail = await _write_deltas(response, fmt, state, req, streams)
+        tail = await write_deltas(response, fmt, state, req, streams)
         if req.include_usage:
             tail.append(fmt.usage(_usage(streams)))
         tail.append(DONE)
@@ -284,7 +284,7 @@ async def _stream(
     return response
 
 
-async def _write_deltas(
+async def write_deltas(
     response: web.StreamResponse,
     fmt: ChunkFormatter,
     state: ServerState,

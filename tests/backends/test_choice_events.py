@@ -9,7 +9,7 @@ from typing import Any
 
 from backends.engine.engine import RequestStream
 from backends.engine.sequence import SamplingParams, Sequence
-from backends.server.openai_api import _write_deltas, choice_events
+from backends.server.openai_api import choice_events, write_deltas
 from backends.server.protocol import GenerationRequest
 from backends.server.sse import ChunkFormatter
 from kvgate.wire.tokenizer import ByteTokenizer
@@ -71,7 +71,7 @@ def test_a_chats_opening_chunk_waits_for_the_first_token() -> None:
         response = Written()
         fmt = ChunkFormatter(req, "r1", 0)
         writing = asyncio.ensure_future(
-            _write_deltas(response, fmt, served_state(), req, [stream])  # type: ignore[arg-type]
+            write_deltas(response, fmt, served_state(), req, [stream])  # type: ignore[arg-type]
         )
         for _ in range(5):
             await asyncio.sleep(0)
