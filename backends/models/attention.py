@@ -1,12 +1,14 @@
 """Paged attention in plain torch: KV written through a slot mapping, read through block tables.
 
-A step's tokens are flattened (``[tokens, heads, head_dim]``). Decodes (one query each) and
-prefill chunks (padded to the longest chunk) go in separate groups, each split further by
-context length so that little is padding. For each group the context of every sequence is
-gathered from the cache through *its own* block table, a whole block at a time (padded to the
-group's longest context): keys of other sequences are never read, and the additive mask,
-causal from each query's position, hides both the padding and the unwritten slots of a
-sequence's last block.
+A step's tokens are flattened (``[tokens, heads, head_dim]``). A prompt's first chunk (no
+cached prefix, nothing computed before) attends only over its own new keys: it runs alone,
+causal, on the step's K and V as they are, with no gather and no mask. Decodes (one query
+each) and the other prefill chunks (padded to the longest chunk) go in separate groups, each
+split further by context length so that little is padding. For each group the context of
+every sequence is gathered from the cache through *its own* block table, a whole block at a
+time (padded to the group's longest context): keys of other sequences are never read, and the
+additive mask, causal from each query's position, hides both the padding and the unwritten
+slots of a sequence's last block.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class AttentionMetadata:
     groups: tuple[AttentionGroup, ...]
     num_tokens: int
     block_size: int
+    # (first row, rows) of each prompt's first chunk: causal over its own rows only
+    first_chunks: tuple[tuple[int, int], ...] = ()
 
 
 def build_metadata(
@@ -59,11 +63,15 @@ def build_metadata(
     """Per-step attention inputs; ``num_query_groups`` query heads share each KV head;
     ``dtype`` is the model's (the additive masks')."""
     decodes = [s for s in seqs if s.num_new_tokens == 1]
-    prefills = [s for s in seqs if s.num_new_tokens > 1]
+    first = [s for s in seqs if s.num_new_tokens > 1 and s.num_context_tokens == s.num_new_tokens]
+    prefills = [
+        s for s in seqs if s.num_new_tokens > 1 and s.num_context_tokens != s.num_new_tokens
+    ]
     buckets = [*split_by_context(decodes, block_size), *split_by_context(prefills, block_size)]
     groups = tuple(_group(g, block_size, device, num_query_groups, dtype) for g in buckets if g)
     slots = torch.tensor(slot_mapping, dtype=torch.long, device=device)
-    return AttentionMetadata(slots, groups, len(slot_mapping), block_size)
+    chunks = tuple((s.token_offset, s.num_new_tokens) for s in first)
+    return AttentionMetadata(slots, groups, len(slot_mapping), block_size, chunks)
 
 
 GROUP_COST_BLOCKS = 128  # a group's fixed cost (gathers, attention call), in padded blocks
@@ -174,6 +182,19 @@ def paged_attention(
     groups_per_kv = num_heads // kv_heads
     paged = kv_cache.view(-1, meta.block_size, 2, kv_heads, dim)
     out = q.new_empty(meta.num_tokens, num_heads, dim)
+    for start, rows in meta.first_chunks:
+        end = start + rows
+        attended = F.scaled_dot_product_attention(
+            q[start:end].transpose(0, 1).unsqueeze(0),
+            k[start:end].transpose(0, 1).unsqueeze(0),
+            v[start:end].transpose(0, 1).unsqueeze(0),
+            is_causal=True,
+            scale=scale,
+            enable_gqa=True,
+        )
+        if len(meta.groups) == 0 and rows == meta.num_tokens:
+            return attended[0].transpose(0, 1).reshape(rows, num_heads * dim)
+        out[start:end] = attended[0].transpose(0, 1)
     for number, group in enumerate(meta.groups):
         batch, q_len = group.query_index.shape
         queries = (
@@ -198,7 +219,12 @@ def paged_attention(
         )
         if group.valid is not None:
             flat = flat[group.valid]
-        if len(meta.groups) == 1 and group.valid is None and group.in_step_order:
+        if (
+            len(meta.groups) == 1
+            and not meta.first_chunks
+            and group.valid is None
+            and group.in_step_order
+        ):
             return flat.reshape(meta.num_tokens, num_heads * dim)
         out.index_copy_(0, group.output_rows, flat)
     return out.reshape(meta.num_tokens, num_heads * dim)

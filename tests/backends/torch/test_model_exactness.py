@@ -23,18 +23,28 @@ def prompt(length: int, seed: int) -> list[int]:
 
 
 def prefill(
-    seq_id: int, tokens: list[int], table: list[int], block_size: int = 16, lora: str | None = None
+    seq_id: int,
+    tokens: list[int],
+    table: list[int],
+    block_size: int = 16,
+    lora: str | None = None,
+    start: int = 0,
+    end: int | None = None,
 ) -> SeqStep:
-    slots = [table[p // block_size] * block_size + p % block_size for p in range(len(tokens))]
+    """The chunk ``tokens[start:end]`` of a prompt (a prompt's first chunk when ``start`` is 0:
+    attended causally over its own rows; a later one reads the earlier KV through the cache)."""
+    end = len(tokens) if end is None else end
+    positions = range(start, end)
+    slots = [table[p // block_size] * block_size + p % block_size for p in positions]
     return SeqStep(
         seq_id=seq_id,
-        input_ids=tokens,
-        start_position=0,
+        input_ids=tokens[start:end],
+        start_position=start,
         slot_mapping=slots,
         block_table=table,
         lora_name=lora,
         sampling=SamplingParams(temperature=0.0),
-        do_sample=True,
+        do_sample=end == len(tokens),
         is_decode=False,
         prompt_token_ids=tokens,
     )
@@ -77,8 +87,30 @@ def test_logits_match_transformers_for_sequences_of_different_lengths_stacked_in
         assert (ours[row] - ref).abs().max().item() <= 1e-4
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_match_transformers_for_later_chunks_of_different_lengths_in_one_step(
+    family: str, model_folders: dict[str, Path], hf_models: dict[str, object]
+) -> None:
+    """The paged path: each prompt's first chunk in one step, the rest (of different lengths,
+    read back through the cache with their earlier KV) stacked in the next."""
+    runner = make_runner(model_folders[family])
+    runner.num_kv_blocks(16)
+    prompts = [prompt(n, seed=n) for n in (21, 37, 130)]
+    tables = [[3, 5], [9, 4, 7], [20, 21, 22, 23, 24, 25, 26, 27, 28]]
+    cuts = (16, 20, 50)
+    pairs = list(zip(prompts, tables, cuts, strict=True))
+    runner.run_step(StepInput([prefill(i, p, t, end=c) for i, (p, t, c) in enumerate(pairs)], 16))
+    ours = last_logits(runner, [prefill(i, p, t, start=c) for i, (p, t, c) in enumerate(pairs)])
+    model = hf_models[family]
+    for row, tokens in enumerate(prompts):
+        with torch.no_grad():
+            ref = model(torch.tensor([tokens])).logits[0, -1]  # type: ignore[operator]
+        assert (ours[row] - ref).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("cut", [0, 16], ids=["one-chunk", "continued-chunk"])
 def test_unwritten_slots_of_a_last_block_are_never_attended(
-    model_folders: dict[str, Path], hf_models: dict[str, object]
+    cut: int, model_folders: dict[str, Path], hf_models: dict[str, object]
 ) -> None:
     runner = make_runner(model_folders["llama"])
     runner.num_kv_blocks(16)
@@ -86,7 +118,9 @@ def test_unwritten_slots_of_a_last_block_are_never_attended(
     for tensor in runner.cache.layers:  # stale KV of earlier requests
         tensor.normal_(0, 50.0)
     tokens = prompt(21, seed=3)  # the second block holds 5 of 16 slots
-    ours = last_logits(runner, [prefill(0, tokens, [6, 2])])
+    if cut:  # the first block in a step of its own: the rest reads it through the cache
+        runner.run_step(StepInput([prefill(0, tokens, [6, 2], end=cut)], 16))
+    ours = last_logits(runner, [prefill(0, tokens, [6, 2], start=cut)])
     with torch.no_grad():
         ref = hf_models["llama"](torch.tensor([tokens])).logits[0, -1]  # type: ignore[operator]
     assert (ours[0] - ref).abs().max().item() <= 1e-4
