@@ -8,11 +8,11 @@ gateway's admission gate and ext_proc's shedding use).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from epp.framework import Endpoint
 from epp.indexes.approximate import ApproximatePrefixCache
+from epp.indexes.precise import KVEventHooks
 from epp.indexes.precise_cache import PrecisePrefixCache
 from epp.indexes.prefix_index import PrefixIndex, PrefixIndexParams
 from epp.saturation import SaturationDetector
@@ -24,7 +24,7 @@ class PluginHandle:
 
     saturation: SaturationDetector = field(default_factory=SaturationDetector)
     endpoints: list[Endpoint] = field(default_factory=list)  # whose KV events a precise index reads
-    on_event_lag: Callable[[float], None] | None = None
+    kv_event_hooks: KVEventHooks | None = None  # what a precise index reports to metrics
     indexes: dict[PrefixIndexParams, PrefixIndex] = field(default_factory=dict)
 
     def prefix_index(self, params: PrefixIndexParams) -> PrefixIndex:
@@ -34,7 +34,7 @@ class PluginHandle:
         index = self.indexes.get(params)
         if index is None:
             if params.mode == "precise":
-                index = PrecisePrefixCache(params, self.endpoints, self.on_event_lag)
+                index = PrecisePrefixCache(params, self.endpoints, self.kv_event_hooks)
             else:
                 index = ApproximatePrefixCache(params)
             self.indexes[params] = index

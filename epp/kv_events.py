@@ -72,14 +72,14 @@ class KVEventSubscriber:
         self,
         index: PreciseIndex,
         endpoints: list[Endpoint],
-        on_lag: Callable[[float], None] | None = None,
     ) -> None:
+        """``index``'s hooks hear of lag and of messages it cannot use."""
         self.index = index
         self.endpoints = [e for e in endpoints if e.kv_events_port or e.kv_events_bind]
-        self.on_lag = on_lag
         self.batches = 0
         self.replayed = 0
         self._replayed: dict[tuple[str, int | None], int] = {}  # highest seq a replay applied
+        self._warned: set[tuple[str, str]] = set()
         self._context = zmq.asyncio.Context.instance()
         self._listeners: list[_Listener] = []
         self._tasks: set[asyncio.Task[None]] = set()  # replays under way
@@ -193,18 +193,34 @@ class KVEventSubscriber:
 
     def _decode(self, address: str, frames: list[bytes]) -> tuple[int, EventBatch] | None:
         if len(frames) != 3 or len(frames[1]) != 8:
-            log.warning("malformed KV event message from %s", address)
+            self._unusable(address, "malformed", f"{len(frames)} frames")
             return None
         try:
             batch = decode_batch(frames[2])
         except KVEventFormatError as exc:
-            log.warning("undecodable KV event batch from %s: %s", address, exc)
+            self._unusable(address, "undecodable", str(exc))
             return None
         return int.from_bytes(frames[1], "big"), batch
 
+    def _unusable(self, address: str, reason: str, detail: str) -> None:
+        """Counted each time; logged the first time per endpoint and reason (an engine whose
+        event format changed sends nothing else)."""
+        if (address, reason) not in self._warned:
+            self._warned.add((address, reason))
+            log.warning(
+                "%s KV event message from %s (%s); further ones are counted in "
+                "kvgate_epp_kv_events_unusable_total",
+                reason,
+                address,
+                detail,
+            )
+        if self.index.hooks.unusable is not None:
+            self.index.hooks.unusable(address, reason)
+
     def _apply(self, address: str, seq: int, batch: EventBatch) -> None:
-        if self.on_lag is not None and batch.ts is not None:
-            self.on_lag(max(0.0, time.time() - batch.ts))  # vLLM stamps batches with time.time()
+        lag = self.index.hooks.lag
+        if lag is not None and batch.ts is not None:
+            lag(max(0.0, time.time() - batch.ts))  # vLLM stamps batches with time.time()
         self.index.apply_batch(address, seq, batch.events, batch.data_parallel_rank)
         self.batches += 1
 

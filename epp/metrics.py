@@ -7,6 +7,8 @@ import os
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from epp.indexes.precise import KVEventHooks
+
 PICK_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 
 
@@ -76,11 +78,37 @@ class EppMetrics:
             buckets=PICK_BUCKETS,
             registry=r,
         )
+        self.kv_events_unusable = Counter(
+            "kvgate_epp_kv_events_unusable",
+            "KV-event messages or events that taught the precise index nothing, by reason: "
+            "malformed or undecodable messages (an engine whose event format changed), "
+            "unkeyed stores (blocks chained on a parent the index never saw).",
+            ["endpoint", "reason"],
+            registry=r,
+        )
+        self.kv_event_resets = Counter(
+            "kvgate_epp_kv_event_resets",
+            "Times the precise index forgot all it knew of an endpoint's cache, by reason: "
+            "gap (event batches lost), restart (sequence numbers started again), cleared (the "
+            "engine cleared its cache).",
+            ["endpoint", "reason"],
+            registry=r,
+        )
         self.tokens = Counter(
             "kvgate_epp_tokens",
             "Tokens seen in responses, by direction.",
             ["direction"],
             registry=r,
+        )
+
+    def kv_event_hooks(self) -> KVEventHooks:
+        """The precise index's hooks, counting into these metrics."""
+        return KVEventHooks(
+            lag=self.event_lag.observe,
+            unusable=lambda endpoint, reason: self.kv_events_unusable.labels(
+                endpoint, reason
+            ).inc(),
+            reset=lambda endpoint, reason: self.kv_event_resets.labels(endpoint, reason).inc(),
         )
 
 

@@ -58,7 +58,7 @@ class EppService:
         self.metrics = metrics or EppMetrics()
         self.saturation = SaturationDetector(policy.epp.saturation)
         self.handle = PluginHandle(
-            self.saturation, self.datastore.all(), self.metrics.event_lag.observe
+            self.saturation, self.datastore.all(), self.metrics.kv_event_hooks()
         )
         plugins = build_plugins(policy.epp, self.handle)
         self.scheduler = ProfileRunner(build_profile(policy.epp, plugins=plugins))

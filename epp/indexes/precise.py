@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kvgate.wire.block_hash import (
@@ -62,6 +62,21 @@ def stored_keys(event: BlockStored, parent: int) -> list[int]:
     return token_block_hashes(event.token_ids, event.block_size, extras=extras, parent=parent)
 
 
+@dataclass(frozen=True)
+class KVEventHooks:
+    """What the KV-event path tells the picker's metrics (each hook optional): ``lag`` a
+    batch's delay in seconds; ``unusable(endpoint, reason)`` a message or event that taught the
+    index nothing (``malformed``, ``undecodable``; ``unkeyed``: blocks stored on a parent the
+    index never saw, so their chain cannot be keyed); ``reset(endpoint, reason)`` everything
+    known of an endpoint forgotten at once (``gap``: batches lost; ``restart``: its sequence
+    numbers started again; ``cleared``: the engine said it cleared its cache). Routing on an
+    index that keeps losing what it knew falls back to load: these say why."""
+
+    lag: Callable[[float], None] | None = None
+    unusable: Callable[[str, str], None] | None = None
+    reset: Callable[[str, str], None] | None = None
+
+
 EngineBlock = tuple[int, int]  # (KV-cache group, the engine's block hash)
 
 
@@ -86,8 +101,9 @@ class _EndpointState:
 class PreciseIndex:
     """Which endpoint holds which block, from KV-event batches, plus speculative picks."""
 
-    def __init__(self, speculative_ttl: float = 2.0) -> None:
+    def __init__(self, speculative_ttl: float = 2.0, hooks: KVEventHooks | None = None) -> None:
         self.speculative_ttl = speculative_ttl
+        self.hooks = hooks or KVEventHooks()
         self._owners: dict[int, set[str]] = {}
         self._endpoints: dict[str, _EndpointState] = {}
         self.gaps = 0
@@ -122,6 +138,8 @@ class PreciseIndex:
                 self.restarts += 1
             else:
                 self.gaps += 1
+            if self.hooks.reset is not None:
+                self.hooks.reset(address, "restart" if seq <= last else "gap")
             self.clear(address)
             state = self._endpoints.setdefault(address, _EndpointState())
         state.last_seq[rank] = seq
@@ -134,6 +152,8 @@ class PreciseIndex:
                 if event.medium in (None, GPU):
                     self._removed(address, state, event.group_idx, event.block_hashes)
             elif isinstance(event, AllBlocksCleared):
+                if self.hooks.reset is not None:
+                    self.hooks.reset(address, "cleared")
                 self.clear(address, keep_seq=True)
 
     def _stored(self, address: str, state: _EndpointState, event: BlockStored) -> None:
@@ -142,8 +162,10 @@ class PreciseIndex:
             parent_key = group_root(group)
         else:
             known = state.keys_by_engine_hash.get((group, event.parent_block_hash))
-            if known is None:
-                return  # its parent was never seen: the chain cannot be keyed
+            if known is None:  # its parent was never seen: the chain cannot be keyed
+                if self.hooks.unusable is not None:
+                    self.hooks.unusable(address, "unkeyed")
+                return
             parent_key = known
         keys = stored_keys(event, parent_key)
         for engine_hash, key in zip(event.block_hashes, keys, strict=False):

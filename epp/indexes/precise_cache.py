@@ -3,11 +3,11 @@ and the tokenizer that cuts a request into the same blocks the engine caches."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from functools import partial
 
 from epp.framework import Endpoint, RequestMemo, SchedulingRequest
-from epp.indexes.precise import PreciseIndex, block_keys
+from epp.indexes.precise import KVEventHooks, PreciseIndex, block_keys
 from epp.indexes.prefix_index import (
     PrefixIndexParams,
     Undo,
@@ -28,11 +28,11 @@ class PrecisePrefixCache:
         self,
         params: PrefixIndexParams,
         endpoints: list[Endpoint],
-        on_lag: Callable[[float], None] | None = None,
+        hooks: KVEventHooks | None = None,
     ) -> None:
         self.params = params
-        self.index = PreciseIndex(params.speculative_ttl)
-        self.events = KVEventSubscriber(self.index, endpoints, on_lag)
+        self.index = PreciseIndex(params.speculative_ttl, hooks)
+        self.events = KVEventSubscriber(self.index, endpoints)
         self._tokenizer = make_tokenizer(params.tokenizer)
         self._memo: RequestMemo[list[int]] = RequestMemo()
         self._tokens: RequestMemo[list[int]] = RequestMemo()

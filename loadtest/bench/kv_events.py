@@ -65,7 +65,7 @@ def publish(ports: list[int], batches: int, rate: float, run_blocks: int) -> Non
 async def subscribe(mode: str, ports: list[int], batches: int) -> dict[str, float]:
     """Read ``batches`` batches from ``ports`` the ``mode`` way; CPU from the first on."""
     from epp.framework import Endpoint
-    from epp.indexes.precise import PreciseIndex
+    from epp.indexes.precise import KVEventHooks, PreciseIndex
     from epp.kv_events import KVEventSubscriber, has_message
 
     first, last = asyncio.Event(), asyncio.Event()
@@ -99,7 +99,7 @@ async def subscribe(mode: str, ports: list[int], batches: int) -> dict[str, floa
             Endpoint(f"127.0.0.1:{10_000 + i}", "p", kv_events_port=port)
             for i, port in enumerate(ports)
         ]
-        subscriber = KVEventSubscriber(PreciseIndex(), endpoints, on_lag=count)
+        subscriber = KVEventSubscriber(PreciseIndex(hooks=KVEventHooks(lag=count)), endpoints)
         await subscriber.start()
     await asyncio.wait_for(first.wait(), 30)
     at_first, before = received, resource.getrusage(resource.RUSAGE_SELF)
