@@ -37,15 +37,28 @@ def ephemeral_ports() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
+def outside_ephemeral_range(low: int, high: int) -> tuple[int, int]:
+    """Where ``free_port`` draws from (``[first, last)``): below the kernel's ephemeral range
+    ``low``..``high`` when there are at least 512 unprivileged ports there, else above it, else
+    (a range that covers every unprivileged port) anywhere unprivileged."""
+    low = min(low, 32768)
+    if low - 1024 >= 512:
+        return max(low // 2, 1024), low
+    if 65535 - high >= 512:
+        return high + 1, 65536
+    return 1024, 65536
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now, that this process has not
     handed out before, and that lies below the kernel's ephemeral range: a port the kernel
     hands out itself can be taken, between this call and the server's bind, by any socket
     that binds port 0 or connects (a vLLM server's own ZMQ sockets took its KV-events port
-    that way), and it may give the same free port to two calls in a row."""
-    low = min(ephemeral_ports()[0], 32768)
+    that way), and it may give the same free port to two calls in a row. A kernel whose
+    ephemeral range starts at 1,024 or lower leaves no room below it: then a port above it."""
+    first, last = outside_ephemeral_range(*ephemeral_ports())
     for _ in range(200):
-        port = _PORTS.randrange(max(low // 2, 1024), low)
+        port = _PORTS.randrange(first, last)
         if port in _HANDED_OUT:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import socket
 
-from loadtest.harness.processes import ephemeral_ports, free_port
+import pytest
+
+from loadtest.harness.processes import ephemeral_ports, free_port, outside_ephemeral_range
 
 
 def test_free_ports_lie_below_the_kernels_ephemeral_range_and_are_never_repeated() -> None:
@@ -29,3 +31,19 @@ def test_a_free_port_can_be_bound_and_a_listened_one_is_never_handed_out() -> No
     finally:
         for sock in taken:
             sock.close()
+
+
+@pytest.mark.parametrize(
+    ("kernel_range", "drawn_from"),
+    [
+        ((32768, 60999), (16384, 32768)),  # Linux's default: below it
+        ((49152, 65535), (16384, 32768)),  # IANA's: below, capped as Linux's
+        ((2000, 65535), (1024, 2000)),  # a little room below
+        ((1024, 60999), (61000, 65536)),  # none below: above it
+        ((1, 65535), (1024, 65536)),  # none either side: anywhere unprivileged
+    ],
+)
+def test_ports_are_drawn_outside_the_kernels_range_where_there_is_room(
+    kernel_range: tuple[int, int], drawn_from: tuple[int, int]
+) -> None:
+    assert outside_ephemeral_range(*kernel_range) == drawn_from
