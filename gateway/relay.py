@@ -65,11 +65,14 @@ async def relay_stream(
     try:
         while chunk := await upstream.readany(idle):
             out = relay.feed(chunk)
-            if out:
+            if out and not response.finished:
                 if ctx.ttft is None:
                     ctx.ttft = time.perf_counter() - ctx.start
                     attempt.first_token()
-                await response.write(out)
+                if relay.saw_done:  # the last event: the body's end goes with it
+                    await response.finish(out)
+                else:
+                    await response.write(out)
     except asyncio.CancelledError as cancel:
         if cancel.args and cancel.args[0] == SHUTDOWN_CUT:
             ctx.error = CUT_BY_SHUTDOWN
@@ -78,11 +81,14 @@ async def relay_stream(
             response.write_last(relay.error_event(message, "shutdown"))
         raise
     except MID_STREAM_ERRORS as exc:
-        failure = (
-            "upstream stalled mid-stream"
-            if isinstance(exc, asyncio.TimeoutError)
-            else ("upstream connection lost mid-stream")
-        )
+        if relay.saw_done:  # after the stream's end: the client has it all; the breaker counts it
+            attempt.break_off()
+        else:
+            failure = (
+                "upstream stalled mid-stream"
+                if isinstance(exc, asyncio.TimeoutError)
+                else ("upstream connection lost mid-stream")
+            )
     if not failure and not relay.saw_done:
         failure = (
             "upstream ended the stream in the middle of an event"

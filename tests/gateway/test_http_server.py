@@ -31,6 +31,13 @@ async def handler(request: Request) -> AnyResponse:
             await response.write(f"data: {i}\n\n".encode())
         await response.write_eof()
         return response
+    if request.path == "/finish":  # the last event and the body's end in one write
+        response = StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: 0\n\n")
+        await response.finish(b"data: [DONE]\n\n")
+        await response.write_eof()  # already ended: nothing more is written
+        return response
     if request.path == "/slow":
         try:
             await asyncio.sleep(30)
@@ -198,6 +205,15 @@ async def test_stream_is_chunked(server: HttpServer) -> None:
     )
     assert b"transfer-encoding: chunked" in raw
     assert raw.endswith(b"9\r\ndata: 2\n\n\r\n0\r\n\r\n")
+
+
+async def test_a_finished_stream_ends_with_its_last_event(server: HttpServer) -> None:
+    raw = await exchange(
+        server.port, b"GET /finish HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    )
+    assert raw.endswith(b"\r\n\r\n9\r\ndata: 0\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+    raw = await exchange(server.port, b"GET /finish HTTP/1.0\r\n\r\n")
+    assert b"transfer-encoding" not in raw and raw.endswith(b"\r\n\r\ndata: 0\n\ndata: [DONE]\n\n")
 
 
 async def test_handler_bug_is_500_json(server: HttpServer) -> None:

@@ -243,6 +243,22 @@ class StreamResponse:
             connection.write(data)
         await connection.drain()
 
+    async def finish(self, data: bytes) -> None:
+        """``data`` and the end of the body in one write: a client that stops reading at the
+        stream's last event (``[DONE]``) then finds the body complete and can reuse the
+        connection; sent apart, the end often comes after the client gave up on it and
+        closed the connection."""
+        if self.finished:
+            return
+        self.finished = True
+        connection = self._require()
+        if self._chunked:
+            framed = b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n"
+            connection.write(framed)
+        else:
+            connection.write(data)
+        await connection.drain()
+
     def write_last(self, data: bytes) -> None:
         """``data`` and the end of the body, without waiting for the client to read them (the
         connection is about to close)."""

@@ -1,0 +1,84 @@
+"""A stream's last event and the end of its body leave the gateway together: a client that
+stops reading at ``[DONE]`` (as most SSE clients do) finds the body complete and keeps its
+connection, and an upstream that stalls after ``[DONE]`` does not hold the client's stream."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from loadtest.client.sse import stream_request
+from loadtest.harness.processes import KvgateProcess
+from tests.http_servers import serving
+
+
+def policy(endpoint: str) -> str:
+    return f"""
+pools: {{p: {{endpoints: [{endpoint}]}}}}
+routes: [{{model: kvgate-sim, pool: p}}]
+timeouts: {{first_byte: 5s, idle: 3s}}
+epp: {{picker: least-in-flight}}
+"""
+
+
+async def connections_for(url: str, requests: int) -> int:
+    """New connections a client that stops reading at ``[DONE]`` opens for ``requests``
+    sequential streams."""
+    made = 0
+
+    async def counted(*_: object) -> None:
+        nonlocal made
+        made += 1
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_create_end.append(counted)
+    async with aiohttp.ClientSession(trace_configs=[trace]) as session:
+        for number in range(requests):
+            body = {"model": "kvgate-sim", "prompt": f"question {number}", "max_tokens": 4}
+            result = await stream_request(session, f"{url}/v1/completions", body)
+            assert result.done and not result.error
+    return made
+
+
+async def test_a_client_that_stops_at_done_keeps_its_connection(
+    start_backend: Callable[..., str], start_gateway: Callable[..., tuple[str, KvgateProcess]]
+) -> None:
+    backend = start_backend("--cost", "zero").removeprefix("http://")
+    url, _ = start_gateway(policy(backend))
+    assert await connections_for(url, 40) == 1
+
+
+@pytest.fixture
+async def stalls_after_done() -> AsyncIterator[str]:
+    """Streams one event and ``[DONE]``, then neither ends the body nor closes."""
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices":[{"index":0,"text":"a"}]}\n\ndata: [DONE]\n\n')
+        await asyncio.sleep(30)
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", stream)
+    async with serving(app, shutdown_timeout=0.1) as port:
+        yield f"127.0.0.1:{port}"
+
+
+async def test_an_upstream_stalled_after_done_does_not_hold_the_client(
+    stalls_after_done: str, start_gateway: Callable[..., tuple[str, KvgateProcess]]
+) -> None:
+    url, _ = start_gateway(policy(stalls_after_done))
+    body = {"model": "kvgate-sim", "prompt": "x", "stream": True}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}/v1/completions", json=body) as response,
+    ):
+        raw = await response.read()  # the whole body: it ended with [DONE]
+    events = [e for e in raw.decode().split("\n\n") if e.strip()]
+    # not an error event after [DONE] once the idle timeout struck
+    assert events[-1] == "data: [DONE]" and not any('"error"' in e for e in events)
