@@ -3,6 +3,8 @@ the usage the server reported."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -62,7 +64,9 @@ async def stream_request(
             data = line[5:].strip()
             if data == b"[DONE]":
                 result.done = True
-                break
+                result.latency = time.perf_counter() - start
+                await _drain(response)
+                return result
             chunk = json.loads(data)
             if "error" in chunk:
                 result.error = json.dumps(chunk["error"])
@@ -81,3 +85,15 @@ async def stream_request(
                 result.text += piece
         result.latency = time.perf_counter() - start
         return result
+
+
+DRAIN_TIMEOUT = 1.0  # seconds to wait for the body's end after [DONE]
+
+
+async def _drain(response: aiohttp.ClientResponse) -> None:
+    """Read the body to its end after ``[DONE]``, as the openai client does: a server that
+    sends the end apart from the last event then keeps the connection for the next request
+    (left unread, the connection is closed). One that never ends the body is given up on."""
+    with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+        async with asyncio.timeout(DRAIN_TIMEOUT):
+            await response.content.read()
