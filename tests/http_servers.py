@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+import aiohttp
 from aiohttp import web
 
 from loadtest.harness.processes import free_port
@@ -24,6 +25,37 @@ async def serving(app: web.Application, *, shutdown_timeout: float = 60.0) -> As
         yield port
     finally:
         await runner.cleanup()
+
+
+def sse_app(first: bytes, end_after: float) -> web.Application:
+    """``POST /v1/completions`` streams the events ``first``, then ends the body
+    ``end_after`` seconds later (a stalled upstream, given longer than the test waits)."""
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(first)
+        await asyncio.sleep(end_after)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", stream)
+    return app
+
+
+@dataclass
+class ConnectionCount:
+    """An aiohttp ``TraceConfig`` counting the connections its client session opens."""
+
+    made: int = 0
+    trace: aiohttp.TraceConfig = field(default_factory=aiohttp.TraceConfig)
+
+    def __post_init__(self) -> None:
+        self.trace.on_connection_create_end.append(self._count)
+
+    async def _count(self, *_: object) -> None:
+        self.made += 1
 
 
 @dataclass

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from loadtest.harness.processes import KvgateProcess, free_port
-from tests.http_servers import serving
+from tests.http_servers import serving, sse_app
 from tests.integration.metrics_util import value
 
 STREAM = {"model": "kvgate-sim", "prompt": "long story", "max_tokens": 2000, "stream": True}
@@ -121,16 +121,7 @@ async def test_upstream_killed_mid_stream_ends_with_an_error_event(
 @pytest.fixture
 async def stalling_upstream() -> AsyncIterator[str]:
     """Sends one SSE chunk, then nothing."""
-
-    async def stall(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b'data: {"choices":[{"index":0,"text":"a"}]}\n\n')
-        await asyncio.sleep(30)
-        return response
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", stall)
+    app = sse_app(b'data: {"choices":[{"index":0,"text":"a"}]}\n\n', 30)
     async with serving(app, shutdown_timeout=0.1) as port:
         yield f"127.0.0.1:{port}"
 

@@ -4,15 +4,13 @@ connection, and an upstream that stalls after ``[DONE]`` does not hold the clien
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from loadtest.harness.processes import KvgateProcess
-from tests.http_servers import serving
+from tests.http_servers import ConnectionCount, serving, sse_app
 
 
 def policy(endpoint: str) -> str:
@@ -27,15 +25,8 @@ epp: {{picker: least-in-flight}}
 async def connections_for(url: str, requests: int) -> int:
     """New connections a client that stops reading at ``[DONE]`` opens for ``requests``
     sequential streams."""
-    made = 0
-
-    async def counted(*_: object) -> None:
-        nonlocal made
-        made += 1
-
-    trace = aiohttp.TraceConfig()
-    trace.on_connection_create_end.append(counted)
-    async with aiohttp.ClientSession(trace_configs=[trace]) as session:
+    count = ConnectionCount()
+    async with aiohttp.ClientSession(trace_configs=[count.trace]) as session:
         for number in range(requests):
             body = {"model": "kvgate-sim", "prompt": f"q {number}", "max_tokens": 4, "stream": True}
             async with session.post(f"{url}/v1/completions", json=body) as response:
@@ -44,7 +35,7 @@ async def connections_for(url: str, requests: int) -> int:
                         break  # and read no further
                 else:
                     raise AssertionError("the stream ended without [DONE]")
-    return made
+    return count.made
 
 
 async def test_a_client_that_stops_at_done_keeps_its_connection(
@@ -58,16 +49,7 @@ async def test_a_client_that_stops_at_done_keeps_its_connection(
 @pytest.fixture
 async def stalls_after_done() -> AsyncIterator[str]:
     """Streams one event and ``[DONE]``, then neither ends the body nor closes."""
-
-    async def stream(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b'data: {"choices":[{"index":0,"text":"a"}]}\n\ndata: [DONE]\n\n')
-        await asyncio.sleep(30)
-        return response
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", stream)
+    app = sse_app(b'data: {"choices":[{"index":0,"text":"a"}]}\n\ndata: [DONE]\n\n', 30)
     async with serving(app, shutdown_timeout=0.1) as port:
         yield f"127.0.0.1:{port}"
 
