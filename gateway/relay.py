@@ -7,6 +7,7 @@ stream with an SSE error event and no ``[DONE]``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from gateway.attempt import Attempt
@@ -20,6 +21,7 @@ from kvgate.wire.responses_api import chat_usage
 from kvgate.wire.sse import SSERelay, usage_of
 
 MID_STREAM_ERRORS = (UpstreamConnectionError, asyncio.TimeoutError)
+AFTER_DONE = 1.0  # seconds to wait for the upstream body's end after [DONE]
 CUT_BY_SHUTDOWN = "cut_by_shutdown"  # the error of a stream still running when the grace ended
 
 
@@ -65,14 +67,15 @@ async def relay_stream(
     try:
         while chunk := await upstream.readany(idle):
             out = relay.feed(chunk)
-            if out and not response.finished:
+            if out:
                 if ctx.ttft is None:
                     ctx.ttft = time.perf_counter() - ctx.start
                     attempt.first_token()
                 if relay.saw_done:  # the last event: the body's end goes with it
                     await response.finish(out)
-                else:
-                    await response.write(out)
+                    await _rest_after_done(upstream, idle)
+                    break
+                await response.write(out)
     except asyncio.CancelledError as cancel:
         if cancel.args and cancel.args[0] == SHUTDOWN_CUT:
             ctx.error = CUT_BY_SHUTDOWN
@@ -81,14 +84,11 @@ async def relay_stream(
             response.write_last(relay.error_event(message, "shutdown"))
         raise
     except MID_STREAM_ERRORS as exc:
-        if relay.saw_done:  # after the stream's end: the client has it all; the breaker counts it
-            attempt.break_off()
-        else:
-            failure = (
-                "upstream stalled mid-stream"
-                if isinstance(exc, asyncio.TimeoutError)
-                else ("upstream connection lost mid-stream")
-            )
+        failure = (
+            "upstream stalled mid-stream"
+            if isinstance(exc, asyncio.TimeoutError)
+            else ("upstream connection lost mid-stream")
+        )
     if not failure and not relay.saw_done:
         failure = (
             "upstream ended the stream in the middle of an event"
@@ -103,6 +103,16 @@ async def relay_stream(
         await response.write(relay.error_event(failure, "upstream_stream_broken"))
     await response.write_eof()
     return response
+
+
+async def _rest_after_done(upstream: UpstreamResponse, idle: float) -> None:
+    """Read and drop what the upstream sends after ``[DONE]`` (its body's end, as a rule at
+    once), so its connection can be reused; one that does not end its body within
+    ``AFTER_DONE`` seconds loses its connection, and the request is not held for it."""
+    with contextlib.suppress(*MID_STREAM_ERRORS):
+        async with asyncio.timeout(AFTER_DONE):
+            while await upstream.readany(idle):
+                pass
 
 
 def _upstream_failed(ctx: RequestContext, exc: BaseException) -> Exception:

@@ -13,11 +13,11 @@ from loadtest.harness.processes import KvgateProcess
 from tests.http_servers import ConnectionCount, serving, sse_app
 
 
-def policy(endpoint: str) -> str:
+def policy(endpoint: str, idle: str = "3s") -> str:
     return f"""
 pools: {{p: {{endpoints: [{endpoint}]}}}}
 routes: [{{model: kvgate-sim, pool: p}}]
-timeouts: {{first_byte: 5s, idle: 3s}}
+timeouts: {{first_byte: 5s, idle: {idle}}}
 epp: {{picker: least-in-flight}}
 """
 
@@ -57,13 +57,16 @@ async def stalls_after_done() -> AsyncIterator[str]:
 async def test_an_upstream_stalled_after_done_does_not_hold_the_client(
     stalls_after_done: str, start_gateway: Callable[..., tuple[str, KvgateProcess]]
 ) -> None:
-    url, _ = start_gateway(policy(stalls_after_done))
+    # an idle timeout longer than the client waits: neither the stream nor the next request
+    # on the same connection may wait for it
+    url, _ = start_gateway(policy(stalls_after_done, idle="60s"))
     body = {"model": "kvgate-sim", "prompt": "x", "stream": True}
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(f"{url}/v1/completions", json=body) as response,
-    ):
-        raw = await response.read()  # the whole body: it ended with [DONE]
-    events = [e for e in raw.decode().split("\n\n") if e.strip()]
-    # not an error event after [DONE] once the idle timeout struck
-    assert events[-1] == "data: [DONE]" and not any('"error"' in e for e in events)
+    count = ConnectionCount()
+    timeout = aiohttp.ClientTimeout(total=15)
+    async with aiohttp.ClientSession(timeout=timeout, trace_configs=[count.trace]) as session:
+        for _ in range(2):
+            async with session.post(f"{url}/v1/completions", json=body) as response:
+                raw = await response.read()  # the whole body: it ended with [DONE]
+            events = [e for e in raw.decode().split("\n\n") if e.strip()]
+            assert events[-1] == "data: [DONE]" and not any('"error"' in e for e in events)
+    assert count.made == 1
