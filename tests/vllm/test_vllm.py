@@ -12,6 +12,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import grpc
 import openai
 import pytest
@@ -24,8 +25,10 @@ from epp.metrics_parser import VLLM, parse_metrics
 from epp.scraper import filtered_path
 from epp.tokenize import make_tokenizer, request_token_ids
 from loadtest.client.envoy_messages import body_messages, headers_message
+from loadtest.client.sse import stream_request
 from loadtest.harness.processes import epp_process, free_port, gateway_process
 from loadtest.harness.vllm import VllmServer
+from tests.http_servers import ConnectionCount
 
 BLOCK = 128  # vLLM's block size on CPU
 KEY = "vllm-tier-key"  # the gateway's API key for these tests
@@ -290,3 +293,27 @@ async def held(index: PreciseIndex, keys: list[int], address: str) -> bool:
             return True
         await asyncio.sleep(0.05)
     return False
+
+
+async def test_streams_from_vllm_keep_their_connections(
+    gateway: tuple[str, str], vllm_servers: list[VllmServer]
+) -> None:
+    """vLLM (uvicorn) ends a stream's body apart from ``[DONE]``: through the gateway a client
+    that stops at ``[DONE]`` still keeps its connection, and so does the load tester's client
+    straight to vLLM (it reads the body to its end)."""
+    url, _ = gateway
+    body = {"model": "tiny-llama", "prompt": "hello", "max_tokens": 2, "stream": True}
+    through_gateway = ConnectionCount()
+    headers = {"authorization": f"Bearer {KEY}"}
+    async with aiohttp.ClientSession(trace_configs=[through_gateway.trace]) as session:
+        for _ in range(12):
+            async with session.post(f"{url}/v1/completions", json=body, headers=headers) as reply:
+                async for line in reply.content:
+                    if line.strip() == b"data: [DONE]":
+                        break
+    direct = ConnectionCount()
+    async with aiohttp.ClientSession(trace_configs=[direct.trace]) as session:
+        for _ in range(12):
+            result = await stream_request(session, f"{vllm_servers[0].url}/v1/completions", body)
+            assert result.done and not result.error
+    assert (through_gateway.made, direct.made) == (1, 1)
