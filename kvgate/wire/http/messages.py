@@ -250,13 +250,8 @@ class StreamResponse:
         closed the connection."""
         if self.finished:
             return
-        self.finished = True
         connection = self._require()
-        if self._chunked:
-            framed = b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data) if data else b"0\r\n\r\n"
-            connection.write(framed)
-        else:
-            connection.write(data)
+        self.write_last(data)
         await connection.drain()
 
     def write_last(self, data: bytes) -> None:
@@ -265,10 +260,12 @@ class StreamResponse:
         if self.finished or self._connection is None:
             return
         self.finished = True
-        if self._chunked:
-            self._connection.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data))
-        else:
+        if not self._chunked:
             self._connection.write(data)
+        elif data:
+            self._connection.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data))
+        else:  # an empty chunk would itself end the body
+            self._connection.write(b"0\r\n\r\n")
 
     async def write_eof(self) -> None:
         if self.finished:
