@@ -72,6 +72,9 @@ class EppMetrics:
         self.scrape_errors = Counter(
             "kvgate_epp_scrape_errors", "Failed metric scrapes.", ["endpoint"], registry=r
         )
+        self.scrapes = Counter(
+            "kvgate_epp_scrapes", "Successful metric scrapes.", ["endpoint"], registry=r
+        )
         self.event_lag = Histogram(
             "kvgate_epp_kv_event_lag_seconds",
             "Delay between a KV event batch and its handling.",

@@ -78,6 +78,7 @@ class MetricsScraper:
         self.timeout = timeout  # connect, first byte, and each gap while reading
         self.errors = 0
         self.on_error: Callable[[Endpoint], None] | None = None
+        self.on_scrape: Callable[[Endpoint], None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._pool: ConnectionPool | None = None
         self._wake: dict[int, asyncio.Event] = {}  # by id(endpoint): set by a pick
@@ -135,6 +136,8 @@ class MetricsScraper:
         endpoint.metrics = parse_metrics(text, names)
         endpoint.dispatched = 0
         self.scrapes += 1
+        if self.on_scrape is not None:
+            self.on_scrape(endpoint)
         return True
 
     async def _first_scrape(self, endpoint: Endpoint, address: str, names: MetricNames) -> str:

@@ -126,7 +126,7 @@ def one_run(
         run = asyncio.run(run_load(plan))
         cpu = cpu_seconds(pid) - cpu_before
         counters = deltas(before, asyncio.run(scrape_all(urls)), urls)
-        cold_misses = warm_diverted_share(url) if peer.router == "kvgate" else math.nan
+        own = own_counters(url) if peer.router == "kvgate" else {}
     result = benchmark_result(run.records, run.duration)
     prompts = sent_prompts(tokens, run.records)
     cached = cacheable_per_prompt(prompts, BLOCK)  # what an ideal router could have cached
@@ -147,7 +147,8 @@ def one_run(
         "hit_rate": float(counters["prefix_cache_hit_rate"] or 0.0),  # type: ignore[arg-type]
         "captured_reuse": sum(r.cached_tokens for r in ok) / oracle if oracle else 0.0,
         "cpu_ms_per_request": cpu * 1000 / len(ok) if ok else math.nan,
-        "cold_misses": cold_misses,
+        "cold_misses": own.get("warm_diverted", math.nan) / own["picks"] if own else math.nan,
+        "scrapes_per_request": own["scrapes"] / len(ok) if own and ok else math.nan,
         "ttft_floor_p90_ms": idle_ttft_p90_ms(prompts, cached),
     }
     for number, stage in enumerate(per_stage):
@@ -156,13 +157,17 @@ def one_run(
     return row
 
 
-def warm_diverted_share(url: str) -> float:
-    """kvgate's picks that passed over an endpoint holding more of the prompt, which the
-    filters had kept (``kvgate_epp_warm_diverted_total``), as a share of its picks."""
+def own_counters(url: str) -> dict[str, float]:
+    """kvgate's picks, the picks that passed over an endpoint holding more of the prompt which
+    the filters had kept (``kvgate_epp_warm_diverted_total``: cold misses), and its scrapes."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
         text = response.read().decode()
     picks = metric_sum(text, "kvgate_epp_decisions_total", {})
-    return metric_sum(text, "kvgate_epp_warm_diverted_total", {}) / picks if picks else math.nan
+    return {
+        "picks": picks or math.nan,
+        "warm_diverted": metric_sum(text, "kvgate_epp_warm_diverted_total", {}),
+        "scrapes": metric_sum(text, "kvgate_epp_scrapes_total", {}),
+    }
 
 
 async def tokenized(chains: list[Chain], adapters: tuple[str, ...] = ()) -> list[list[int]]:

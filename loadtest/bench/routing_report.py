@@ -23,6 +23,7 @@ COLUMNS = (
     ("CPU ms/req", "cpu_ms_per_request", "{:.2f}"),
     ("errors", "errors", "{:.0f}"),
     ("cold misses", "cold_misses", "{:.1%}"),  # kvgate only: warm endpoint passed over
+    ("scrapes/req", "scrapes_per_request", "{:.1f}"),  # kvgate only: its /metrics polls
 )
 
 Results = dict[str, dict[str, list[dict[str, float]]]]
