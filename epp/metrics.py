@@ -73,7 +73,11 @@ class EppMetrics:
             "kvgate_epp_scrape_errors", "Failed metric scrapes.", ["endpoint"], registry=r
         )
         self.scrapes = Counter(
-            "kvgate_epp_scrapes", "Successful metric scrapes.", ["endpoint"], registry=r
+            "kvgate_epp_scrapes",
+            "Successful metric scrapes (their rate follows the picks: epp.scrape_interval while "
+            "busy and read, scrape_idle_interval otherwise).",
+            ["endpoint"],
+            registry=r,
         )
         self.event_lag = Histogram(
             "kvgate_epp_kv_event_lag_seconds",

@@ -8,6 +8,13 @@ deaths) and the saturation detector accepts its metrics as fresh for that much l
 (``Endpoint.metrics_grace``). A pick wakes the endpoint's poller: its next scrape comes one
 busy interval later, and it stays busy while anything runs there.
 
+A busy endpoint is scraped again one busy interval after its last scrape only if something has
+read the metrics since (a pick, or the admission gate while it holds requests back:
+``metrics_read``); otherwise at the next read or after the idle interval, whichever comes first,
+with the same grace. A scrape that no decision reads is work for nothing on both sides, and at
+a low request rate most busy scrapes were that; at a high rate (a read every busy interval or
+more often) the busy interval is kept.
+
 A scrape asks for only the series the picker reads (``/metrics?name[]=...``, the filter of
 prometheus_client's own exposition; a vLLM /metrics runs hundreds of lines, and the server
 renders them all for every poll). A server that ignores the filter answers with everything,
@@ -22,6 +29,7 @@ saturation detector treats the endpoint as saturated once they are stale.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import ssl
@@ -86,6 +94,9 @@ class MetricsScraper:
         self.tls: dict[str, tuple[ssl.SSLContext, str]] = {}  # https:// endpoints, by address
         # by id(endpoint): the path it is scraped at, once its first scrape has decided
         self._paths: dict[int, str] = {}
+        self.reads = 0  # metrics_read calls
+        self._read = asyncio.Event()
+        self._reads_at_scrape: dict[int, int] = {}  # by id(endpoint): reads when it was scraped
 
     async def start(self) -> None:
         # the gateway's raw keep-alive client: a scrape costs ~5x less CPU than with aiohttp's
@@ -102,6 +113,12 @@ class MetricsScraper:
         event = self._wake.get(id(endpoint))
         if event is not None:
             event.set()
+
+    def metrics_read(self) -> None:
+        """Something has read the endpoints' metrics to decide (a pick, a holding admission
+        gate): a busy endpoint is worth scraping again."""
+        self.reads += 1
+        self._read.set()
 
     def idle(self, endpoint: Endpoint) -> bool:
         """Nothing runs or waits there, and this picker sent it nothing since the scrape."""
@@ -120,6 +137,7 @@ class MetricsScraper:
     async def scrape_once(self, endpoint: Endpoint) -> bool:
         names = self.datastore.metric_names.get(endpoint.pool, VLLM)
         address = self._scrape_address(endpoint)
+        self._reads_at_scrape[id(endpoint)] = self.reads
         try:
             path = self._paths.get(id(endpoint))
             if path is None:
@@ -165,11 +183,16 @@ class MetricsScraper:
 
     async def _rest(self, endpoint: Endpoint) -> None:
         """Wait until the next scrape of a healthy endpoint: the busy interval, or while it is
-        idle the idle interval, cut short by a pick (then one busy interval after it)."""
+        idle the idle interval, cut short by a pick (then one busy interval after it); a busy
+        endpoint whose metrics nothing has read since its scrape waits for a read, at most the
+        idle interval."""
         event = self._wake.get(id(endpoint))
-        if event is None or self.idle_interval <= self.interval or not self.idle(endpoint):
+        if event is None or self.idle_interval <= self.interval:
             endpoint.metrics_grace = 0.0
             await asyncio.sleep(self.interval)
+            return
+        if not self.idle(endpoint):
+            await self._rest_busy(endpoint)
             return
         event.clear()
         endpoint.metrics_grace = self.idle_interval
@@ -178,6 +201,16 @@ class MetricsScraper:
         except TimeoutError:
             return
         await asyncio.sleep(self.interval)
+
+    async def _rest_busy(self, endpoint: Endpoint) -> None:
+        endpoint.metrics_grace = 0.0
+        await asyncio.sleep(self.interval)
+        if self.reads != self._reads_at_scrape.get(id(endpoint)):
+            return
+        endpoint.metrics_grace = self.idle_interval
+        self._read.clear()  # every poller checks the count before it waits: none misses a read
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._read.wait(), self.idle_interval - self.interval)
 
     async def _poll(self, endpoint: Endpoint) -> None:
         failures = 0

@@ -176,6 +176,7 @@ class EppService:
         ``subset`` keeps only endpoints whose host (IP) is listed, as GIE's subset hint does.
         """
         started = time.perf_counter()
+        self.scraper.metrics_read()
         decision = self.handlers[pool].decide(request, self.candidates(pool, exclude, subset))
         result = decision.result
         target = result.target

@@ -55,17 +55,26 @@ class SaturationGate:
     Endpoints never scraped are unknown, not saturated: a pool whose servers expose no metrics
     is never held back by this gate. Endpoints whose scrapes keep failing are dead, not
     saturated: a pool with none alive is not held back either (its requests fail at once).
+    ``on_read`` is told each time the gate holds a pool back (the scraper then keeps that
+    pool's metrics fresh, as it does for picks).
     """
 
     def __init__(
-        self, endpoints: Callable[[str], list[Endpoint]], detector: SaturationDetector
+        self,
+        endpoints: Callable[[str], list[Endpoint]],
+        detector: SaturationDetector,
+        on_read: Callable[[], None] = lambda: None,
     ) -> None:
         self.endpoints = endpoints
         self.detector = detector
+        self.on_read = on_read
 
     def has_capacity(self, pool: str) -> bool:
         known = [e for e in self.endpoints(pool) if e.metrics.scraped_at and e.healthy]
-        return not known or not self.detector.all_saturated(known)
+        if not known or not self.detector.all_saturated(known):
+            return True
+        self.on_read()
+        return False
 
     def acquire(self, pool: str) -> None:
         return None

@@ -39,7 +39,9 @@ def capacity_gate(runtime: Runtime, previous: CapacityGate | None = None) -> Cap
     gate: CapacityGate = ConcurrencyGate(limits, in_flight_counts(previous))
     if runtime.embedded is not None:
         service = runtime.embedded.service
-        saturation = SaturationGate(service.datastore.endpoints, service.saturation)
+        saturation = SaturationGate(
+            service.datastore.endpoints, service.saturation, service.scraper.metrics_read
+        )
         gate = AllGates(gate, saturation)
     return gate
 

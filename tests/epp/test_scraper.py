@@ -97,9 +97,46 @@ async def test_idle_endpoints_are_scraped_slowly_and_a_pick_wakes_them(
             await asyncio.sleep(0.005)
         assert asyncio.get_running_loop().time() - woken_at < 0.2  # one busy interval, not 0.4 s
         state["scrapes"] = 0
-        await asyncio.sleep(0.5)
-        assert state["scrapes"] >= 10  # busy: every 0.02 s
-        assert endpoint.metrics_grace == 0.0
+        for _ in range(50):  # picks read the metrics every 10 ms
+            scraper.metrics_read()
+            await asyncio.sleep(0.01)
+        assert state["scrapes"] >= 10  # busy and read: every 0.02 s
+    finally:
+        await scraper.stop()
+
+
+async def test_a_busy_endpoint_nothing_reads_waits_for_a_read(
+    switchable_server: tuple[int, dict[str, float]],
+) -> None:
+    from epp.saturation import SaturationDetector
+
+    port, state = switchable_server
+    state["running"] = 3
+    policy = load_policy_text(
+        f"pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}\nroutes: [{{model: m, pool: p}}]\n"
+    )
+    scraper = MetricsScraper(Datastore(policy), interval=0.02, idle_interval=0.4)
+    (endpoint,) = scraper.datastore.endpoints("p")
+    await scraper.start()
+    try:
+        await asyncio.sleep(0.1)
+        state["scrapes"] = 0
+        await asyncio.sleep(1.0)
+        assert 1 <= state["scrapes"] <= 4  # no pick read them: every 0.4 s, not 50 times
+        assert endpoint.metrics.running == 3 and endpoint.metrics_grace == 0.4
+        detector = SaturationDetector()  # aged metrics of an unread endpoint are not stale
+        assert detector.unsaturated([endpoint], endpoint.metrics.scraped_at + 0.5) == [endpoint]
+
+        state["running"] = 5
+        read_at = asyncio.get_running_loop().time()
+        scraper.metrics_read()
+        for _ in range(200):
+            if endpoint.metrics.running == 5:
+                break
+            await asyncio.sleep(0.005)
+        assert asyncio.get_running_loop().time() - read_at < 0.15  # at the read, not 0.4 s on
+        await asyncio.sleep(0.03)
+        assert endpoint.metrics_grace == 0.4  # and nothing has read them since
     finally:
         await scraper.stop()
 

@@ -102,3 +102,16 @@ async def test_ext_proc_sheds_by_the_objectives_priority_as_gie_does() -> None:
     assert await ext_proc_status(saturated, "not-listed") == 200
     idle = runtime_with_load((0, 0), (0.0, 0.0))
     assert await ext_proc_status(idle, "sheddable") == 200  # shed only when saturated
+
+
+def test_picks_and_a_gate_holding_requests_back_count_as_reads_of_the_metrics() -> None:
+    # the scraper keeps a busy endpoint's metrics fresh only while something reads them
+    runtime = runtime_with_load((0, 0), (0.0, 0.0))
+    assert runtime.embedded is not None
+    scraper = runtime.embedded.service.scraper
+    assert gate_open(runtime) and scraper.reads == 0  # open: the pick that follows reads them
+    runtime.embedded.service.pick("p", make_request("hello"))
+    assert scraper.reads == 1
+    held = runtime_with_load((2, 2), (0.0, 0.0))
+    assert held.embedded is not None
+    assert not gate_open(held) and held.embedded.service.scraper.reads == 1
