@@ -249,7 +249,8 @@ class Epp:
     profiles: tuple[ProfileSpec, ...] = DEFAULT_EPP_PROFILES
     scrape_interval: float = 0.05
     # an idle endpoint (nothing running, waiting or in flight from this picker) is polled this
-    # often instead, until a pick wakes its poller; 0 polls every endpoint at scrape_interval
+    # often instead, until a pick wakes its poller, and so is a busy one whose metrics no pick
+    # has read since its last scrape; 0 polls every endpoint at scrape_interval
     scrape_idle_interval: float = 0.2
     saturation: Saturation = field(default_factory=Saturation)
     objectives: tuple[Objective, ...] = ()  # unknown objectives have priority 0
