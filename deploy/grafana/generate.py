@@ -148,6 +148,12 @@ DASHBOARDS: dict[str, tuple[str, list[Chart]]] = {
                 "percentunit",
             ),
             Chart(
+                "Picker: metric scrapes by endpoint",
+                "sum by (endpoint) (rate(kvgate_epp_scrapes_total[5m]))",
+                "{{endpoint}}",
+                "reqps",
+            ),
+            Chart(
                 "Picker: tokens in flight by endpoint (prefill: not yet computed; decode: owed)",
                 "sum by (endpoint, phase) (kvgate_epp_tokens_in_flight)",
                 "{{endpoint}} {{phase}}",

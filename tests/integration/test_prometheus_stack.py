@@ -134,6 +134,7 @@ observability: {{access_log: "off"}}
         "KvgateCanaryRolledBack": {"route": "chat"},
         "KvgateBackendDown": {"instance": dead, "pool": "mixed"},
         "KvgateBreakerOpen": {"endpoint": dead},
+        "KvgatePickerCannotScrape": {"endpoint": dead},
     }
     deadline = time.monotonic() + 30
     firing: dict[str, list[dict[str, str]]] = {}
