@@ -130,6 +130,23 @@ async def test_first_byte_timeout_aborts_the_connection() -> None:
     server.close()
 
 
+async def test_an_idle_pool_keeps_no_timer_and_still_times_out_later() -> None:
+    up, server = await started(lambda n: OK if n == 1 else b"")  # never answers #2
+    pool = ConnectionPool(connect_timeout=1)
+    assert await call(pool, up, first_byte=5) == b"{}"
+    await asyncio.sleep(3 * pool.SWEEP)
+    assert not pool.sweeping  # nothing awaited: no timer wakes the event loop
+    waiting = asyncio.create_task(call(pool, up, first_byte=0.2))
+    await asyncio.sleep(0.05)
+    assert pool.sweeping
+    with pytest.raises(TimeoutError):
+        await waiting
+    await asyncio.sleep(3 * pool.SWEEP)
+    assert not pool.sweeping
+    pool.close()
+    server.close()
+
+
 async def test_cancelling_the_caller_aborts_the_connection() -> None:
     up, server = await started(lambda n: b"")  # reads, never answers
     pool = ConnectionPool(connect_timeout=1)

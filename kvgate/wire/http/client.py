@@ -327,18 +327,26 @@ class ConnectionPool:
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
+    @property
+    def sweeping(self) -> bool:
+        """Whether a timer checks first-byte deadlines (only while some head is awaited)."""
+        return self._sweeper is not None
+
     def unwatch(self, conn: UpstreamConnection) -> None:
         self._deadlines.pop(conn, None)
 
     async def _sweep(self) -> None:
+        """Expire overdue heads every ``SWEEP`` while any is awaited; then end (``watch``
+        starts it again), so an idle pool keeps no timer waking the loop."""
         loop = asyncio.get_running_loop()
-        while True:
+        while self._deadlines:
             await asyncio.sleep(self.SWEEP)
             now = loop.time()
             for conn, deadline in list(self._deadlines.items()):
                 if now >= deadline:
                     del self._deadlines[conn]
                     conn.expire_head()
+        self._sweeper = None
 
     async def request(
         self,
