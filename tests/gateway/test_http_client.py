@@ -134,15 +134,32 @@ async def test_an_idle_pool_keeps_no_timer_and_still_times_out_later() -> None:
     up, server = await started(lambda n: OK if n == 1 else b"")  # never answers #2
     pool = ConnectionPool(connect_timeout=1)
     assert await call(pool, up, first_byte=5) == b"{}"
-    await asyncio.sleep(3 * pool.SWEEP)
     assert not pool.sweeping  # nothing awaited: no timer wakes the event loop
+    started_at = asyncio.get_running_loop().time()
     waiting = asyncio.create_task(call(pool, up, first_byte=0.2))
     await asyncio.sleep(0.05)
     assert pool.sweeping
     with pytest.raises(TimeoutError):
         await waiting
-    await asyncio.sleep(3 * pool.SWEEP)
+    assert 0.2 <= asyncio.get_running_loop().time() - started_at < 0.2 + 4 * pool.SWEEP
     assert not pool.sweeping
+    pool.close()
+    server.close()
+
+
+async def test_a_shorter_first_byte_timeout_is_not_held_up_by_a_longer_one() -> None:
+    up, server = await started(lambda n: b"")  # never answers
+    pool = ConnectionPool(connect_timeout=1)
+    patient = asyncio.create_task(call(pool, up, first_byte=30))
+    await asyncio.sleep(0.05)
+    started_at = asyncio.get_running_loop().time()
+    with pytest.raises(TimeoutError):
+        await call(pool, up, first_byte=0.2)
+    assert asyncio.get_running_loop().time() - started_at < 0.2 + 4 * pool.SWEEP
+    assert pool.sweeping and not patient.done()  # the longer deadline is still watched
+    patient.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await patient
     pool.close()
     server.close()
 

@@ -219,7 +219,7 @@ class UpstreamConnection(asyncio.Protocol):
         return head
 
     def expire_head(self) -> None:
-        """The first-byte deadline passed (called by the pool's sweep)."""
+        """The first-byte deadline passed (called by the pool's timer)."""
         if self._head is not None and not self._head.done():
             self._head.set_exception(TimeoutError())
 
@@ -307,14 +307,18 @@ class ConnectionPool:
     """Idle connections per endpoint (``host:port``), reused most recent first. An address
     given a context by ``use_tls`` is dialled with TLS (its ``server_name`` checked)."""
 
-    SWEEP = 0.05  # seconds between first-byte deadline checks: timeouts fire up to this late
+    # a first-byte deadline is checked by one timer, set for the earliest deadline but no
+    # sooner than this after it is set: timeouts fire up to this late, and heads awaited
+    # together share a wake-up
+    SWEEP = 0.05
 
     def __init__(self, *, connect_timeout: float, keepalive: float = 30.0) -> None:
         self.connect_timeout = connect_timeout
         self.keepalive = keepalive
         self._idle: dict[str, list[UpstreamConnection]] = {}
         self._deadlines: dict[UpstreamConnection, float] = {}  # waiting for a response head
-        self._sweeper: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._tls: dict[str, tuple[ssl.SSLContext, str]] = {}  # address -> (context, name)
 
     def use_tls(self, address: str, context: ssl.SSLContext, server_name: str = "") -> None:
@@ -324,29 +328,43 @@ class ConnectionPool:
 
     def watch(self, conn: UpstreamConnection, deadline: float) -> None:
         self._deadlines[conn] = deadline
-        if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        if self._timer is None or deadline < self._timer_at:
+            self._set_timer(deadline)  # the first awaited head, or one due sooner
 
     @property
     def sweeping(self) -> bool:
-        """Whether a timer checks first-byte deadlines (only while some head is awaited)."""
-        return self._sweeper is not None
+        """Whether a timer is set for a first-byte deadline (only while some head is awaited,
+        and then one timer, for the earliest)."""
+        return self._timer is not None
 
     def unwatch(self, conn: UpstreamConnection) -> None:
         self._deadlines.pop(conn, None)
+        if not self._deadlines and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
-    async def _sweep(self) -> None:
-        """Expire overdue heads every ``SWEEP`` while any is awaited; then end (``watch``
-        starts it again), so an idle pool keeps no timer waking the loop."""
+    def _set_timer(self, at: float) -> None:
+        """The timer for a deadline at ``at``, unless one is set for sooner."""
         loop = asyncio.get_running_loop()
-        while self._deadlines:
-            await asyncio.sleep(self.SWEEP)
-            now = loop.time()
-            for conn, deadline in list(self._deadlines.items()):
-                if now >= deadline:
-                    del self._deadlines[conn]
-                    conn.expire_head()
-        self._sweeper = None
+        at = max(at, loop.time() + self.SWEEP)
+        if self._timer is not None:
+            if at >= self._timer_at:
+                return
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = loop.call_at(at, self._expire)
+
+    def _expire(self) -> None:
+        """Fail the heads whose deadline has passed; set the timer for the next deadline, or
+        none when no head is awaited (an idle pool wakes nothing)."""
+        self._timer = None
+        now = asyncio.get_running_loop().time()
+        for conn, deadline in list(self._deadlines.items()):
+            if now >= deadline:
+                del self._deadlines[conn]
+                conn.expire_head()
+        if self._deadlines:
+            self._set_timer(min(self._deadlines.values()))
 
     async def request(
         self,
@@ -421,9 +439,9 @@ class ConnectionPool:
             idle.remove(conn)
 
     def close(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         for idle in self._idle.values():
             for conn in idle:
                 conn.abort()
