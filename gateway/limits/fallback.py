@@ -32,7 +32,9 @@ class FallbackBuckets:
         levels = self._levels
         for spec, level in zip(specs, result.remaining, strict=True):
             seen = levels.get(spec.key)
-            if seen is None or seen[2] <= result.at:
+            # the newest by the store's clock; within one tick of it, the lower level (a take
+            # only lowers it, and no time passed to refill it)
+            if seen is None or seen[2] < result.at or (seen[2] == result.at and level <= seen[0]):
                 levels[spec.key] = (level, now, result.at)
             if state:  # empty unless the store was away
                 state.pop(spec.key, None)

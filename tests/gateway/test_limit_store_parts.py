@@ -94,6 +94,15 @@ def test_fallback_keeps_the_newest_answer_by_the_stores_clock() -> None:
     assert fallback.seeds([BucketSpec("unseen", 600, 1)], now=6.0) == [None]
 
 
+def test_fallback_keeps_the_lower_of_two_answers_from_one_tick_of_the_stores_clock() -> None:
+    # two takes run within one microsecond: the later one left the lower level, whichever
+    # answer arrives last
+    fallback = FallbackBuckets(share=1)
+    fallback.observe([SPEC], TakeResult(True, 0.0, (10.0,), at=100.2), now=5.0)
+    fallback.observe([SPEC], TakeResult(True, 0.0, (11.0,), at=100.2), now=5.0)
+    assert fallback.seeds([SPEC], now=5.0) == [pytest.approx(10.0)]
+
+
 def test_an_answer_from_the_store_resets_the_local_bucket() -> None:
     fallback = FallbackBuckets(share=1)
     fallback.observe([SPEC], TakeResult(True, 0.0, (5.0,), at=1.0), now=0.0)
