@@ -318,7 +318,6 @@ class ConnectionPool:
         self._idle: dict[str, list[UpstreamConnection]] = {}
         self._deadlines: dict[UpstreamConnection, float] = {}  # waiting for a response head
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
         self._tls: dict[str, tuple[ssl.SSLContext, str]] = {}  # address -> (context, name)
 
     def use_tls(self, address: str, context: ssl.SSLContext, server_name: str = "") -> None:
@@ -328,7 +327,7 @@ class ConnectionPool:
 
     def watch(self, conn: UpstreamConnection, deadline: float) -> None:
         self._deadlines[conn] = deadline
-        if self._timer is None or deadline < self._timer_at:
+        if self._timer is None or deadline < self._timer.when():
             self._set_timer(deadline)  # the first awaited head, or one due sooner
 
     @property
@@ -348,10 +347,9 @@ class ConnectionPool:
         loop = asyncio.get_running_loop()
         at = max(at, loop.time() + self.SWEEP)
         if self._timer is not None:
-            if at >= self._timer_at:
+            if at >= self._timer.when():
                 return
             self._timer.cancel()
-        self._timer_at = at
         self._timer = loop.call_at(at, self._expire)
 
     def _expire(self) -> None:
