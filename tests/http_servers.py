@@ -44,6 +44,14 @@ def sse_app(first: bytes, end_after: float) -> web.Application:
     return app
 
 
+@asynccontextmanager
+async def stalled_sse(first: bytes) -> AsyncIterator[int]:
+    """An SSE upstream that sends ``first`` and then stalls: it neither ends the body nor
+    closes within any test's patience. Yields its port."""
+    async with serving(sse_app(first, 30), shutdown_timeout=0.1) as port:
+        yield port
+
+
 @dataclass
 class ConnectionCount:
     """An aiohttp ``TraceConfig`` counting the connections its client session opens."""

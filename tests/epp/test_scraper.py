@@ -9,6 +9,7 @@ import pytest
 from aiohttp import web
 
 from epp.datastore import Datastore
+from epp.framework import Endpoint
 from epp.metrics_parser import VLLM
 from epp.scraper import MetricsScraper
 from loadtest.harness.processes import free_port
@@ -62,18 +63,30 @@ async def switchable_server() -> AsyncIterator[tuple[int, dict[str, float]]]:
         yield port, state
 
 
+def one_endpoint_scraper(port: int, idle_interval: float) -> MetricsScraper:
+    """A scraper polling 127.0.0.1:``port`` every 20 ms while busy (not started)."""
+    policy = load_policy_text(
+        f"pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}\nroutes: [{{model: m, pool: p}}]\n"
+    )
+    return MetricsScraper(Datastore(policy), interval=0.02, idle_interval=idle_interval)
+
+
+async def until_running(endpoint: Endpoint, running: int) -> None:
+    """Until the endpoint's scraped metrics show ``running`` requests (at most a second)."""
+    for _ in range(200):
+        if endpoint.metrics.running == running:
+            return
+        await asyncio.sleep(0.005)
+
+
 async def test_idle_endpoints_are_scraped_slowly_and_a_pick_wakes_them(
     switchable_server: tuple[int, dict[str, float]],
 ) -> None:
     from epp.saturation import SaturationDetector
 
     port, state = switchable_server
-    policy = load_policy_text(
-        f"pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}\nroutes: [{{model: m, pool: p}}]\n"
-    )
-    datastore = Datastore(policy)
-    scraper = MetricsScraper(datastore, interval=0.02, idle_interval=0.4)
-    (endpoint,) = datastore.endpoints("p")
+    scraper = one_endpoint_scraper(port, idle_interval=0.4)
+    (endpoint,) = scraper.datastore.endpoints("p")
     await scraper.start()
     try:
         await asyncio.sleep(0.1)
@@ -91,10 +104,7 @@ async def test_idle_endpoints_are_scraped_slowly_and_a_pick_wakes_them(
         endpoint.in_flight, endpoint.dispatched = 1, 1  # what EppService.dispatched does
         woken_at = asyncio.get_running_loop().time()
         scraper.wake(endpoint)
-        for _ in range(200):
-            if endpoint.metrics.running == 2:
-                break
-            await asyncio.sleep(0.005)
+        await until_running(endpoint, 2)
         assert asyncio.get_running_loop().time() - woken_at < 0.2  # one busy interval, not 0.4 s
         state["scrapes"] = 0
         for _ in range(50):  # picks read the metrics every 10 ms
@@ -112,10 +122,7 @@ async def test_a_busy_endpoint_nothing_reads_waits_for_a_read(
 
     port, state = switchable_server
     state["running"] = 3
-    policy = load_policy_text(
-        f"pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}\nroutes: [{{model: m, pool: p}}]\n"
-    )
-    scraper = MetricsScraper(Datastore(policy), interval=0.02, idle_interval=0.4)
+    scraper = one_endpoint_scraper(port, idle_interval=0.4)
     (endpoint,) = scraper.datastore.endpoints("p")
     await scraper.start()
     try:
@@ -130,10 +137,7 @@ async def test_a_busy_endpoint_nothing_reads_waits_for_a_read(
         state["running"] = 5
         read_at = asyncio.get_running_loop().time()
         scraper.metrics_read()
-        for _ in range(200):
-            if endpoint.metrics.running == 5:
-                break
-            await asyncio.sleep(0.005)
+        await until_running(endpoint, 5)
         assert asyncio.get_running_loop().time() - read_at < 0.15  # at the read, not 0.4 s on
         await asyncio.sleep(0.03)
         assert endpoint.metrics_grace == 0.4  # and nothing has read them since
@@ -145,10 +149,7 @@ async def test_idle_interval_zero_polls_at_the_busy_interval(
     switchable_server: tuple[int, dict[str, float]],
 ) -> None:
     port, state = switchable_server
-    policy = load_policy_text(
-        f"pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}\nroutes: [{{model: m, pool: p}}]\n"
-    )
-    scraper = MetricsScraper(Datastore(policy), interval=0.02, idle_interval=0)
+    scraper = one_endpoint_scraper(port, idle_interval=0)
     await scraper.start()
     try:
         await asyncio.sleep(0.5)

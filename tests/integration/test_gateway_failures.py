@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from loadtest.harness.processes import KvgateProcess, free_port
-from tests.http_servers import serving, sse_app
+from tests.http_servers import serving, stalled_sse
 from tests.integration.metrics_util import value
 
 STREAM = {"model": "kvgate-sim", "prompt": "long story", "max_tokens": 2000, "stream": True}
@@ -121,8 +121,7 @@ async def test_upstream_killed_mid_stream_ends_with_an_error_event(
 @pytest.fixture
 async def stalling_upstream() -> AsyncIterator[str]:
     """Sends one SSE chunk, then nothing."""
-    app = sse_app(b'data: {"choices":[{"index":0,"text":"a"}]}\n\n', 30)
-    async with serving(app, shutdown_timeout=0.1) as port:
+    async with stalled_sse(b'data: {"choices":[{"index":0,"text":"a"}]}\n\n') as port:
         yield f"127.0.0.1:{port}"
 
 

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from loadtest.harness.processes import KvgateProcess
-from tests.http_servers import ConnectionCount, serving, sse_app
+from tests.http_servers import ConnectionCount, stalled_sse
 
 
 def policy(endpoint: str, idle: str = "3s") -> str:
@@ -49,8 +49,9 @@ async def test_a_client_that_stops_at_done_keeps_its_connection(
 @pytest.fixture
 async def stalls_after_done() -> AsyncIterator[str]:
     """Streams one event and ``[DONE]``, then neither ends the body nor closes."""
-    app = sse_app(b'data: {"choices":[{"index":0,"text":"a"}]}\n\ndata: [DONE]\n\n', 30)
-    async with serving(app, shutdown_timeout=0.1) as port:
+    async with stalled_sse(
+        b'data: {"choices":[{"index":0,"text":"a"}]}\n\ndata: [DONE]\n\n'
+    ) as port:
         yield f"127.0.0.1:{port}"
 
 

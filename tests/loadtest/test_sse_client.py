@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from loadtest.client import sse
-from tests.http_servers import ConnectionCount, serving, sse_app
+from tests.http_servers import ConnectionCount, serving, sse_app, stalled_sse
 
 EVENTS = b'data: {"choices":[{"index":0,"text":"a"}]}\n\ndata: [DONE]\n\n'
 
@@ -31,7 +31,7 @@ async def test_a_body_ended_after_done_keeps_the_connection() -> None:
 async def test_a_body_that_never_ends_is_given_up_on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sse, "DRAIN_TIMEOUT", 0.2)
     async with (
-        serving(sse_app(EVENTS, 30), shutdown_timeout=0.1) as port,
+        stalled_sse(EVENTS) as port,
         aiohttp.ClientSession() as session,
     ):
         url = f"http://127.0.0.1:{port}/v1/completions"
