@@ -1,5 +1,9 @@
 """Relaying an upstream response to the client: a JSON body at once, or SSE event by event.
 
+A stream's chunks are taken in the upstream connection's own callback as they arrive and their
+complete events written to the client there (``UpstreamResponse.push``); the request's task
+runs only at the stream's end, while the client's connection is backed up, and on errors.
+
 An upstream that dies or stalls (``idle`` seconds between chunks) mid-stream ends the client's
 stream with an SSE error event and no ``[DONE]``.
 """
@@ -64,18 +68,14 @@ async def relay_stream(
     await response.prepare(request)
     ctx.status = upstream.status
     failure = ""
+    forward = _Forward(ctx, attempt, relay, response)
     try:
-        while chunk := await upstream.readany(idle):
-            out = relay.feed(chunk)
-            if out:
-                if ctx.ttft is None:
-                    ctx.ttft = time.perf_counter() - ctx.start
-                    attempt.first_token()
-                if relay.saw_done:  # the last event: the body's end goes with it
-                    await response.finish(out)
-                    await _rest_after_done(upstream, idle)
-                    break
-                await response.write(out)
+        while not await upstream.push(forward.take, idle):
+            if forward.last is not None:  # the last event: the body's end goes with it
+                await response.finish(forward.last)
+                await _rest_after_done(upstream, idle)
+                break
+            await response.drain()  # the client reads slower than the upstream writes
     except asyncio.CancelledError as cancel:
         if cancel.args and cancel.args[0] == SHUTDOWN_CUT:
             ctx.error = CUT_BY_SHUTDOWN
@@ -103,6 +103,36 @@ async def relay_stream(
         await response.write(relay.error_event(failure, "upstream_stream_broken"))
     await response.write_eof()
     return response
+
+
+class _Forward:
+    """Takes each upstream chunk as it arrives, from the connection's callback, and writes the
+    complete events it holds to the client; gives the task back (returns False) at the last
+    event (``last``) and while the client's connection needs draining."""
+
+    __slots__ = ("attempt", "ctx", "last", "relay", "response")
+
+    def __init__(
+        self, ctx: RequestContext, attempt: Attempt, relay: SSERelay, response: StreamResponse
+    ) -> None:
+        self.ctx = ctx
+        self.attempt = attempt
+        self.relay = relay
+        self.response = response
+        self.last: bytes | None = None
+
+    def take(self, chunk: bytes) -> bool:
+        out = self.relay.feed(chunk)
+        if not out:
+            return True
+        ctx = self.ctx
+        if ctx.ttft is None:
+            ctx.ttft = time.perf_counter() - ctx.start
+            self.attempt.first_token()
+        if self.relay.saw_done:
+            self.last = out
+            return False
+        return self.response.write_now(out)
 
 
 async def _rest_after_done(upstream: UpstreamResponse, idle: float) -> None:

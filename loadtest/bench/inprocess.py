@@ -4,13 +4,15 @@ does not blur: ``make bench-inprocess``.
 The real application (``create_app``), kvgate's HTTP server and routes, and the real upstream
 pool run on uvloop; only the transports are in memory: each client connection sends the next
 chat completion as soon as its answer is written, and each upstream connection answers at once
-with the mock upstream's JSON body. What is left is the gateway's own user-space work per
+with the mock upstream's JSON body (``--stream``: streamed chat completions, the upstream
+sending the mock's 16 SSE chunks, a usage chunk and ``[DONE]`` one per turn of the event loop,
+as tokens arrive). What is left is the gateway's own user-space work per
 request: parsing, context, auth, routing, admission, picking, the upstream call, usage,
 metrics. ``--peer layers`` runs kvgate's HTTP layers with a trivial handler instead.
 
-``python -m loadtest.bench.inprocess [--requests N] [--peer kvgate|layers] [--label L]`` prints CPU
-microseconds per request; ``loadtest.bench.instructions`` runs it under valgrind and reports
-instructions per request, which are the same from run to run.
+``python -m loadtest.bench.inprocess [--requests N] [--peer kvgate|layers] [--label L]
+[--stream]`` prints CPU microseconds per request; ``loadtest.bench.instructions`` runs it under
+valgrind and reports instructions per request, which are the same from run to run.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from kvgate.wire.http import messages
 from kvgate.wire.http.client import ConnectionPool, UpstreamConnection, UpstreamResponse
 from kvgate.wire.http.messages import Request, Response
 from kvgate.wire.http.server import Connection, Handler, HttpServer
-from loadtest.bench.mock_upstream import BODY
+from loadtest.bench.mock_upstream import BODY, STREAM, USAGE_CHUNK
 from loadtest.workloads.fixed import CHAT
 from policies.loader import load_policy_text
 
@@ -65,6 +67,20 @@ RESPONSE = (
     b"Content-Length: %d\r\nDate: Sun, 29 Nov 2026 17:00:00 GMT\r\n"
     b"Server: Python/3.11 aiohttp/3.14.5\r\n\r\n%s" % (len(BODY), BODY)
 )
+
+_STREAM_BODY = orjson.dumps({**CHAT, "stream": True})
+STREAM_REQUEST = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n"
+    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+    % (len(_STREAM_BODY), _STREAM_BODY)
+)
+# the head, then each event in its own chunk and read: one per token, as a server streams them
+STREAM_READS = [
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+    b"Transfer-Encoding: chunked\r\nDate: Sun, 29 Nov 2026 17:00:00 GMT\r\n\r\n",
+    *(b"%x\r\n%b\r\n" % (len(e), e) for e in [*STREAM, USAGE_CHUNK, b"data: [DONE]\n\n"]),
+    b"0\r\n\r\n",
+]
 
 
 class _MemoryTransport:
@@ -100,22 +116,34 @@ class _UpstreamTransport(_MemoryTransport):
         self.conn = conn
 
     def write(self, data: bytes) -> None:
-        self.loop.call_soon(self.conn.data_received, RESPONSE)
+        if b'"stream":true' in data:
+            self.loop.call_soon(self._stream, 0)
+        else:
+            self.loop.call_soon(self.conn.data_received, RESPONSE)
+
+    def _stream(self, read: int) -> None:
+        self.conn.data_received(STREAM_READS[read])
+        if read + 1 < len(STREAM_READS):
+            self.loop.call_soon(self._stream, read + 1)
 
 
 class _ClientTransport(_MemoryTransport):
     """A client that sends the next request when an answer is written, until ``total``."""
 
-    def __init__(self, conn: Connection, run: _Run) -> None:
+    def __init__(self, conn: Connection, run: _Run, request: bytes) -> None:
         super().__init__()
         self.conn = conn
         self.run = run
+        self.request = request
+        self.streaming = request is STREAM_REQUEST
 
     def write(self, data: bytes) -> None:
-        if not data.startswith(b"HTTP/1.1 200"):
+        if data.startswith(b"HTTP/1.1 ") and not data.startswith(b"HTTP/1.1 200"):
             self.run.fail(data)
+        elif self.streaming and not data.endswith(b"0\r\n\r\n"):
+            return  # the head or an event: the answer goes on
         elif self.run.answered():
-            self.loop.call_soon(self.conn.data_received, REQUEST)
+            self.loop.call_soon(self.conn.data_received, self.request)
 
 
 class _Run:
@@ -155,7 +183,7 @@ def _layers_handler(pool: ConnectionPool) -> Handler:
     return handler
 
 
-async def measure(requests: int, peer: str, slos: bool = False) -> float:
+async def measure(requests: int, peer: str, slos: bool = False, stream: bool = False) -> float:
     """CPU seconds per request over ``requests`` requests (after 500 of warm-up)."""
     app = create_app(load_policy_text(POLICY + (SLOS if slos else "")))
     runner = web.AppRunner(app, handle_signals=False)
@@ -169,24 +197,25 @@ async def measure(requests: int, peer: str, slos: bool = False) -> float:
                 pool.put_back(conn)
         handler = handle if peer == "kvgate" else _layers_handler(pool)
         server = HttpServer(app, handler, http_error, max_body=1 << 20)
-        await _drive(server, 500)
+        request = STREAM_REQUEST if stream else REQUEST
+        await _drive(server, 500, request)
         gc.freeze()  # as a gateway worker does once it listens
         started = time.process_time()
-        await _drive(server, requests)
+        await _drive(server, requests, request)
         return (time.process_time() - started) / requests
     finally:
         await runner.cleanup()
 
 
-async def _drive(server: HttpServer, requests: int) -> None:
+async def _drive(server: HttpServer, requests: int, request: bytes) -> None:
     run = _Run(requests)
     connections = []
     for _ in range(CONNECTIONS):
         conn = Connection(server)
-        conn.connection_made(cast(asyncio.Transport, _ClientTransport(conn, run)))
+        conn.connection_made(cast(asyncio.Transport, _ClientTransport(conn, run, request)))
         connections.append(conn)
     for conn in connections:
-        conn.data_received(REQUEST)
+        conn.data_received(request)
     await run.done
     for conn in connections:
         conn.connection_lost(None)
@@ -198,8 +227,11 @@ def main() -> None:
     parser.add_argument("--peer", choices=["kvgate", "layers"], default="kvgate")
     parser.add_argument("--label", help="the name to print (default: the peer's)")
     parser.add_argument("--slos", action="store_true", help="with SLOs on the route")
+    parser.add_argument("--stream", action="store_true", help="streamed chat completions")
     args = parser.parse_args()
-    seconds = uvloop.run(measure(args.requests, args.peer, args.slos))
+    if args.stream and args.peer != "kvgate":
+        parser.error("--stream measures kvgate only")
+    seconds = uvloop.run(measure(args.requests, args.peer, args.slos, args.stream))
     label = args.label or args.peer
     print(f"{label}: {seconds * 1e6:.1f} us of CPU per request over {args.requests:,}")
 

@@ -4,10 +4,16 @@ close-delimited bodies, timeouts and cancellation."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 
-from kvgate.wire.http.client import MAX_UPSTREAM_HEAD, ConnectionPool, UpstreamConnectionError
+from kvgate.wire.http.client import (
+    MAX_UPSTREAM_HEAD,
+    ConnectionPool,
+    UpstreamConnectionError,
+    UpstreamResponse,
+)
 from tests.http_servers import Upstream, started
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
@@ -274,5 +280,100 @@ async def test_interim_1xx_responses_are_skipped_for_the_final_one(interim: byte
         response.close()
     assert await call(pool, up) == b"{}"  # the connection is still in step
     assert up.connections == 1
+    pool.close()
+    server.close()
+
+
+async def chunked_server(*parts: bytes, pause: float = 0.05) -> asyncio.Server:
+    """Answers one request with a chunked body of ``parts``, ``pause`` seconds apart."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n{}")
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for part in parts:
+            writer.write(b"%x\r\n%b\r\n" % (len(part), part))
+            await writer.drain()
+            await asyncio.sleep(pause)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+class Sink:
+    """Takes pushed chunks (and when each came); says stop after ``stop_at``."""
+
+    def __init__(self, stop_at: bytes | None = None) -> None:
+        self.stop_at = stop_at
+        self.taken: list[bytes] = []
+        self.at: list[float] = []
+
+    def __call__(self, chunk: bytes) -> bool:
+        self.taken.append(chunk)
+        self.at.append(asyncio.get_running_loop().time())
+        return chunk != self.stop_at
+
+
+async def test_push_hands_each_chunk_to_the_sink_as_it_arrives() -> None:
+    server = await chunked_server(b"ab", b"cd", b"ef")
+    pool = ConnectionPool(connect_timeout=1)
+    port = server.sockets[0].getsockname()[1]
+    response = await pool.request(f"127.0.0.1:{port}", "POST", "/", b"", b"{}")
+    sink = Sink()
+    assert await response.push(sink, 2.0)
+    assert b"".join(sink.taken) == b"abcdef"
+    assert sink.at[-1] - sink.at[0] >= 0.08  # as they came, not all at the end
+    response.close()
+    pool.close()
+    server.close()
+
+
+async def test_a_sink_that_says_stop_gets_its_task_back_and_the_rest_reads_on() -> None:
+    server = await chunked_server(b"ab", b"cd", b"ef")
+    pool = ConnectionPool(connect_timeout=1)
+    port = server.sockets[0].getsockname()[1]
+    response = await pool.request(f"127.0.0.1:{port}", "POST", "/", b"", b"{}")
+    sink = Sink(stop_at=b"ab")
+    assert not await response.push(sink, 2.0)
+    assert sink.taken == [b"ab"]
+    rest = b"".join([chunk async for chunk in _chunks(response)])
+    assert rest == b"cdef"
+    response.close()
+    pool.close()
+    server.close()
+
+
+async def _chunks(response: UpstreamResponse) -> AsyncIterator[bytes]:
+    while chunk := await response.readany(2.0):
+        yield chunk
+
+
+async def test_what_the_sink_raises_is_raised_in_the_pushing_task() -> None:
+    server = await chunked_server(b"ab", b"cd")
+    pool = ConnectionPool(connect_timeout=1)
+    port = server.sockets[0].getsockname()[1]
+    response = await pool.request(f"127.0.0.1:{port}", "POST", "/", b"", b"{}")
+
+    def sink(chunk: bytes) -> bool:
+        raise ValueError(f"cannot take {chunk!r}")
+
+    with pytest.raises(ValueError, match="cannot take"):
+        await response.push(sink, 2.0)
+    response.close()
+    pool.close()
+    server.close()
+
+
+async def test_a_stalled_body_times_out_while_pushing() -> None:
+    server = await chunked_server(b"ab", pause=5)
+    pool = ConnectionPool(connect_timeout=1)
+    port = server.sockets[0].getsockname()[1]
+    response = await pool.request(f"127.0.0.1:{port}", "POST", "/", b"", b"{}")
+    sink = Sink()
+    with pytest.raises(TimeoutError):
+        await response.push(sink, 0.3)
+    assert sink.taken == [b"ab"]
+    response.close()
     pool.close()
     server.close()

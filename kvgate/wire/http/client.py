@@ -2,7 +2,8 @@
 
 ``ConnectionPool.request`` sends one request on an idle kept-alive connection to the endpoint
 (or a new one) and returns once the response headers are in; the body is then read whole
-(``read``) or chunk by chunk (``readany``). ``close`` returns a fully read, keep-alive
+(``read``), chunk by chunk (``readany``), or pushed to a callback as each chunk arrives
+(``push``: a relay's way, with no task woken per chunk). ``close`` returns a fully read, keep-alive
 connection to the pool and closes any other (an unfinished response is aborted, which tells the
 upstream to stop generating). A reused connection that the upstream had closed before answering
 is retried once on a fresh connection. Reading pauses when 256 KiB are buffered unread. A
@@ -16,6 +17,7 @@ import socket
 import ssl
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import cast
 
 import httptools
@@ -72,6 +74,14 @@ class UpstreamResponse:
         ``idle`` seconds pass with nothing new."""
         return await self._conn.next_chunk(idle)
 
+    async def push(self, sink: Callable[[bytes], bool], idle: float | None = None) -> bool:
+        """Hand the body to ``sink`` chunk by chunk, each as it arrives, from the connection's
+        own callback: no task wakes per chunk. True once the body is complete; False as soon
+        as ``sink`` returns False (it wants its task back: read on with ``push`` or
+        ``readany``). TimeoutError if ``idle`` seconds pass with nothing new; an exception
+        ``sink`` raises is raised here."""
+        return await self._conn.push(sink, idle)
+
     def close(self) -> None:
         self._conn.release()
 
@@ -105,6 +115,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._idle_timer: asyncio.TimerHandle | None = None
         self._last_data = 0.0
         self._paused = False
+        self._sink: Callable[[bytes], bool] | None = None  # takes body chunks as they arrive
+        self._sink_error: BaseException | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
@@ -177,6 +189,16 @@ class UpstreamConnection(asyncio.Protocol):
             self._head.set_result(response)
 
     def on_body(self, body: bytes) -> None:
+        sink = self._sink
+        if sink is not None:
+            try:
+                if sink(body):
+                    return
+            except Exception as exc:  # raised in the pushing task, not in the parser
+                self._sink_error = exc
+            self._sink = None
+            self._wake()
+            return
         self._chunks.append(body)
         self._buffered += len(body)
         if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
@@ -235,16 +257,44 @@ class UpstreamConnection(asyncio.Protocol):
                 return b""
             if self.lost:
                 raise UpstreamConnectionError("the upstream closed the connection mid-response")
-            loop = asyncio.get_running_loop()
-            self._waiter = waiter = loop.create_future()
-            if idle is not None:
-                self._idle = idle
-                if self._idle_timer is None:  # one timer per response, re-armed when it fires
-                    self._idle_timer = loop.call_later(idle, self._check_idle)
+            await self._wait(idle)
+
+    async def push(self, sink: Callable[[bytes], bool], idle: float | None) -> bool:
+        """``UpstreamResponse.push``."""
+        while self._chunks:  # what arrived before
+            chunk = self._chunks.popleft()
+            self._buffered -= len(chunk)
+            if not sink(chunk):
+                return False
+        self._resume()
+        while not self.complete:
+            if self.lost:
+                raise UpstreamConnectionError("the upstream closed the connection mid-response")
+            self._sink = sink
             try:
-                await waiter
+                await self._wait(idle)
             finally:
-                self._waiter = None
+                stopped, self._sink = self._sink is None, None
+            if self._sink_error is not None:
+                error, self._sink_error = self._sink_error, None
+                raise error
+            if stopped:
+                return False
+        return True
+
+    async def _wait(self, idle: float | None) -> None:
+        """Until body bytes arrive (or the body ends, or the connection is lost); TimeoutError
+        if ``idle`` seconds pass with nothing new."""
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        if idle is not None:
+            self._idle = idle
+            if self._idle_timer is None:  # one timer per response, re-armed when it fires
+                self._idle_timer = loop.call_later(idle, self._check_idle)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
 
     def _check_idle(self) -> None:
         """The idle timer fired: fail the waiting reader if nothing arrived for ``idle``

@@ -31,6 +31,12 @@ class Connection(Protocol):
         """Wait while the transport's write buffer is over its high-water mark."""
         ...
 
+    @property
+    def must_drain(self) -> bool:
+        """Whether a writer should ``drain`` before writing more (the buffer is over its
+        high-water mark, or the client has gone: then ``drain`` raises)."""
+        ...
+
 
 _REASONS = {status.value: status.phrase for status in HTTPStatus}
 _REASONS[499] = "Client Closed Request"
@@ -234,14 +240,25 @@ class StreamResponse:
         self.prepared = True
 
     async def write(self, data: bytes) -> None:
-        if not data:
+        if not data or self.write_now(data):
             return
+        await self._require().drain()
+
+    def write_now(self, data: bytes) -> bool:
+        """Queue ``data`` without waiting; False when the writer should ``drain`` before
+        writing more."""
         connection = self._require()
-        if self._chunked:
-            connection.write(b"%x\r\n%b\r\n" % (len(data), data))
-        else:
-            connection.write(data)
-        await connection.drain()
+        if data:
+            if self._chunked:
+                connection.write(b"%x\r\n%b\r\n" % (len(data), data))
+            else:
+                connection.write(data)
+        return not connection.must_drain
+
+    async def drain(self) -> None:
+        """Wait until the client has read enough of what was written (``ConnectionResetError``
+        if it has gone)."""
+        await self._require().drain()
 
     async def finish(self, data: bytes) -> None:
         """``data`` and the end of the body in one write: a client that stops reading at the

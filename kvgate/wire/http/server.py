@@ -266,6 +266,10 @@ class Connection(asyncio.Protocol):
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(data)
 
+    @property
+    def must_drain(self) -> bool:
+        return self._paused or self._lost
+
     async def drain(self) -> None:
         if self._lost:
             raise ConnectionResetError("the client went away")
