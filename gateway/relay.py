@@ -22,7 +22,7 @@ from kvgate.wire.http.client import UpstreamConnectionError, UpstreamResponse
 from kvgate.wire.http.messages import Request, Response, StreamResponse
 from kvgate.wire.http.server import SHUTDOWN_CUT
 from kvgate.wire.responses_api import chat_usage
-from kvgate.wire.sse import SSERelay, usage_of
+from kvgate.wire.sse import EventTooLarge, SSERelay, usage_of
 
 MID_STREAM_ERRORS = (UpstreamConnectionError, asyncio.TimeoutError)
 AFTER_DONE = 1.0  # seconds to wait for the upstream body's end after [DONE]
@@ -89,6 +89,8 @@ async def relay_stream(
             if isinstance(exc, asyncio.TimeoutError)
             else ("upstream connection lost mid-stream")
         )
+    except EventTooLarge as exc:
+        failure = str(exc)
     if not failure and not relay.saw_done:
         failure = (
             "upstream ended the stream in the middle of an event"

@@ -2,12 +2,17 @@
 injected (when the client did not ask for it), and notice ``[DONE]`` (a Responses API stream:
 its terminal event, and the response's id).
 
-Only complete events (ending in a blank line) are forwarded; a partial event waits for the rest.
+Only complete events (ending in a blank line) are forwarded; a partial event waits for the rest,
+up to ``MAX_EVENT_BYTES``: an upstream that sends more without ending an event (not SSE, or
+broken) fails the stream (``EventTooLarge``) instead of growing the gateway's memory without
+bound. Each chunk is searched for the event's end where it arrives, so a long event costs time
+in proportion to its size, not to its size squared.
 """
 
 from __future__ import annotations
 
 import orjson
+from mypy_extensions import mypyc_attr
 
 from kvgate.wire.openai_errors import responses_error_event, sse_error_event
 from kvgate.wire.responses_api import TERMINAL_EVENTS
@@ -16,6 +21,13 @@ _USAGE = b'"usage"'
 _DONE = b"[DONE]"
 _RESPONSE = b'"response"'
 _ERROR = b'"error"'
+MAX_EVENT_BYTES = 16 << 20  # of one event still waiting for its end
+
+
+# mypyc cannot compile a subclass of a builtin exception into a native class: a plain one.
+@mypyc_attr(native_class=False)
+class EventTooLarge(ValueError):
+    """The upstream sent more than ``MAX_EVENT_BYTES`` without ending an event."""
 
 
 class SSERelay:
@@ -26,27 +38,53 @@ class SSERelay:
         self.usage: dict[str, object] | None = None
         self.saw_done = False  # the stream's end: [DONE] (a response's terminal event)
         self.response_id = ""  # a Responses API stream's response id
-        self._buffer = b""
+        self._buffer = bytearray()  # the start of an event whose end has not come yet
+        self._cr = False  # a chunk ended in CR: it may be the first half of a CRLF
 
     def feed(self, chunk: bytes) -> bytes:
-        """The bytes to forward after ``chunk`` arrived (possibly empty)."""
-        data = self._buffer + chunk
-        if b"\r" in data:
-            data = data.replace(b"\r\n", b"\n")
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self._buffer = data
-            return b""
-        complete, self._buffer = data[: end + 2], data[end + 2 :]
+        """The bytes to forward after ``chunk`` arrived (possibly empty); ``EventTooLarge``
+        when the event waiting for its end has grown past ``MAX_EVENT_BYTES``."""
+        if self._cr:
+            chunk, self._cr = b"\r" + chunk, False
+        if b"\r" in chunk:
+            if chunk.endswith(b"\r"):
+                chunk, self._cr = chunk[:-1], True
+            chunk = chunk.replace(b"\r\n", b"\n")
+        buffer = self._buffer
+        if buffer:
+            # the buffer holds no blank line: one can only end in what just came
+            start = len(buffer) - 1
+            buffer += chunk
+            end = buffer.rfind(b"\n\n", start)
+            if end < 0:
+                self._check_size()
+                return b""
+            complete, self._buffer = bytes(buffer[: end + 2]), buffer[end + 2 :]
+        else:
+            end = chunk.rfind(b"\n\n")
+            if end < 0:
+                buffer += chunk
+                self._check_size()
+                return b""
+            complete, rest = chunk[: end + 2], chunk[end + 2 :]
+            if rest:
+                buffer += rest
+        self._check_size()
         if self._plain(complete):
             return complete
         kept = [event for event in complete.split(b"\n\n") if event and self._keep(event)]
         return b"".join(event + b"\n\n" for event in kept)
 
+    def _check_size(self) -> None:
+        if len(self._buffer) > MAX_EVENT_BYTES:
+            raise EventTooLarge(
+                f"upstream sent over {MAX_EVENT_BYTES >> 20} MiB without ending an SSE event"
+            )
+
     @property
     def pending(self) -> bytes:
         """An incomplete trailing event (the upstream ended mid-event)."""
-        return self._buffer
+        return bytes(self._buffer) + (b"\r" if self._cr else b"")
 
     def error_event(self, message: str, code: str) -> bytes:
         """The event that tells the client its stream failed midway."""

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kvgate.wire.sse import SSERelay
+from kvgate.wire.sse import MAX_EVENT_BYTES, EventTooLarge, SSERelay
 
 DELTA = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
 USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
@@ -69,3 +69,29 @@ def test_usage_of_a_json_body(pad: int) -> None:
     # usage before the choices, whose text mentions "usage" again (escaped in the JSON)
     first = {"usage": {"prompt_tokens": 5}, "choices": [{"text": 'the "usage" key'}]}
     assert usage_of(encoded(first)) == {"prompt_tokens": 5}
+
+
+@pytest.mark.parametrize("split", [1, 2, 3, 5])
+def test_crlf_blank_lines_split_anywhere_still_end_events(split: int) -> None:
+    stream = (DELTA * 2 + DONE).replace(b"\n", b"\r\n")
+    relay = SSERelay(strip_usage=True)
+    out = b"".join(relay.feed(stream[i : i + split]) for i in range(0, len(stream), split))
+    assert out == DELTA * 2 + DONE and relay.saw_done and relay.pending == b""
+
+
+def test_an_event_split_over_many_reads_comes_out_whole_once_it_ends() -> None:
+    relay = SSERelay(strip_usage=False)
+    event = b"data: " + b"x" * 100_000 + b"\n\n"
+    outs = [relay.feed(event[i : i + 1000]) for i in range(0, len(event), 1000)]
+    assert outs[-1] == event and not any(outs[:-1])
+    assert relay.pending == b""
+
+
+def test_an_event_that_never_ends_fails_past_the_limit_instead_of_growing() -> None:
+    relay = SSERelay(strip_usage=False)
+    relay.feed(b"data: ")
+    chunk = b"x" * (1 << 20)
+    with pytest.raises(EventTooLarge, match="16 MiB"):
+        for _ in range(MAX_EVENT_BYTES // len(chunk) + 1):
+            relay.feed(chunk)
+    assert len(relay.pending) <= MAX_EVENT_BYTES + len(chunk)

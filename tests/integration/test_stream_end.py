@@ -4,13 +4,15 @@ connection, and an upstream that stalls after ``[DONE]`` does not hold the clien
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from loadtest.harness.processes import KvgateProcess
-from tests.http_servers import ConnectionCount, stalled_sse
+from tests.http_servers import ConnectionCount, serving, stalled_sse
 
 
 def policy(endpoint: str, idle: str = "3s") -> str:
@@ -71,3 +73,42 @@ async def test_an_upstream_stalled_after_done_does_not_hold_the_client(
             events = [e for e in raw.decode().split("\n\n") if e.strip()]
             assert events[-1] == "data: [DONE]" and not any('"error"' in e for e in events)
     assert count.made == 1
+
+
+def endless_event_app() -> web.Application:
+    """Streams one event that never ends: 20 MiB without a blank line, then stalls."""
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: ")
+        for _ in range(20):
+            await response.write(b"x" * (1 << 20))
+        await asyncio.sleep(60)
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", stream)
+    return app
+
+
+async def test_an_event_that_never_ends_fails_the_stream_without_waiting_for_the_upstream(
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+) -> None:
+    async with serving(endless_event_app(), shutdown_timeout=0.1) as port:
+        url, _ = start_gateway(policy(f"127.0.0.1:{port}", idle="60s"))
+        body = {"model": "kvgate-sim", "prompt": "x", "stream": True}
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+            session.post(f"{url}/v1/completions", json=body) as response,
+        ):
+            raw = await response.read()
+        assert len(raw) < 1 << 20  # none of the unended event
+        events = [e for e in raw.decode().split("\n\n") if e.strip()]
+        assert len(events) == 1 and "without ending an SSE event" in events[0]
+        assert "upstream_stream_broken" in events[0]
+        async with (  # and the gateway serves on
+            aiohttp.ClientSession() as session,
+            session.get(f"{url}/healthz") as health,
+        ):
+            assert health.status == 200
