@@ -36,7 +36,7 @@ from kvgate.wire.routing_headers import (
     SUBSET_KEY,
     is_client_routing,
 )
-from kvgate.wire.sse import ResponsesRelay, SSERelay, usage_of
+from kvgate.wire.sse import EventTooLarge, ResponsesRelay, SSERelay, usage_of
 
 log = logging.getLogger("kvgate.epp")
 
@@ -75,6 +75,7 @@ class StreamState:
     subset: set[str] | None = None
     response_body: bytearray = field(default_factory=bytearray)
     relay: SSERelay = field(default_factory=lambda: SSERelay(strip_usage=False))
+    usage_unreadable: bool = False  # the stream broke the SSE framing: no usage read from it
     dispatch: Dispatch | None = None  # the pick, finished when the stream ends
     prefiller: str = ""  # a prefill/decode pool's prefill endpoint (the decode worker calls it)
     prefill_dispatch: Dispatch | None = None
@@ -294,7 +295,11 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         if state.streaming:
             if body.body and state.dispatch is not None:  # the first token is on its way back
                 self.service.prefilled(state.dispatch)
-            state.relay.feed(body.body)
+            if not state.usage_unreadable:
+                try:
+                    state.relay.feed(body.body)
+                except EventTooLarge:  # not SSE: passed on as it is, its usage not counted
+                    state.usage_unreadable = True
             if body.end_of_stream and state.relay.usage:
                 self._count_usage(state, state.relay.usage)
             yield from body_chunks(

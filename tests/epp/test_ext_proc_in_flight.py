@@ -11,6 +11,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from epp.servers.ext_proc import ExternalProcessor
 from epp.service import EppService
+from kvgate.wire.sse import MAX_EVENT_BYTES
 from loadtest.client.envoy_messages import body_messages, headers_message
 from policies.loader import load_policy_text
 
@@ -76,3 +77,38 @@ async def test_tokens_in_flight_follow_the_streamed_response() -> None:
     assert service.prefix is not None
     learned = service.prefix.chars_per_token.of  # type: ignore[attr-defined]
     assert sorted([learned("127.0.0.2:9"), learned("127.0.0.3:9")], key=str) == [1.0, None]
+
+
+async def test_a_streamed_response_that_never_ends_an_event_still_passes_through() -> None:
+    """Past the relay's limit ext_proc stops reading usage from the stream, passes the body on
+    and still ends the request's count when the stream ends."""
+    service = EppService(load_policy_text(POLICY))
+    processor = ExternalProcessor(service)
+    body = json.dumps({"model": "m", "prompt": "x", "stream": True}).encode()
+    chunk = b"x" * (1 << 20)
+    chunks = MAX_EVENT_BYTES // len(chunk) + 2
+
+    async def envoy() -> AsyncIterator[ep.ProcessingRequest]:
+        yield headers_message(HEADERS)
+        for message in body_messages(body):
+            yield message
+        yield ep.ProcessingRequest(
+            response_headers=ep.HttpHeaders(
+                headers=core.HeaderMap(
+                    headers=[core.HeaderValue(key="content-type", raw_value=b"text/event-stream")]
+                )
+            )
+        )
+        yield ep.ProcessingRequest(response_body=ep.HttpBody(body=b"data: "))
+        for number in range(chunks):
+            last = number == chunks - 1
+            yield ep.ProcessingRequest(response_body=ep.HttpBody(body=chunk, end_of_stream=last))
+
+    replies = [r async for r in processor.Process(envoy(), None)]
+    passed = b"".join(
+        r.response_body.response.body_mutation.streamed_response.body
+        for r in replies
+        if r.WhichOneof("response") == "response_body"
+    )
+    assert passed == b"data: " + chunk * chunks  # every byte passed on
+    assert sum(e.in_flight for e in service.datastore.endpoints("p")) == 0
