@@ -46,6 +46,7 @@ log = logging.getLogger("kvgate.epp")
 UNHEALTHY_AFTER = 3  # consecutive failed scrapes
 _ACCEPT = b"accept: text/plain\r\n"  # the header lines of a scrape
 WHOLE = "/metrics"
+MAX_SCRAPE_BYTES = 16 << 20  # a /metrics answer past this fails the scrape (vLLM's: ~100 KiB)
 
 
 def filtered_path(names: MetricNames) -> str:
@@ -64,7 +65,7 @@ async def fetch_metrics(pool: ConnectionPool, address: str, path: str, idle: flo
     try:
         if response.status != 200:
             raise ScrapeError(f"HTTP {response.status}")
-        body = await response.read(idle)
+        body = await response.read(idle, MAX_SCRAPE_BYTES)
     finally:
         response.close()
     return body.decode("utf-8", errors="replace")

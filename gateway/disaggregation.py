@@ -24,6 +24,8 @@ from kvgate.wire.disaggregation import decode_params, prefill_body
 from kvgate.wire.http.client import UpstreamConnectionError
 from policies.schema import Pool
 
+MAX_PREFILL_REPLY = 16 << 20  # bytes: a prefill hop answers one token and its KV's whereabouts
+
 
 async def run_prefill(
     call: UpstreamCall,
@@ -94,7 +96,7 @@ async def _prefill_on(
             return None
         data = response.read_now()
         if data is None:
-            data = await response.read(call.timeouts.idle)
+            data = await response.read(call.timeouts.idle, MAX_PREFILL_REPLY)
         reply = orjson.loads(data)
     except (TimeoutError, UpstreamConnectionError, ValueError):
         attempt.break_off()

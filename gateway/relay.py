@@ -18,13 +18,20 @@ from gateway.attempt import Attempt
 from gateway.context import RequestContext
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.upstream import response_headers
-from kvgate.wire.http.client import UpstreamConnectionError, UpstreamResponse
+from kvgate.wire.http.client import (
+    UpstreamBodyTooLarge,
+    UpstreamConnectionError,
+    UpstreamResponse,
+)
 from kvgate.wire.http.messages import Request, Response, StreamResponse
 from kvgate.wire.http.server import SHUTDOWN_CUT
 from kvgate.wire.responses_api import chat_usage
 from kvgate.wire.sse import EventTooLarge, SSERelay, usage_of
 
 MID_STREAM_ERRORS = (UpstreamConnectionError, asyncio.TimeoutError)
+# a body the gateway reads whole (to pass on with its usage read) past this fails with a 502,
+# not the gateway's memory; streams (SSE) are relayed as they come and have no such bound
+MAX_UPSTREAM_BODY = 256 << 20
 AFTER_DONE = 1.0  # seconds to wait for the upstream body's end after [DONE]
 CUT_BY_SHUTDOWN = "cut_by_shutdown"  # the error of a stream still running when the grace ended
 
@@ -34,7 +41,7 @@ async def read_body(
 ) -> bytes:
     """The rest of a whole (non-stream) body, when it did not come with the headers."""
     try:
-        return await upstream.read(idle)
+        return await upstream.read(idle, MAX_UPSTREAM_BODY)
     except MID_STREAM_ERRORS as exc:
         ctx.error = "upstream_body_error"
         attempt.break_off()
@@ -148,6 +155,10 @@ async def _rest_after_done(upstream: UpstreamResponse, idle: float) -> None:
 
 
 def _upstream_failed(ctx: RequestContext, exc: BaseException) -> Exception:
+    if isinstance(exc, UpstreamBodyTooLarge):
+        return UpstreamError(
+            f"upstream {ctx.endpoint} sent a response body over {MAX_UPSTREAM_BODY >> 20} MiB"
+        )
     if isinstance(exc, asyncio.TimeoutError):
         return UpstreamTimeout(f"upstream {ctx.endpoint} stalled while sending its response")
     return UpstreamError(f"upstream {ctx.endpoint} failed while sending its response")

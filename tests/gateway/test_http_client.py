@@ -11,6 +11,7 @@ import pytest
 from kvgate.wire.http.client import (
     MAX_UPSTREAM_HEAD,
     ConnectionPool,
+    UpstreamBodyTooLarge,
     UpstreamConnectionError,
     UpstreamResponse,
 )
@@ -374,6 +375,21 @@ async def test_a_stalled_body_times_out_while_pushing() -> None:
     with pytest.raises(TimeoutError):
         await response.push(sink, 0.3)
     assert sink.taken == [b"ab"]
+    response.close()
+    pool.close()
+    server.close()
+
+
+async def test_a_body_read_whole_stops_past_its_limit() -> None:
+    server = await chunked_server(b"a" * 1000, b"b" * 1000, b"c" * 1000, pause=0.01)
+    pool = ConnectionPool(connect_timeout=1)
+    port = server.sockets[0].getsockname()[1]
+    response = await pool.request(f"127.0.0.1:{port}", "POST", "/", b"", b"{}")
+    with pytest.raises(UpstreamBodyTooLarge, match="over 1500 bytes"):
+        await response.read(2.0, limit=1500)
+    response.close()
+    response = await pool.request(f"127.0.0.1:{port}", "POST", "/", b"", b"{}")
+    assert len(await response.read(2.0, limit=3000)) == 3000  # at the limit: whole
     response.close()
     pool.close()
     server.close()

@@ -35,6 +35,11 @@ class UpstreamConnectionError(ConnectionError):
     """Connecting failed, or the upstream closed the connection before the response ended."""
 
 
+@mypyc_attr(native_class=False)
+class UpstreamBodyTooLarge(UpstreamConnectionError):
+    """A body read whole ran past the reader's limit (the connection is not reusable)."""
+
+
 class UpstreamResponse:
     """One response; ``status``, ``raw_headers`` (name/value byte pairs as sent) and
     ``content_type`` are known on return."""
@@ -59,15 +64,21 @@ class UpstreamResponse:
         conn = self._conn
         return conn.take_all() if conn.complete else None
 
-    async def read(self, idle: float | None = None) -> bytes:
-        """The whole body; TimeoutError if ``idle`` seconds pass with no bytes arriving."""
+    async def read(self, idle: float | None = None, limit: int | None = None) -> bytes:
+        """The whole body; TimeoutError if ``idle`` seconds pass with no bytes arriving,
+        ``UpstreamBodyTooLarge`` as soon as more than ``limit`` bytes have come."""
         whole = self.read_now()
-        if whole is not None:
+        if whole is not None and (limit is None or len(whole) <= limit):
             return whole
-        parts = []
-        while chunk := await self._conn.next_chunk(idle):
+        parts = [] if whole is None else [whole]
+        size = 0 if whole is None else len(whole)
+        while limit is None or size <= limit:
+            chunk = await self._conn.next_chunk(idle)
+            if not chunk:
+                return parts[0] if len(parts) == 1 else b"".join(parts)
             parts.append(chunk)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+            size += len(chunk)
+        raise UpstreamBodyTooLarge(f"the upstream's response body is over {limit} bytes")
 
     async def readany(self, idle: float | None = None) -> bytes:
         """The next buffered body bytes; ``b""`` once the body is complete. TimeoutError if

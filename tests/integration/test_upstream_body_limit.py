@@ -1,0 +1,61 @@
+"""An upstream body the gateway reads whole (a JSON answer) that runs past the gateway's limit
+fails the request with a 502 that says why, instead of filling the gateway's memory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp import web
+
+from gateway.relay import MAX_UPSTREAM_BODY
+from loadtest.harness.processes import KvgateProcess
+from tests.http_servers import serving
+
+MIB = 1 << 20
+
+
+def huge_json_app() -> web.Application:
+    """Answers with a JSON body 16 MiB over the gateway's limit, sent 1 MiB at a time."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        size = MAX_UPSTREAM_BODY + 16 * MIB
+        response = web.StreamResponse(
+            headers={"Content-Type": "application/json", "Content-Length": str(size)}
+        )
+        await response.prepare(request)
+        await response.write(b'{"choices": [], "pad": "')
+        sent = 24
+        while sent < size - 2:
+            part = b"x" * min(MIB, size - 2 - sent)
+            await response.write(part)
+            sent += len(part)
+        await response.write(b'"}')
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", answer)
+    return app
+
+
+async def test_a_body_over_the_limit_is_a_502_that_says_why(
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+) -> None:
+    async with serving(huge_json_app(), shutdown_timeout=0.1) as port:
+        url, _ = start_gateway(
+            f"""
+pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}
+routes: [{{model: m, pool: p}}]
+timeouts: {{first_byte: 5s, idle: 10s}}
+epp: {{picker: least-in-flight}}
+"""
+        )
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session,
+            session.post(f"{url}/v1/completions", json={"model": "m", "prompt": "x"}) as response,
+        ):
+            assert response.status == 502
+            error = (await response.json())["error"]
+        assert "response body over 256 MiB" in error["message"]
+        assert error["code"] == "upstream_error"
