@@ -153,8 +153,18 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
                     for reply in self._route(state, has_body=False):
                         yield reply
             elif kind == "request_body":
+                if state.routed:
+                    continue  # refused already (413): Envoy ends the request
                 state.body += request.request_body.body
-                if request.request_body.end_of_stream:
+                limit = self.service.policy.listen.max_body_bytes
+                if len(state.body) > limit:
+                    state.routed = True
+                    state.body = bytearray()
+                    self.service.metrics.rejections.labels("request_too_large").inc()
+                    yield immediate(
+                        413, f"request body is larger than {limit} bytes", "request_too_large"
+                    )
+                elif request.request_body.end_of_stream:
                     for reply in self._route(state, has_body=True):
                         yield reply
             elif kind == "request_trailers":
