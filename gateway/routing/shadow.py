@@ -22,6 +22,8 @@ import aiohttp
 
 from gateway.endpoint_picker import EndpointPicker, PickRequest
 from gateway.metrics import GatewayMetrics
+from gateway.relay import MAX_UPSTREAM_BODY
+from kvgate.wire.http.client import UpstreamBodyTooLarge
 from kvgate.wire.sse import usage_of
 from policies.schema import Policy, Route, Shadow
 
@@ -125,13 +127,13 @@ class ShadowMirror:
                         ssl=True if dialled is None else dialled[0],
                         server_hostname=None if dialled is None else dialled[1] or None,
                     ) as response:
-                        data = await response.read()
+                        data = await _read_whole(response)
             except aiohttp.ClientConnectorError:
                 ranking.refused(endpoint)  # it never took the copy
                 raise
             usage = _usage_tokens(data)
             return Outcome(response.status, time.perf_counter() - started, usage, text_of(data))
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError, UpstreamBodyTooLarge) as exc:
             log.info("shadow request for %s failed: %s", route.model, exc)
             return None
         finally:
@@ -188,3 +190,18 @@ class ShadowMirror:
 def _usage_tokens(data: bytes) -> int | None:
     value = (usage_of(data) or {}).get("completion_tokens")
     return value if isinstance(value, int) else None
+
+
+async def _read_whole(response: aiohttp.ClientResponse) -> bytes:
+    """The shadow's answer, read whole up to the gateway's limit for bodies it reads whole
+    (``UpstreamBodyTooLarge`` past it: the copy counts as failed)."""
+    parts: list[bytes] = []
+    size = 0
+    while chunk := await response.content.readany():
+        size += len(chunk)
+        if size > MAX_UPSTREAM_BODY:
+            raise UpstreamBodyTooLarge(
+                f"the shadow's response body is over {MAX_UPSTREAM_BODY} bytes"
+            )
+        parts.append(chunk)
+    return b"".join(parts)

@@ -3,6 +3,7 @@ fails the request with a 502 that says why, instead of filling the gateway's mem
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import aiohttp
@@ -11,6 +12,7 @@ from aiohttp import web
 from gateway.relay import MAX_UPSTREAM_BODY
 from loadtest.harness.processes import KvgateProcess
 from tests.http_servers import serving
+from tests.integration.metrics_util import scrape
 
 MIB = 1 << 20
 
@@ -59,3 +61,34 @@ epp: {{picker: least-in-flight}}
             error = (await response.json())["error"]
         assert "response body over 256 MiB" in error["message"]
         assert error["code"] == "upstream_error"
+
+
+async def test_a_shadow_answer_over_the_limit_counts_as_a_failed_copy(
+    start_backend: Callable[..., str], start_gateway: Callable[..., tuple[str, KvgateProcess]]
+) -> None:
+    primary = start_backend("--cost", "zero").removeprefix("http://")
+    async with serving(huge_json_app(), shutdown_timeout=0.1) as port:
+        url, _ = start_gateway(
+            f"""
+pools:
+  main: {{model: kvgate-sim, endpoints: [{primary}]}}
+  shadow: {{endpoints: [127.0.0.1:{port}]}}
+routes: [{{model: kvgate-sim, pool: main, shadow: {{pool: shadow, sample: 1.0, compare: [status]}}}}]
+epp: {{picker: least-in-flight}}
+"""
+        )
+        body = {"model": "kvgate-sim", "prompt": "x", "max_tokens": 1}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{url}/v1/completions", json=body) as response,
+        ):
+            assert response.status == 200
+        for _ in range(100):
+            results = {
+                s.labels["result"]: s.value
+                for s in scrape(url).get("kvgate_shadow_results_total", [])
+            }
+            if results:
+                break
+            await asyncio.sleep(0.1)
+        assert results == {"error": 1.0}
