@@ -19,6 +19,7 @@ from gateway.context import RequestContext
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.upstream import response_headers
 from kvgate.wire.http.client import (
+    MAX_UPSTREAM_BODY,
     UpstreamBodyTooLarge,
     UpstreamConnectionError,
     UpstreamResponse,
@@ -29,9 +30,6 @@ from kvgate.wire.responses_api import chat_usage
 from kvgate.wire.sse import EventTooLarge, SSERelay, usage_of
 
 MID_STREAM_ERRORS = (UpstreamConnectionError, asyncio.TimeoutError)
-# a body the gateway reads whole (to pass on with its usage read) past this fails with a 502,
-# not the gateway's memory; streams (SSE) are relayed as they come and have no such bound
-MAX_UPSTREAM_BODY = 256 << 20
 AFTER_DONE = 1.0  # seconds to wait for the upstream body's end after [DONE]
 CUT_BY_SHUTDOWN = "cut_by_shutdown"  # the error of a stream still running when the grace ended
 

@@ -25,6 +25,7 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from epp.service import Dispatch, EppService
+from kvgate.wire.http.client import MAX_UPSTREAM_BODY
 from kvgate.wire.openai_errors import error_body, error_type_for
 from kvgate.wire.request_id import new_request_id
 from kvgate.wire.responses_api import RESPONSES_PATH, chat_usage, input_messages
@@ -76,6 +77,7 @@ class StreamState:
     response_body: bytearray = field(default_factory=bytearray)
     relay: SSERelay = field(default_factory=lambda: SSERelay(strip_usage=False))
     usage_unreadable: bool = False  # the stream broke the SSE framing: no usage read from it
+    passing_through: bool = False  # a whole body too large to hold: passed on as it comes
     dispatch: Dispatch | None = None  # the pick, finished when the stream ends
     prefiller: str = ""  # a prefill/decode pool's prefill endpoint (the decode worker calls it)
     prefill_dispatch: Dispatch | None = None
@@ -316,7 +318,16 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 self._restore_model(state, body.body), "response_body", body.end_of_stream
             )
             return
+        if state.passing_through:
+            yield from body_chunks(body.body, "response_body", body.end_of_stream)
+            return
         state.response_body += body.body
+        if len(state.response_body) > MAX_UPSTREAM_BODY and not body.end_of_stream:
+            # too large to hold whole: passed on as it comes, its usage and model name as sent
+            data, state.response_body = bytes(state.response_body), bytearray()
+            state.passing_through = True
+            yield from body_chunks(data, "response_body", end_of_stream=False)
+            return
         if not body.end_of_stream:
             return
         data = bytes(state.response_body)

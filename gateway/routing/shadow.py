@@ -22,8 +22,7 @@ import aiohttp
 
 from gateway.endpoint_picker import EndpointPicker, PickRequest
 from gateway.metrics import GatewayMetrics
-from gateway.relay import MAX_UPSTREAM_BODY
-from kvgate.wire.http.client import UpstreamBodyTooLarge
+from kvgate.wire.http.client import MAX_UPSTREAM_BODY, UpstreamBodyTooLarge
 from kvgate.wire.sse import usage_of
 from policies.schema import Policy, Route, Shadow
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
-from gateway.relay import MAX_UPSTREAM_BODY
+from kvgate.wire.http.client import MAX_UPSTREAM_BODY
 from loadtest.harness.processes import KvgateProcess
 from tests.http_servers import serving
 from tests.integration.metrics_util import scrape

@@ -27,6 +27,9 @@ from kvgate.wire.http.messages import header_size
 
 _HIGH_WATER = 256 * 1024
 MAX_UPSTREAM_HEAD = 64 * 1024  # bytes of status line + headers an upstream may send
+# bytes of an upstream body held whole (to read its usage, restore its model name) before the
+# holder gives up on it; streams relayed as they come have no such bound
+MAX_UPSTREAM_BODY = 256 << 20
 
 
 # mypyc cannot compile a subclass of a builtin exception into a native class: a plain one.
