@@ -4,7 +4,7 @@ upstream speaking raw HTTP/1.1."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -27,21 +27,33 @@ async def serving(app: web.Application, *, shutdown_timeout: float = 60.0) -> As
         await runner.cleanup()
 
 
-def sse_app(first: bytes, end_after: float) -> web.Application:
-    """``POST /v1/completions`` streams the events ``first``, then ends the body
-    ``end_after`` seconds later (a stalled upstream, given longer than the test waits)."""
+def streaming_app(
+    parts: Callable[[], Iterable[bytes]],
+    *,
+    stall: float = 0.0,
+    headers: Mapping[str, str] | None = None,
+) -> web.Application:
+    """``POST /v1/completions`` answers with ``parts()`` written one by one (an event stream
+    unless ``headers`` say otherwise), then waits ``stall`` seconds before ending the body."""
 
     async def stream(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        response = web.StreamResponse(headers=headers or {"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        await response.write(first)
-        await asyncio.sleep(end_after)
+        for part in parts():
+            await response.write(part)
+        await asyncio.sleep(stall)
         await response.write_eof()
         return response
 
     app = web.Application()
     app.router.add_post("/v1/completions", stream)
     return app
+
+
+def sse_app(first: bytes, end_after: float) -> web.Application:
+    """``POST /v1/completions`` streams the events ``first``, then ends the body
+    ``end_after`` seconds later (a stalled upstream, given longer than the test waits)."""
+    return streaming_app(lambda: [first], stall=end_after)
 
 
 @asynccontextmanager

@@ -5,38 +5,27 @@ goes on once it drains."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from loadtest.harness.processes import KvgateProcess
-from tests.http_servers import serving
+from tests.http_servers import serving, streaming_app
 
 EVENTS = 12_000  # of about 1 KiB: 12 MiB, more than loopback's socket buffers hold
 PAD = "x" * 1_000
 
 
-def fast_sse_app() -> web.Application:
-    async def stream(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for number in range(EVENTS):
-            text = f'{{"choices":[{{"index":0,"text":"{number} {PAD}"}}]}}'
-            await response.write(f"data: {text}\n\n".encode())
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", stream)
-    return app
+def fast_events() -> Iterator[bytes]:
+    for number in range(EVENTS):
+        yield f'data: {{"choices":[{{"index":0,"text":"{number} {PAD}"}}]}}\n\n'.encode()
+    yield b"data: [DONE]\n\n"
 
 
 @pytest.fixture
 async def fast_upstream() -> AsyncIterator[str]:
-    async with serving(fast_sse_app(), shutdown_timeout=0.1) as port:
+    async with serving(streaming_app(fast_events), shutdown_timeout=0.1) as port:
         yield f"127.0.0.1:{port}"
 
 

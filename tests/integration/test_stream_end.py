@@ -4,15 +4,13 @@ connection, and an upstream that stalls after ``[DONE]`` does not hold the clien
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from loadtest.harness.processes import KvgateProcess
-from tests.http_servers import ConnectionCount, serving, stalled_sse
+from tests.http_servers import ConnectionCount, serving, stalled_sse, streaming_app
 
 
 def policy(endpoint: str, idle: str = "3s") -> str:
@@ -75,27 +73,15 @@ async def test_an_upstream_stalled_after_done_does_not_hold_the_client(
     assert count.made == 1
 
 
-def endless_event_app() -> web.Application:
-    """Streams one event that never ends: 20 MiB without a blank line, then stalls."""
-
-    async def stream(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b"data: ")
-        for _ in range(20):
-            await response.write(b"x" * (1 << 20))
-        await asyncio.sleep(60)
-        return response
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", stream)
-    return app
+def endless_event() -> list[bytes]:
+    """One event that never ends: 20 MiB without a blank line (the upstream then stalls)."""
+    return [b"data: ", *[b"x" * (1 << 20)] * 20]
 
 
 async def test_an_event_that_never_ends_fails_the_stream_without_waiting_for_the_upstream(
     start_gateway: Callable[..., tuple[str, KvgateProcess]],
 ) -> None:
-    async with serving(endless_event_app(), shutdown_timeout=0.1) as port:
+    async with serving(streaming_app(endless_event, stall=60), shutdown_timeout=0.1) as port:
         url, _ = start_gateway(policy(f"127.0.0.1:{port}", idle="60s"))
         body = {"model": "kvgate-sim", "prompt": "x", "stream": True}
         async with (

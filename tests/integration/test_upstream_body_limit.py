@@ -4,41 +4,36 @@ fails the request with a 502 that says why, instead of filling the gateway's mem
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import aiohttp
 from aiohttp import web
 
 from kvgate.wire.http.client import MAX_UPSTREAM_BODY
 from loadtest.harness.processes import KvgateProcess
-from tests.http_servers import serving
+from tests.http_servers import serving, streaming_app
 from tests.integration.metrics_util import scrape
 
 MIB = 1 << 20
 
 
+SIZE = MAX_UPSTREAM_BODY + 16 * MIB  # a JSON answer 16 MiB over the gateway's limit
+
+
+def huge_json() -> Iterator[bytes]:
+    """The answer, 1 MiB at a time."""
+    yield b'{"choices": [], "pad": "'
+    sent = 24
+    while sent < SIZE - 2:
+        part = b"x" * min(MIB, SIZE - 2 - sent)
+        yield part
+        sent += len(part)
+    yield b'"}'
+
+
 def huge_json_app() -> web.Application:
-    """Answers with a JSON body 16 MiB over the gateway's limit, sent 1 MiB at a time."""
-
-    async def answer(request: web.Request) -> web.StreamResponse:
-        size = MAX_UPSTREAM_BODY + 16 * MIB
-        response = web.StreamResponse(
-            headers={"Content-Type": "application/json", "Content-Length": str(size)}
-        )
-        await response.prepare(request)
-        await response.write(b'{"choices": [], "pad": "')
-        sent = 24
-        while sent < size - 2:
-            part = b"x" * min(MIB, size - 2 - sent)
-            await response.write(part)
-            sent += len(part)
-        await response.write(b'"}')
-        await response.write_eof()
-        return response
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", answer)
-    return app
+    headers = {"Content-Type": "application/json", "Content-Length": str(SIZE)}
+    return streaming_app(huge_json, headers=headers)
 
 
 async def test_a_body_over_the_limit_is_a_502_that_says_why(
