@@ -71,17 +71,18 @@ class UpstreamResponse:
         """The whole body; TimeoutError if ``idle`` seconds pass with no bytes arriving,
         ``UpstreamBodyTooLarge`` as soon as more than ``limit`` bytes have come."""
         whole = self.read_now()
-        if whole is not None and (limit is None or len(whole) <= limit):
-            return whole
-        parts = [] if whole is None else [whole]
-        size = 0 if whole is None else len(whole)
-        while limit is None or size <= limit:
-            chunk = await self._conn.next_chunk(idle)
-            if not chunk:
-                return parts[0] if len(parts) == 1 else b"".join(parts)
-            parts.append(chunk)
-            size += len(chunk)
-        raise UpstreamBodyTooLarge(f"the upstream's response body is over {limit} bytes")
+        if whole is None:
+            parts, size = [], 0
+            while chunk := await self._conn.next_chunk(idle):
+                size += len(chunk)
+                if limit is not None and size > limit:
+                    break
+                parts.append(chunk)
+            else:
+                whole = parts[0] if len(parts) == 1 else b"".join(parts)
+        if whole is None or (limit is not None and len(whole) > limit):
+            raise UpstreamBodyTooLarge(f"the upstream's response body is over {limit} bytes")
+        return whole
 
     async def readany(self, idle: float | None = None) -> bytes:
         """The next buffered body bytes; ``b""`` once the body is complete. TimeoutError if
@@ -130,7 +131,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._last_data = 0.0
         self._paused = False
         self._sink: Callable[[bytes], bool] | None = None  # takes body chunks as they arrive
-        self._sink_error: BaseException | None = None
+        self._sink_error: Exception | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
@@ -262,8 +263,7 @@ class UpstreamConnection(asyncio.Protocol):
     async def next_chunk(self, idle: float | None) -> bytes:
         while True:
             if self._chunks:
-                chunk = self._chunks.popleft()
-                self._buffered -= len(chunk)
+                chunk = self._pop()
                 if self._paused and self._buffered < _HIGH_WATER // 4:
                     self._resume()
                 return chunk
@@ -276,9 +276,7 @@ class UpstreamConnection(asyncio.Protocol):
     async def push(self, sink: Callable[[bytes], bool], idle: float | None) -> bool:
         """``UpstreamResponse.push``."""
         while self._chunks:  # what arrived before
-            chunk = self._chunks.popleft()
-            self._buffered -= len(chunk)
-            if not sink(chunk):
+            if not sink(self._pop()):
                 return False
         self._resume()
         while not self.complete:
@@ -295,6 +293,11 @@ class UpstreamConnection(asyncio.Protocol):
             if stopped:
                 return False
         return True
+
+    def _pop(self) -> bytes:
+        chunk = self._chunks.popleft()
+        self._buffered -= len(chunk)
+        return chunk
 
     async def _wait(self, idle: float | None) -> None:
         """Until body bytes arrive (or the body ends, or the connection is lost); TimeoutError
