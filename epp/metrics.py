@@ -79,6 +79,7 @@ class EppMetrics:
             ["endpoint"],
             registry=r,
         )
+        self._scraped: dict[str, Counter] = {}
         self.event_lag = Histogram(
             "kvgate_epp_kv_event_lag_seconds",
             "Delay between a KV event batch and its handling.",
@@ -107,6 +108,14 @@ class EppMetrics:
             ["direction"],
             registry=r,
         )
+
+    def scraped(self, endpoint: str) -> None:
+        """Count a successful scrape of ``endpoint`` (several a second each: its counter is
+        looked up once)."""
+        counter = self._scraped.get(endpoint)
+        if counter is None:
+            counter = self._scraped[endpoint] = self.scrapes.labels(endpoint)
+        counter.inc()
 
     def kv_event_hooks(self) -> KVEventHooks:
         """The precise index's hooks, counting into these metrics."""

@@ -18,10 +18,11 @@ vLLM's older ``vllm:gpu_cache_usage_perc`` is read when ``vllm:kv_cache_usage_pe
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from epp.framework import EndpointMetrics
@@ -104,6 +105,13 @@ def parse_labels(text: str) -> dict[str, str]:
     return labels
 
 
+@functools.lru_cache(maxsize=256)
+def _labels_of(text: str) -> Mapping[str, str]:
+    """``parse_labels``, remembered: an info series repeats the same label text scrape after
+    scrape (vLLM's ``cache_config_info`` has some twenty labels)."""
+    return parse_labels(text)
+
+
 def _value(text: str) -> float | None:
     """The sample value of what follows the name and labels (a timestamp may follow it)."""
     parts = text.split()
@@ -164,7 +172,7 @@ def _cache_config(metrics: EndpointMetrics, text: str, names: MetricNames) -> No
     blocks: dict[str, int] = {}
     for label_text, _ in samples(text, names.cache_info):
         try:
-            labels = parse_labels(label_text)
+            labels = _labels_of(label_text)
             block_size = int(labels.get(names.block_size_label, "0") or 0)
             num_blocks = int(labels.get(names.num_blocks_label, "0") or 0)
         except ValueError:
@@ -175,10 +183,10 @@ def _cache_config(metrics: EndpointMetrics, text: str, names: MetricNames) -> No
 
 
 def _lora_info(metrics: EndpointMetrics, text: str, name: str) -> None:
-    newest: dict[str, tuple[float, dict[str, str]]] = {}  # engine -> (value: a time, labels)
+    newest: dict[str, tuple[float, Mapping[str, str]]] = {}  # engine -> (value: a time, labels)
     for label_text, value in samples(text, name):
         try:
-            labels = parse_labels(label_text)
+            labels = _labels_of(label_text)
         except ValueError:
             continue
         engine = labels.get("engine", "")

@@ -74,7 +74,7 @@ class EppService:
             idle_interval=policy.epp.scrape_idle_interval,
         )
         self.scraper.on_error = lambda e: self.metrics.scrape_errors.labels(e.address).inc()
-        self.scraper.on_scrape = lambda e: self.metrics.scrapes.labels(e.address).inc()
+        self.scraper.on_scrape = lambda e: self.metrics.scraped(e.address)
         self.scraper.tls = upstream_tls(policy)
         # sibling workers' picks (gateway --workers N): indexes tagged by their parameters
         self._index_by_tag = {

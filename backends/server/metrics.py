@@ -173,12 +173,18 @@ class EngineCollector(Collector):
         return gauge
 
     def _lora_info(self) -> Metric:
-        """Like vLLM: one series per adapter set, valued with the time it was last current."""
+        """Like vLLM: one series per adapter set, valued with the time it was last current
+        (restamped while the engine works, as vLLM does at each step)."""
         scheduler = self.engine.scheduler
         running = _adapter_names(scheduler.running)
         waiting = _adapter_names(entry[1] for entry in scheduler.waiting)
-        self._lora_seen.pop((running, waiting), None)
-        self._lora_seen[(running, waiting)] = time.time()
+        key = (running, waiting)
+        newest = next(reversed(self._lora_seen), None)
+        if key != newest or scheduler.num_running or scheduler.num_waiting:
+            # vLLM stamps the set at every engine step; an idle engine takes none, so the
+            # text stays the same from scrape to scrape
+            self._lora_seen.pop(key, None)
+            self._lora_seen[key] = time.time()
         while len(self._lora_seen) > LORA_HISTORY:
             self._lora_seen.pop(next(iter(self._lora_seen)))
         gauge = GaugeMetricFamily(

@@ -9,8 +9,8 @@ import pytest
 from aiohttp import web
 
 from epp.datastore import Datastore
-from epp.framework import Endpoint
-from epp.metrics_parser import VLLM
+from epp.framework import Endpoint, EndpointMetrics
+from epp.metrics_parser import VLLM, MetricNames, parse_metrics
 from epp.scraper import MetricsScraper
 from loadtest.harness.processes import free_port
 from policies.loader import load_policy_text
@@ -212,3 +212,32 @@ async def test_scrapes_ask_for_the_series_the_picker_reads(server: str, later_pa
     assert set(queries[0]) == picked  # the first scrape asks for the series
     later = queries[-2:]
     assert later == ([queries[0]] * 2 if later_paths == "filtered" else [[], []]), queries
+
+
+async def test_an_answer_the_same_as_the_last_is_not_parsed_again_but_counts_as_fresh(
+    switchable_server: tuple[int, dict[str, float]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import epp.scraper
+
+    parsed: list[str] = []
+
+    def counting_parse(text: str, names: MetricNames = VLLM) -> EndpointMetrics:
+        parsed.append(text)
+        return parse_metrics(text, names)
+
+    monkeypatch.setattr(epp.scraper, "parse_metrics", counting_parse)
+    port, state = switchable_server
+    scraper = one_endpoint_scraper(port, idle_interval=0)
+    (endpoint,) = scraper.datastore.endpoints("p")
+    await scraper.start()
+    try:
+        await asyncio.sleep(0.3)
+        scraped_at = endpoint.metrics.scraped_at
+        await asyncio.sleep(0.1)
+        assert endpoint.metrics.scraped_at > scraped_at  # fresher, though nothing changed
+        assert state["scrapes"] >= 10 and len(parsed) == 1  # an idle answer: parsed once
+        state["running"] = 2
+        await until_running(endpoint, 2)
+        assert len(parsed) == 2  # a changed answer is parsed
+    finally:
+        await scraper.stop()

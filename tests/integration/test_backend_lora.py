@@ -78,3 +78,25 @@ def test_adapter_name_separates_prefix_cache(start_backend: Callable[..., str]) 
     assert other.usage.prompt_tokens_details.cached_tokens == 0
     assert same.usage.prompt_tokens_details is not None
     assert same.usage.prompt_tokens_details.cached_tokens > 0
+
+
+async def test_an_idle_engine_leaves_its_adapter_stamp_alone(
+    start_backend: Callable[..., str],
+) -> None:
+    """As vLLM stamps ``lora_requests_info`` at engine steps only, so that an idle server's
+    metrics read the same from scrape to scrape."""
+    url = start_backend("--cost", "0.005,0,0,0", "--max-loras", "1")
+    async with aiohttp.ClientSession() as session:
+        await _load(session, url, "sql")
+        idle = [newest_lora_info_stamp(url) for _ in range(2)]
+        assert idle[0] == idle[1]
+        body = {"model": "sql", "prompt": "select", "max_tokens": 2000, "stream": True}
+        response = await session.post(f"{url}/v1/completions", json=body)
+        await response.content.readline()
+        busy = [newest_lora_info_stamp(url) for _ in range(2)]
+        response.close()
+    assert idle[1] < busy[0] < busy[1]  # while it works, every scrape sees a new stamp
+
+
+def newest_lora_info_stamp(url: str) -> float:
+    return max(s.value for s in scrape(url)["vllm:lora_requests_info"])
