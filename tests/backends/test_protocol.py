@@ -54,6 +54,8 @@ def test_prompt_forms(prompt: object, expected: list[list[int]]) -> None:
         ({"model": "m", "prompt": "x", "min_tokens": 99}, "min_tokens"),
         ({"model": "m", "prompt": "x", "stop_token_ids": ["a"]}, "stop_token_ids"),
         ({"model": "m", "prompt": "x", "logprobs": 3}, "logprobs"),
+        ({"model": "m", "prompt": "x", "seed": 2**63}, "seed"),  # vLLM: a torch.long
+        ({"model": "m", "prompt": "x", "seed": -(2**63) - 1}, "seed"),
     ],
 )
 def test_bad_completion_requests(body: object, param: str | None) -> None:
@@ -61,6 +63,11 @@ def test_bad_completion_requests(body: object, param: str | None) -> None:
         parse(body)
     assert err.value.status == 400
     assert err.value.param == param
+
+
+def test_a_seed_at_either_end_of_64_bits_is_accepted() -> None:
+    for seed in (2**63 - 1, -(2**63)):
+        assert parse({"model": "m", "prompt": "x", "seed": seed}).sampling.seed == seed
 
 
 @pytest.mark.parametrize(
