@@ -33,7 +33,7 @@ from gateway.errors import (
 from gateway.form_body import FormBody, is_form, parse_form
 from gateway.keys import ADMISSION, CANARIES, METRICS, RUNTIME, SHADOW, SLOS
 from gateway.metrics import GatewayMetrics
-from gateway.relay import body_response, read_body, relay_stream
+from gateway.relay import body_response, read_body, relay_body, relay_stream
 from gateway.routing.selector import select
 from gateway.routing.shadow import Outcome, text_of
 from gateway.runtime import Runtime
@@ -305,6 +305,8 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
                 return streamed
             data = upstream.read_now()  # a whole JSON body usually comes with the headers
             if data is None:
+                if upstream.content_type != "application/json":  # nothing in it to read
+                    return await relay_body(request, ctx, attempt, upstream, idle)
                 data = await read_body(ctx, attempt, upstream, idle)
             if responses and upstream.status == 200:
                 created(request, ctx, id_in_body(data))

@@ -112,6 +112,34 @@ async def relay_stream(
     return response
 
 
+async def relay_body(
+    request: Request,
+    ctx: RequestContext,
+    attempt: Attempt,
+    upstream: UpstreamResponse,
+    idle: float,
+) -> StreamResponse:
+    """Pass on a body the gateway reads nothing from (audio, a file, text) as it arrives,
+    rather than holding it whole; one that breaks off is cut short at the client too."""
+    response = StreamResponse(
+        status=upstream.status,
+        block=response_headers(upstream.raw_headers, ctx.request_id, ctx.extra_headers) + ctx.cors,
+    )
+    await response.prepare(request)
+    ctx.status = upstream.status
+    ctx.ttft = time.perf_counter() - ctx.start
+    try:
+        while chunk := await upstream.readany(idle):
+            await response.write(chunk)
+    except MID_STREAM_ERRORS:
+        ctx.error = "upstream_body_error"
+        attempt.break_off()
+        response.cut(request)
+        return response
+    await response.write_eof()
+    return response
+
+
 class _Forward:
     """Takes each upstream chunk as it arrives, from the connection's callback, and writes the
     complete events it holds to the client; gives the task back (returns False) at the last

@@ -291,6 +291,13 @@ class StreamResponse:
         if self._chunked:
             self._require().write(b"0\r\n\r\n")
 
+    def cut(self, request: Request) -> None:
+        """End the response without ending its body, and the connection after it: the client
+        sees the body cut short (a body with no room for an error of its own). An HTTP/1.0
+        client, whose body ends at the close, cannot tell."""
+        self.finished = True
+        request.keep_alive = False
+
     def _require(self) -> Connection:
         if self._connection is None:
             raise RuntimeError("prepare() the stream response before writing")
