@@ -124,6 +124,7 @@ async def relay_body(
     response = StreamResponse(
         status=upstream.status,
         block=response_headers(upstream.raw_headers, ctx.request_id, ctx.extra_headers) + ctx.cors,
+        length=_content_length(upstream.raw_headers),
     )
     await response.prepare(request)
     ctx.status = upstream.status
@@ -178,6 +179,18 @@ async def _rest_after_done(upstream: UpstreamResponse, idle: float) -> None:
         async with asyncio.timeout(AFTER_DONE):
             while await upstream.readany(idle):
                 pass
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The body's size as the upstream's ``Content-Length`` gives it; None for a chunked body
+    (or a length that is not a number: the upstream's parser has then refused it already)."""
+    length = None
+    for name, value in headers:
+        if len(name) == 17 and name.lower() == b"transfer-encoding":
+            return None
+        if len(name) == 14 and name.lower() == b"content-length" and value.strip().isdigit():
+            length = int(value)
+    return length
 
 
 def _upstream_failed(ctx: RequestContext, exc: BaseException) -> Exception:

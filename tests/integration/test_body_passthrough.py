@@ -46,6 +46,22 @@ async def test_the_first_bytes_arrive_while_the_upstream_is_still_sending(
                 assert await response.read() == b""  # then the body ends, whole
 
 
+async def test_a_sized_body_keeps_its_content_length(
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+) -> None:
+    whole = FIRST * 256  # 4 MiB: more than comes with the head, so it is passed on as it comes
+    headers = {**AUDIO, "Content-Length": str(len(whole))}
+    async with serving(streaming_app(lambda: [whole], headers=headers)) as port:
+        url = gateway_in_front(start_gateway, port)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{url}/v1/completions", json={"model": "m"}) as response,
+        ):
+            assert response.headers["content-length"] == str(len(whole))
+            assert "transfer-encoding" not in response.headers
+            assert await response.read() == whole
+
+
 @asynccontextmanager
 async def cut_upstream(sent: bytes, length: int) -> AsyncIterator[int]:
     """An upstream that promises ``length`` bytes of audio, sends ``sent`` and hangs up."""

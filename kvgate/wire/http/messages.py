@@ -212,15 +212,31 @@ class StreamResponse:
     """A response written piece by piece: ``prepare``, ``write``..., ``write_eof``.
 
     HTTP/1.1 clients get chunked transfer encoding; HTTP/1.0 clients get the body up to the
-    connection's close.
+    connection's close. With ``length`` (a body whose size is known ahead, as an upstream's
+    ``Content-Length`` says) every client gets that ``Content-Length`` and the body as it is.
     """
 
-    __slots__ = ("_chunked", "_connection", "block", "finished", "headers", "prepared", "status")
+    __slots__ = (
+        "_chunked",
+        "_connection",
+        "block",
+        "finished",
+        "headers",
+        "length",
+        "prepared",
+        "status",
+    )
 
     def __init__(
-        self, *, status: int = 200, headers: HeaderItems = None, block: bytes = b""
+        self,
+        *,
+        status: int = 200,
+        headers: HeaderItems = None,
+        block: bytes = b"",
+        length: int | None = None,
     ) -> None:
         self.status = status
+        self.length = length
         self.headers = header_list(headers)
         self.block = block  # header lines already encoded, sent before ``headers``
         self.prepared = False
@@ -231,9 +247,13 @@ class StreamResponse:
     async def prepare(self, request: Request) -> None:
         connection = request.connection
         self._connection = connection
-        self._chunked = request.version != "1.0"
-        framing = b"transfer-encoding: chunked\r\n" if self._chunked else b""
-        if not request.keep_alive or not self._chunked:
+        if self.length is not None:
+            self._chunked = False
+            framing = b"content-length: %d\r\n" % self.length
+        else:
+            self._chunked = request.version != "1.0"
+            framing = b"transfer-encoding: chunked\r\n" if self._chunked else b""
+        if not request.keep_alive or not (self._chunked or self.length is not None):
             framing = b"connection: close\r\n" + framing
             request.keep_alive = False
         connection.write(head_bytes(self.status, self.headers, framing, self.block))
