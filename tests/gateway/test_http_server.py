@@ -135,6 +135,32 @@ async def test_a_header_value_that_could_split_a_forwarded_header_is_400(
     assert raw.startswith(b"HTTP/1.1 400 ")
 
 
+@pytest.mark.parametrize(
+    ("head", "status", "says"),
+    [
+        (b"GET /echo HTTP/1.1\r\n\r\n", b"400", b"needs a Host header"),
+        (b"GET /echo HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n", b"400", b"more than one Host"),
+        (
+            b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip, chunked\r\n\r\n"
+            b"3\r\nabc\r\n0\r\n\r\n",
+            b"501",
+            b"only chunked",
+        ),
+    ],
+    ids=["no Host", "two Hosts", "gzip transfer coding"],
+)
+async def test_heads_llhttp_lets_through_are_refused_as_rfc_9112_says(
+    server: HttpServer, head: bytes, status: bytes, says: bytes
+) -> None:
+    raw = await exchange(server.port, head)
+    assert raw.startswith(b"HTTP/1.1 " + status + b" ") and says in raw
+
+
+async def test_an_http10_request_may_leave_out_host(server: HttpServer) -> None:
+    raw = await exchange(server.port, b"GET /echo HTTP/1.0\r\n\r\n")
+    assert raw.startswith(b"HTTP/1.1 200 ")
+
+
 async def test_expect_continue(server: HttpServer) -> None:
     raw = await exchange(
         server.port, post("/echo", b"ok", "expect: 100-continue\r\nconnection: close\r\n")

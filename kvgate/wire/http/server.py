@@ -11,7 +11,9 @@ and response machinery alone costs about as much CPU as the whole proxy may spen
 - ``Expect: 100-continue`` answered by the server itself; an ``Upgrade`` it does not perform
   (h2c from Java's client or ``curl --http2``, a WebSocket) is ignored, as HTTP/1.1 allows:
   the request is served as a plain one; ``CONNECT`` gets a 405;
-- malformed requests answered 400 and the connection closed;
+- malformed requests answered 400 and the connection closed, and so are HTTP/1.1 requests
+  without a Host header or with several (RFC 9112); a transfer coding other than ``chunked``
+  gets a 501;
 - a client that goes away cancels its handler task (so the upstream call is cancelled too);
 - TCP_NODELAY on every connection; idle keep-alive connections closed after ``keepalive``;
 - a request head that takes longer than ``header_timeout`` gets a 408 (slow-header clients),
@@ -56,6 +58,29 @@ CUT_WAIT = 1.0  # seconds cut handlers get to write their last word
 
 _UPGRADE_HEADERS = (b"upgrade", b"http2-settings")  # dropped from a head whose upgrade is ignored
 _METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
+
+
+def _framing_refusal(
+    headers: CIMultiDict[str], parser: httptools.HttpRequestParser
+) -> tuple[int, str] | None:
+    """Why a request head must be refused where llhttp lets it through (RFC 9112): an
+    HTTP/1.1 request without a Host header, or with more than one (a gateway and the server
+    behind it could read different ones); a transfer coding other than ``chunked`` alone,
+    which this server cannot undo before reading the body (501, as nginx answers)."""
+    hosts = len(headers.getall("host", ()))
+    if hosts > 1:
+        return 400, "more than one Host header"
+    if not hosts and parser.get_http_version() != "1.0":
+        return 400, "an HTTP/1.1 request needs a Host header"
+    if "transfer-encoding" in headers:
+        codings = [
+            coding.strip().lower()
+            for value in headers.getall("transfer-encoding")
+            for coding in value.split(",")
+        ]
+        if codings != ["chunked"]:
+            return 501, f"transfer coding {', '.join(codings)!r} is not supported: only chunked"
+    return None
 
 
 def _method(raw: bytes) -> str:
@@ -198,6 +223,12 @@ class Connection(asyncio.Protocol):
         self._mapping = headers = CIMultiDict(
             [(name.decode("latin-1"), value.decode("latin-1")) for name, value in self._headers]
         )
+        malformed = _framing_refusal(headers, self._parser)
+        if malformed is not None:
+            self._too_large = True  # what body comes is dropped unread
+            self._body = []
+            self._reject(*malformed)
+            return
         declared = headers.get("content-length")
         check = self._server.head_check
         if check is not None and (
