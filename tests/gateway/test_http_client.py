@@ -393,3 +393,37 @@ async def test_a_body_read_whole_stops_past_its_limit() -> None:
     response.close()
     pool.close()
     server.close()
+
+
+UNSOLICITED = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n"  # a head with no request
+
+
+async def test_bytes_after_a_complete_response_retire_the_connection() -> None:
+    # an upstream that sends more than the response it owed (buggy, or poisoning the pool):
+    # reused, the connection would read the next request's answer as that extra's body
+    up, server = await started(lambda n: OK + UNSOLICITED if n == 1 else OK)
+    pool = ConnectionPool(connect_timeout=1)
+    assert await call(pool, up) == b"{}"
+    assert await call(pool, up) == b"{}"  # on a new connection
+    assert (up.connections, up.requests) == (2, 2)
+    pool.close()
+    server.close()
+
+
+async def test_bytes_an_idle_connection_receives_retire_it() -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            await reader.readexactly(int(head.lower().split(b"content-length: ")[1][:1]))
+            writer.write(OK)
+            await asyncio.sleep(0.1)  # the connection is back in the pool by now
+            writer.write(UNSOLICITED)
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    up = Upstream(lambda n: OK, port=server.sockets[0].getsockname()[1])
+    pool = ConnectionPool(connect_timeout=1)
+    assert await call(pool, up) == b"{}"
+    await asyncio.sleep(0.3)
+    assert await call(pool, up) == b"{}"  # not read as the unsolicited message's body
+    pool.close()
+    server.close()

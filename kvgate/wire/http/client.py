@@ -171,6 +171,13 @@ class UpstreamConnection(asyncio.Protocol):
         self.abort()
 
     # --- parser callbacks ------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self.complete or self._head is None:
+            # a message nobody asked for (after the response owed, or before any request):
+            # read on, it would take the next request's answer for its own; the parser stops
+            # here and data_received retires the connection (a whole response's body stays)
+            raise UpstreamConnectionError("the upstream sent a response nobody asked for")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))  # decoded only if passed on (most are not)
         size = len(name)
