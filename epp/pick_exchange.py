@@ -14,6 +14,11 @@ is rescanned every second (every 50 ms while no other worker is found), so resta
 are found; a worker that starts later has not seen the picks made before it (they are not
 replayed) and learns from there on. A socket that cannot be bound (a path too long for one)
 leaves that worker without the exchange, with one warning.
+
+The workers share their metrics scrapes the same way: each scrape a worker makes is sent to
+the others (the endpoint's address and the picker's view of its metrics), which take it as
+their own scrape of that endpoint and skip theirs while a sibling's keep coming
+(``epp.scraper``): N workers scrape an endpoint about as often as one.
 """
 
 from __future__ import annotations
@@ -29,8 +34,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgpack
+
+from epp.framework import EndpointMetrics
 
 log = logging.getLogger("kvgate.epp")
 ENV = "KVGATE_PICKS_DIR"
@@ -40,6 +48,7 @@ MAX_DATAGRAM = 65_000
 
 MAX_PATH = 100  # a Unix socket's path must fit in sun_path (108 bytes on Linux)
 _NUMBERS = itertools.count()  # one socket per picker of this process (a reload makes a new one)
+_PICK, _METRICS = 0, 1  # a datagram's first item: what it carries
 
 
 @dataclass(frozen=True)
@@ -54,13 +63,14 @@ class SiblingPick:
     keys: list[tuple[int, list[int]]] = field(default_factory=list)
 
     def encode(self) -> bytes:
-        data: bytes = msgpack.packb([self.address, self.placed, self.lora, self.keys])
+        data: bytes = msgpack.packb([_PICK, self.address, self.placed, self.lora, self.keys])
         return data
 
     @classmethod
-    def decode(cls, data: bytes) -> SiblingPick:
-        """Raises ``ValueError`` (or ``TypeError``) for a datagram that is not one."""
-        address, placed, lora, keys = msgpack.unpackb(data)
+    def decode(cls, items: list[Any]) -> SiblingPick:
+        """From a datagram's items after the first; ``ValueError`` (or ``TypeError``) for
+        items that are not a pick's."""
+        address, placed, lora, keys = items
         return cls(
             str(address),
             int(placed),
@@ -69,7 +79,33 @@ class SiblingPick:
         )
 
 
+def encode_metrics(address: str, metrics: EndpointMetrics) -> bytes:
+    """A datagram with ``address``'s scraped metrics (all but the time they were scraped)."""
+    m = metrics
+    items = [_METRICS, address, m.waiting, m.running, m.kv_usage, m.block_size]
+    items += [m.num_gpu_blocks, sorted(m.running_loras), sorted(m.waiting_loras), m.max_loras]
+    data: bytes = msgpack.packb(items)
+    return data
+
+
+def decode_metrics(items: list[Any]) -> tuple[str, EndpointMetrics]:
+    """The address and metrics in a datagram's items after the first, scraped as of now."""
+    address, waiting, running, usage, block_size, blocks, run, wait, max_loras = items
+    return str(address), EndpointMetrics(
+        waiting=int(waiting),
+        running=int(running),
+        kv_usage=float(usage),
+        block_size=int(block_size),
+        num_gpu_blocks=int(blocks),
+        running_loras=frozenset(str(a) for a in run),
+        waiting_loras=frozenset(str(a) for a in wait),
+        max_loras=int(max_loras),
+        scraped_at=time.monotonic(),
+    )
+
+
 Receiver = Callable[[SiblingPick], None]
+MetricsReceiver = Callable[[str, EndpointMetrics], None]
 
 
 def exchange_directory() -> str:
@@ -82,11 +118,15 @@ def exchange_directory() -> str:
 
 
 class PickExchange:
-    """One worker's end: ``publish`` its picks, ``on_pick`` receives the others'."""
+    """One worker's end: ``publish`` its picks and ``publish_metrics`` its scrapes;
+    ``on_pick`` and ``on_metrics`` receive the others'."""
 
-    def __init__(self, directory: str, on_pick: Receiver) -> None:
+    def __init__(
+        self, directory: str, on_pick: Receiver, on_metrics: MetricsReceiver | None = None
+    ) -> None:
         self.directory = Path(directory)
         self.on_pick = on_pick
+        self.on_metrics = on_metrics
         self.path = self.directory / f"{os.getpid()}-{next(_NUMBERS)}.sock"
         self.sent = self.received = self.dropped = 0
         self._sock: socket.socket | None = None
@@ -94,9 +134,11 @@ class PickExchange:
         self._scanned = 0.0
 
     @classmethod
-    def from_environment(cls, on_pick: Receiver) -> PickExchange | None:
+    def from_environment(
+        cls, on_pick: Receiver, on_metrics: MetricsReceiver | None = None
+    ) -> PickExchange | None:
         directory = os.environ.get(ENV)
-        return cls(directory, on_pick) if directory else None
+        return cls(directory, on_pick, on_metrics) if directory else None
 
     def start(self) -> None:
         """Bind this worker's socket; if it cannot be (a path too long, the directory gone),
@@ -133,12 +175,17 @@ class PickExchange:
 
     def publish(self, pick: SiblingPick) -> None:
         """Tell the other workers of ``pick``."""
-        if self._sock is None:
-            return
-        peers = self._others()
-        if not peers:
-            return
-        data = pick.encode()
+        if self._sock is not None and self._others():
+            self._send(pick.encode())
+
+    def publish_metrics(self, address: str, metrics: EndpointMetrics) -> None:
+        """Tell the other workers what a scrape of ``address`` read."""
+        if self._sock is not None and self._others():
+            self._send(encode_metrics(address, metrics))
+
+    def _send(self, data: bytes) -> None:
+        assert self._sock is not None
+        peers = self._peers
         if len(data) > MAX_DATAGRAM:
             return
         for peer in peers:
@@ -159,9 +206,18 @@ class PickExchange:
                 log.debug("pick exchange: %s", exc)
                 return
             try:
-                pick = SiblingPick.decode(data)
+                kind, *items = msgpack.unpackb(data)
+                if kind == _PICK:
+                    pick, scraped = SiblingPick.decode(items), None
+                elif kind == _METRICS:
+                    pick, scraped = None, decode_metrics(items)
+                else:
+                    raise ValueError(f"a datagram of no known kind ({kind!r})")
             except (ValueError, TypeError, msgpack.UnpackException) as exc:
                 log.debug("pick exchange: a malformed datagram (%s)", exc)
                 continue
-            self.on_pick(pick)
+            if pick is not None:
+                self.on_pick(pick)
+            elif scraped is not None and self.on_metrics is not None:
+                self.on_metrics(*scraped)
             self.received += 1

@@ -25,6 +25,10 @@ from then on (a server whose filter drops what it serves, or that refuses the qu
 An answer the same as the endpoint's last (an idle server's, as a rule) is not parsed again:
 the metrics it parsed to are marked as of now.
 
+With ``--workers N`` each worker's scrapes reach the others (``epp.pick_exchange``), which
+``adopt`` them: a poller whose endpoint got a sibling's scrape while it rested rests again
+instead of scraping, so of N workers polling in step, one scrapes.
+
 A failed scrape leaves the old metrics in place and drops the grace, so they age and the
 saturation detector treats the endpoint as saturated once they are stale.
 """
@@ -100,6 +104,7 @@ class MetricsScraper:
         # by id(endpoint): the path it is scraped at, once its first scrape has decided
         self._paths: dict[int, str] = {}
         self.reads = 0  # metrics_read calls
+        self.adopted_rests = 0  # rests after which a sibling's scrape stood for this one's
         self._read = Doorbell()
         self._reads_at_scrape: dict[int, int] = {}  # by id(endpoint): reads when it was scraped
         # by id(endpoint): its last answer and what it parsed to; an idle endpoint answers the
@@ -127,6 +132,13 @@ class MetricsScraper:
         gate): a busy endpoint is worth scraping again."""
         self.reads += 1
         self._read.ring()
+
+    def adopt(self, endpoint: Endpoint, metrics: EndpointMetrics) -> None:
+        """A sibling worker scraped ``endpoint``: its metrics count as this picker's scrape
+        (they see this picker's requests as much as its own scrape would), and this picker's
+        poller skips its next scrape of that endpoint."""
+        endpoint.metrics = metrics
+        endpoint.dispatched = 0
 
     def idle(self, endpoint: Endpoint) -> bool:
         """Nothing runs or waits there, and this picker sent it nothing since the scrape."""
@@ -226,7 +238,12 @@ class MetricsScraper:
             failures = 0 if await self.scrape_once(endpoint) else failures + 1
             endpoint.healthy = failures < UNHEALTHY_AFTER
             if not failures:
-                await self._rest(endpoint)
+                while True:
+                    resting_since = time.monotonic()
+                    await self._rest(endpoint)
+                    if endpoint.metrics.scraped_at <= resting_since:
+                        break  # no sibling worker's scrape came meanwhile: scrape it here
+                    self.adopted_rests += 1
                 continue
             # a dead endpoint is retried with exponential backoff (up to 5 s), not hammered, and
             # jittered, so endpoints that died together are not all retried in one burst

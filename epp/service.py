@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from epp.config import build_plugins, build_profile
 from epp.datastore import Datastore
-from epp.framework import Endpoint, PickObserver, SchedulingRequest
+from epp.framework import Endpoint, EndpointMetrics, PickObserver, SchedulingRequest
 from epp.handle import PluginHandle
 from epp.indexes.prefix_index import PrefixIndex
 from epp.metrics import EppMetrics
@@ -74,7 +74,7 @@ class EppService:
             idle_interval=policy.epp.scrape_idle_interval,
         )
         self.scraper.on_error = lambda e: self.metrics.scrape_errors.labels(e.address).inc()
-        self.scraper.on_scrape = lambda e: self.metrics.scraped(e.address)
+        self.scraper.on_scrape = self._scraped
         self.scraper.tls = upstream_tls(policy)
         # sibling workers' picks (gateway --workers N): indexes tagged by their parameters
         self._index_by_tag = {
@@ -82,7 +82,19 @@ class EppService:
             for params, index in self.handle.indexes.items()
         }
         self._by_address = {e.address: e for e in self.datastore.all()}
-        self.exchange = PickExchange.from_environment(self._learn_sibling_pick)
+        self.exchange = PickExchange.from_environment(
+            self._learn_sibling_pick, self._learn_sibling_scrape
+        )
+
+    def _scraped(self, endpoint: Endpoint) -> None:
+        self.metrics.scraped(endpoint.address)
+        if self.exchange is not None:
+            self.exchange.publish_metrics(endpoint.address, endpoint.metrics)
+
+    def _learn_sibling_scrape(self, address: str, metrics: EndpointMetrics) -> None:
+        endpoint = self._by_address.get(address)
+        if endpoint is not None:
+            self.scraper.adopt(endpoint, metrics)
 
     def _learn_sibling_pick(self, pick: SiblingPick) -> None:
         endpoint = self._by_address.get(pick.address)

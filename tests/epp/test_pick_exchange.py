@@ -143,3 +143,38 @@ async def test_a_sibling_pick_counts_in_the_receivers_placement_and_index(
         for end in ends:
             if end is not None:
                 end.stop()
+
+
+async def test_a_scrape_reaches_the_other_workers_as_of_its_arrival(tmp_path: Path) -> None:
+    from epp.framework import EndpointMetrics
+
+    got: list[tuple[str, EndpointMetrics]] = []
+    receiver = PickExchange(str(tmp_path), lambda pick: None, lambda a, m: got.append((a, m)))
+    sender = PickExchange(str(tmp_path), lambda pick: None)
+    receiver.start()
+    sender.start()
+    scraped = EndpointMetrics(
+        waiting=2,
+        running=5,
+        kv_usage=0.75,
+        block_size=16,
+        num_gpu_blocks=560,
+        running_loras=frozenset({"sql", "chat"}),
+        waiting_loras=frozenset({"x"}),
+        max_loras=2,
+        scraped_at=1.0,
+    )
+    try:
+        sender.publish_metrics("h:1", scraped)
+        for _ in range(100):
+            if got:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        receiver.stop()
+        sender.stop()
+    (address, metrics), *rest = got
+    assert address == "h:1" and not rest
+    assert metrics.scraped_at > 1.0  # as of its arrival, on this worker's clock
+    metrics.scraped_at = scraped.scraped_at
+    assert metrics == scraped

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -239,5 +240,27 @@ async def test_an_answer_the_same_as_the_last_is_not_parsed_again_but_counts_as_
         state["running"] = 2
         await until_running(endpoint, 2)
         assert len(parsed) == 2  # a changed answer is parsed
+    finally:
+        await scraper.stop()
+
+
+async def test_a_sibling_workers_scrapes_stand_for_this_pickers_own(
+    switchable_server: tuple[int, dict[str, float]],
+) -> None:
+    port, state = switchable_server
+    scraper = one_endpoint_scraper(port, idle_interval=0)  # every 20 ms
+    (endpoint,) = scraper.datastore.endpoints("p")
+    await scraper.start()
+    try:
+        await asyncio.sleep(0.1)
+        state["scrapes"] = 0
+        for _ in range(40):  # a sibling scrapes every 10 ms and sends what it read
+            scraper.adopt(endpoint, EndpointMetrics(running=7, scraped_at=time.monotonic()))
+            await asyncio.sleep(0.01)
+        assert state["scrapes"] <= 2 and endpoint.metrics.running == 7
+        assert scraper.adopted_rests >= 10
+        state["scrapes"] = 0
+        await asyncio.sleep(0.3)  # the sibling is gone: this picker scrapes again
+        assert state["scrapes"] >= 5 and endpoint.metrics.running == 0
     finally:
         await scraper.stop()

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from loadtest.harness.processes import KvgateProcess, free_port
+from tests.http_servers import serving
 from tests.integration.metrics_util import scrape
 
 
@@ -175,6 +177,39 @@ routes: [{{model: kvgate-sim, pool: p}}]
         for p, prefix in enumerate(prefixes):
             served[p].add(await one(prefix, n))
     assert all(len(where) == 1 for where in served.values()), served
+
+
+async def test_two_workers_scrape_an_endpoint_about_as_often_as_one(
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+) -> None:
+    """Each worker's scrapes reach the other, which skips its own while they come: an idle
+    endpoint polled every 100 ms is scraped about 10 times a second, not 20."""
+    scrapes = [0]
+
+    async def metrics(request: web.Request) -> web.Response:
+        scrapes[0] += 1
+        return web.Response(text='vllm:num_requests_running{model_name="m"} 0.0\n')
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    async with serving(app) as port:
+        _, gateway = start_gateway(
+            f"""
+pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}
+routes: [{{model: m, pool: p}}]
+epp: {{scrape_idle_interval: 100ms}}
+""",
+            "--workers",
+            "2",
+        )
+        for _ in range(200):
+            if _listening(str(gateway.log)) == 2:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)  # the workers find each other's sockets
+        scrapes[0] = 0
+        await asyncio.sleep(3.0)
+    assert 20 <= scrapes[0] <= 42, scrapes  # one worker's 30 or so; both alone would make 60
 
 
 def _listening(log: str) -> int:
