@@ -25,6 +25,17 @@ class Stack:
     log: Path
 
 
+def one_upstream_policy(port: int) -> str:
+    """A gateway policy routing model ``m`` to a scripted upstream on 127.0.0.1:``port``
+    (a short first-byte timeout, the picker that reads no metrics)."""
+    return f"""
+pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}
+routes: [{{model: m, pool: p}}]
+timeouts: {{first_byte: 5s, idle: 10s}}
+epp: {{picker: least-in-flight}}
+"""
+
+
 def stack_policy(backend_ports: list[int], jwks: Path, extra: str = "") -> str:
     endpoints = ", ".join(f"127.0.0.1:{p}" for p in backend_ports)
     acme = hashlib.sha256(API_KEY.encode()).hexdigest()

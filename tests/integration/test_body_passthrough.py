@@ -13,20 +13,14 @@ import pytest
 
 from loadtest.harness.processes import KvgateProcess
 from tests.http_servers import serving, streaming_app
+from tests.integration.gateway_stack import one_upstream_policy
 
 AUDIO = {"Content-Type": "audio/mpeg"}
 FIRST = bytes(range(256)) * 64  # 16 KiB of binary
 
 
 def gateway_in_front(start_gateway: Callable[..., tuple[str, KvgateProcess]], port: int) -> str:
-    url, _ = start_gateway(
-        f"""
-pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}
-routes: [{{model: m, pool: p}}]
-timeouts: {{first_byte: 5s, idle: 10s}}
-epp: {{picker: least-in-flight}}
-"""
-    )
+    url, _ = start_gateway(one_upstream_policy(port))
     return url
 
 

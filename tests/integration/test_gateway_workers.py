@@ -146,10 +146,7 @@ routes: [{{model: kvgate-sim, pool: p}}]
     )
     # /healthz answers once one worker is up; a worker that starts later has missed the picks
     # made before it (they are not replayed), so wait for both
-    for _ in range(200):
-        if _listening(str(gateway.log)) == 2:
-            break
-        await asyncio.sleep(0.05)
+    await _until_both_listen(gateway)
     prefixes = [f"system prompt {n}: " + "lorem ipsum dolor sit amet " * 40 for n in range(6)]
 
     def counts() -> list[float]:
@@ -202,14 +199,18 @@ epp: {{scrape_idle_interval: 100ms}}
             "--workers",
             "2",
         )
-        for _ in range(200):
-            if _listening(str(gateway.log)) == 2:
-                break
-            await asyncio.sleep(0.05)
+        await _until_both_listen(gateway)
         await asyncio.sleep(1.0)  # the workers find each other's sockets
         scrapes[0] = 0
         await asyncio.sleep(3.0)
     assert 20 <= scrapes[0] <= 42, scrapes  # one worker's 30 or so; both alone would make 60
+
+
+async def _until_both_listen(gateway: KvgateProcess) -> None:
+    for _ in range(200):
+        if _listening(str(gateway.log)) == 2:
+            return
+        await asyncio.sleep(0.05)
 
 
 def _listening(log: str) -> int:

@@ -12,6 +12,7 @@ from aiohttp import web
 from kvgate.wire.http.client import MAX_UPSTREAM_BODY
 from loadtest.harness.processes import KvgateProcess
 from tests.http_servers import serving, streaming_app
+from tests.integration.gateway_stack import one_upstream_policy
 from tests.integration.metrics_util import scrape
 
 MIB = 1 << 20
@@ -40,14 +41,7 @@ async def test_a_body_over_the_limit_is_a_502_that_says_why(
     start_gateway: Callable[..., tuple[str, KvgateProcess]],
 ) -> None:
     async with serving(huge_json_app(), shutdown_timeout=0.1) as port:
-        url, _ = start_gateway(
-            f"""
-pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}
-routes: [{{model: m, pool: p}}]
-timeouts: {{first_byte: 5s, idle: 10s}}
-epp: {{picker: least-in-flight}}
-"""
-        )
+        url, _ = start_gateway(one_upstream_policy(port))
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session,
             session.post(f"{url}/v1/completions", json={"model": "m", "prompt": "x"}) as response,
