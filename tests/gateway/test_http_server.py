@@ -156,6 +156,27 @@ async def test_heads_llhttp_lets_through_are_refused_as_rfc_9112_says(
     assert raw.startswith(b"HTTP/1.1 " + status + b" ") and says in raw
 
 
+@pytest.mark.parametrize(
+    ("target", "path"),
+    [
+        (b"http://gateway.example:8080/echo?x=1", b"/echo?x=1"),
+        (b"HTTPS://gateway.example/echo", b"/echo"),
+        (b"http://gateway.example", b"/"),
+        (b"http://gateway.example?x=1", b"/?x=1"),
+    ],
+)
+async def test_an_absolute_form_target_is_served_by_its_path(
+    server: HttpServer, target: bytes, path: bytes
+) -> None:
+    head = b"GET " + target + b" HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    raw = await exchange(server.port, head)
+    if path.startswith(b"/echo"):
+        assert raw.startswith(b"HTTP/1.1 200 ")
+        assert b"x-q: " + path.partition(b"?")[2] + b"\r\n" in raw
+    else:  # the root: the handler's own answer for a path it does not serve
+        assert raw.startswith(b"HTTP/1.1 404 ") and raw.endswith(b'{"path":"/"}')
+
+
 async def test_an_http10_request_may_leave_out_host(server: HttpServer) -> None:
     raw = await exchange(server.port, b"GET /echo HTTP/1.0\r\n\r\n")
     assert raw.startswith(b"HTTP/1.1 200 ")

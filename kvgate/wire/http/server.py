@@ -11,6 +11,7 @@ and response machinery alone costs about as much CPU as the whole proxy may spen
 - ``Expect: 100-continue`` answered by the server itself; an ``Upgrade`` it does not perform
   (h2c from Java's client or ``curl --http2``, a WebSocket) is ignored, as HTTP/1.1 allows:
   the request is served as a plain one; ``CONNECT`` gets a 405;
+- a request target in absolute form (``POST http://host/v1/...``) served by its path;
 - malformed requests answered 400 and the connection closed, and so are HTTP/1.1 requests
   without a Host header or with several (RFC 9112); a transfer coding other than ``chunked``
   gets a 501;
@@ -58,6 +59,20 @@ CUT_WAIT = 1.0  # seconds cut handlers get to write their last word
 
 _UPGRADE_HEADERS = (b"upgrade", b"http2-settings")  # dropped from a head whose upgrade is ignored
 _METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
+
+
+def _origin_form(target: bytes) -> bytes:
+    """The path and query of an absolute-form request target (``http://host/v1/x?q``, as
+    a client configured with a proxy sends it; RFC 9112 says a server must accept it);
+    anything else as it is."""
+    scheme, sep, rest = target.partition(b"://")
+    if not sep or scheme.lower() not in (b"http", b"https"):
+        return target
+    ends = [at for at in (rest.find(b"/"), rest.find(b"?")) if at >= 0]
+    if not ends:
+        return b"/"
+    path = rest[min(ends) :]
+    return path if path.startswith(b"/") else b"/" + path
 
 
 def _framing_refusal(
@@ -223,6 +238,8 @@ class Connection(asyncio.Protocol):
         self._mapping = headers = CIMultiDict(
             [(name.decode("latin-1"), value.decode("latin-1")) for name, value in self._headers]
         )
+        if not self._url.startswith(b"/"):
+            self._url = _origin_form(self._url)
         malformed = _framing_refusal(headers, self._parser)
         if malformed is not None:
             self._too_large = True  # what body comes is dropped unread
