@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from loadtest.harness.processes import KvgateProcess
 from tests.http_servers import serving, streaming_app
@@ -89,3 +90,36 @@ async def test_a_body_the_upstream_breaks_off_is_cut_short_at_the_client(
             # the gateway serves on (its connection to the client was the one closed)
             async with session.get(f"{url}/healthz") as health:
                 assert health.status == 200
+
+
+async def test_a_client_that_leaves_mid_body_closes_the_upstream_connection(
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+) -> None:
+    ended: list[str] = []
+
+    async def endless_audio(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers=AUDIO)
+        await response.prepare(request)
+        try:
+            for _ in range(600):  # a minute of audio, a chunk every 0.1 s
+                await response.write(FIRST)
+                await asyncio.sleep(0.1)
+        except (ConnectionResetError, asyncio.CancelledError):
+            ended.append("the gateway closed the connection")
+            raise
+        ended.append("sent it all")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", endless_audio)
+    async with serving(app, shutdown_timeout=0.1) as port:
+        url = gateway_in_front(start_gateway, port)
+        async with aiohttp.ClientSession() as session:
+            response = await session.post(f"{url}/v1/completions", json={"model": "m"})
+            assert await response.content.readexactly(len(FIRST)) == FIRST
+            response.close()  # the client goes away
+        for _ in range(100):
+            if ended:
+                break
+            await asyncio.sleep(0.05)
+    assert ended == ["the gateway closed the connection"]
