@@ -90,8 +90,11 @@ class HeaderFilter:
         self._passes: dict[bytes, bool] = {}
 
     def lines(self, headers: list[tuple[bytes, bytes]], out: list[bytes]) -> None:
-        """Append a ``name: value`` line (with CRLF) to ``out`` for each header that passes."""
+        """Append a ``name: value`` line (with CRLF) to ``out`` for each header that passes;
+        the headers a ``Connection`` header names are this hop's too (RFC 9110, 7.6.1)."""
         passes = self._passes
+        start = len(out)
+        named: set[bytes] = set()
         for name, value in headers:
             ok = passes.get(name)
             if ok is None:
@@ -101,6 +104,23 @@ class HeaderFilter:
                     passes[name] = ok
             if ok:
                 out.append(b"%b: %b\r\n" % (name, value))
+            elif len(name) == 10 and name.lower() == b"connection":
+                named.update(_connection_options(value))
+        if named:
+            out[start:] = [line for line in out[start:] if _name_of(line) not in named]
+
+
+def _connection_options(value: bytes) -> list[bytes]:
+    """The header names a ``Connection`` value lists (not its ``close`` or ``keep-alive``)."""
+    options = (option.strip().lower() for option in value.split(b","))
+    return [option for option in options if option and option not in _CONNECTION_TOKENS]
+
+
+def _name_of(line: bytes) -> bytes:
+    return line.split(b":", 1)[0].lower()
+
+
+_CONNECTION_TOKENS = frozenset({b"close", b"keep-alive"})
 
 
 _FORWARDED = HeaderFilter(  # content-type: the gateway sets its own

@@ -65,6 +65,17 @@ def test_upstream_headers_come_back_less_framing_and_its_own_request_id() -> Non
     ]
 
 
+def test_headers_a_connection_header_names_stay_behind_both_ways() -> None:
+    # RFC 9110 7.6.1: they are this hop's, like Connection itself (the name may come after)
+    client = [(b"X-Hop", b"1"), (b"Connection", b"close, X-Hop ,x-other"), (b"x-other", b"2")]
+    client.append((b"X-Kept", b"3"))
+    sent = upstream_headers(client, "gw-id", Pool("p", ()))
+    assert b"hop" not in sent.lower() and b"other" not in sent.lower()
+    assert sent.startswith(b"X-Kept: 3\r\n")
+    upstream = [(b"Connection", b"keep-alive, x-secret"), (b"x-secret", b"s"), (b"x-b", b"a")]
+    assert response_headers(upstream, None) == b"x-b: a\r\n"
+
+
 def test_the_gateways_own_headers_replace_the_upstreams() -> None:
     extra = {"x-ratelimit-remaining-requests": "3", "x-kvgate-ab-arm": "t=b"}
     returned = response_headers(UPSTREAM, None, extra)

@@ -427,3 +427,13 @@ async def test_bytes_an_idle_connection_receives_retire_it() -> None:
     assert await call(pool, up) == b"{}"  # not read as the unsolicited message's body
     pool.close()
     server.close()
+
+
+async def test_a_101_nobody_asked_for_fails_the_request() -> None:
+    switched = b"HTTP/1.1 101 Switching Protocols\r\nupgrade: foo\r\nconnection: upgrade\r\n\r\n"
+    up, server = await started(lambda n: switched + b"not HTTP any more")
+    pool = ConnectionPool(connect_timeout=1)
+    with pytest.raises(UpstreamConnectionError, match="switched protocols"):
+        await call(pool, up)
+    pool.close()
+    server.close()

@@ -160,6 +160,8 @@ class UpstreamConnection(asyncio.Protocol):
         except httptools.HttpParserError:
             self._fail("malformed upstream response")
             return
+        except httptools.HttpParserUpgrade:  # a 101: on_headers_complete failed it already
+            return
         # httptools buffers an unfinished head whole: bound it (a chunk that completed the head
         # may carry body bytes too: then on_headers_complete counts the headers themselves)
         if self._in_head and self._head_size > MAX_UPSTREAM_HEAD:
@@ -188,7 +190,10 @@ class UpstreamConnection(asyncio.Protocol):
         if self._head_size > MAX_UPSTREAM_HEAD and header_size(self._headers) > MAX_UPSTREAM_HEAD:
             return  # still "in the head": data_received fails the request
         status = self.parser.get_status_code()
-        if 100 <= status < 200 and status != 101:
+        if status == 101:  # the gateway never asks for another protocol: not a response
+            self._fail("the upstream switched protocols unasked (101)")
+            return
+        if 100 <= status < 200:
             # an interim response (100 Continue, 103 Early Hints): the final one follows
             self._interim = True
             self._headers = []
