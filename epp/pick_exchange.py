@@ -175,17 +175,16 @@ class PickExchange:
 
     def publish(self, pick: SiblingPick) -> None:
         """Tell the other workers of ``pick``."""
-        if self._sock is not None and self._others():
-            self._send(pick.encode())
+        if self._sock is not None and (peers := self._others()):
+            self._send(pick.encode(), peers)
 
     def publish_metrics(self, address: str, metrics: EndpointMetrics) -> None:
         """Tell the other workers what a scrape of ``address`` read."""
-        if self._sock is not None and self._others():
-            self._send(encode_metrics(address, metrics))
+        if self._sock is not None and (peers := self._others()):
+            self._send(encode_metrics(address, metrics), peers)
 
-    def _send(self, data: bytes) -> None:
+    def _send(self, data: bytes, peers: list[str]) -> None:
         assert self._sock is not None
-        peers = self._peers
         if len(data) > MAX_DATAGRAM:
             return
         for peer in peers:

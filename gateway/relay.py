@@ -1,4 +1,5 @@
-"""Relaying an upstream response to the client: a JSON body at once, or SSE event by event.
+"""Relaying an upstream response to the client: a JSON body at once, SSE event by event, and
+any other body as it arrives.
 
 A stream's chunks are taken in the upstream connection's own callback as they arrive and their
 complete events written to the client there (``UpstreamResponse.push``); the request's task
@@ -66,12 +67,7 @@ async def relay_stream(
 ) -> StreamResponse:
     """Relay the upstream's events as they complete (``relay``: how this API's stream is read
     and ended); a stream that breaks off ends with an error event."""
-    response = StreamResponse(
-        status=upstream.status,
-        block=response_headers(upstream.raw_headers, ctx.request_id, ctx.extra_headers) + ctx.cors,
-    )
-    await response.prepare(request)
-    ctx.status = upstream.status
+    response = await _prepared(request, ctx, upstream, None)
     failure = ""
     forward = _Forward(ctx, attempt, relay, response)
     try:
@@ -121,13 +117,7 @@ async def relay_body(
 ) -> StreamResponse:
     """Pass on a body the gateway reads nothing from (audio, a file, text) as it arrives,
     rather than holding it whole; one that breaks off is cut short at the client too."""
-    response = StreamResponse(
-        status=upstream.status,
-        block=response_headers(upstream.raw_headers, ctx.request_id, ctx.extra_headers) + ctx.cors,
-        length=_content_length(upstream.raw_headers),
-    )
-    await response.prepare(request)
-    ctx.status = upstream.status
+    response = await _prepared(request, ctx, upstream, upstream.length)
     ctx.ttft = time.perf_counter() - ctx.start
     try:
         while chunk := await upstream.readany(idle):
@@ -181,16 +171,19 @@ async def _rest_after_done(upstream: UpstreamResponse, idle: float) -> None:
                 pass
 
 
-def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    """The body's size as the upstream's ``Content-Length`` gives it; None for a chunked body
-    (or a length that is not a number: the upstream's parser has then refused it already)."""
-    length = None
-    for name, value in headers:
-        if len(name) == 17 and name.lower() == b"transfer-encoding":
-            return None
-        if len(name) == 14 and name.lower() == b"content-length" and value.strip().isdigit():
-            length = int(value)
-    return length
+async def _prepared(
+    request: Request, ctx: RequestContext, upstream: UpstreamResponse, length: int | None
+) -> StreamResponse:
+    """The client's response to relay ``upstream`` into, its head sent (the request id and
+    CORS lines in it: a prepared response takes no more headers)."""
+    response = StreamResponse(
+        status=upstream.status,
+        block=response_headers(upstream.raw_headers, ctx.request_id, ctx.extra_headers) + ctx.cors,
+        length=length,
+    )
+    await response.prepare(request)
+    ctx.status = upstream.status
+    return response
 
 
 def _upstream_failed(ctx: RequestContext, exc: BaseException) -> Exception:

@@ -94,7 +94,7 @@ class HeaderFilter:
         the headers a ``Connection`` header names are this hop's too (RFC 9110, 7.6.1)."""
         passes = self._passes
         start = len(out)
-        named: set[bytes] = set()
+        named: set[bytes] | None = None  # what a Connection header lists (seldom anything)
         for name, value in headers:
             ok = passes.get(name)
             if ok is None:
@@ -105,7 +105,9 @@ class HeaderFilter:
             if ok:
                 out.append(b"%b: %b\r\n" % (name, value))
             elif len(name) == 10 and name.lower() == b"connection":
-                named.update(_connection_options(value))
+                options = _connection_options(value)
+                if options:
+                    named = (named or set()).union(options)
         if named:
             out[start:] = [line for line in out[start:] if _name_of(line) not in named]
 

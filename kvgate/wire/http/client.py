@@ -44,10 +44,10 @@ class UpstreamBodyTooLarge(UpstreamConnectionError):
 
 
 class UpstreamResponse:
-    """One response; ``status``, ``raw_headers`` (name/value byte pairs as sent) and
-    ``content_type`` are known on return."""
+    """One response; ``status``, ``raw_headers`` (name/value byte pairs as sent),
+    ``content_type`` and ``length`` are known on return."""
 
-    __slots__ = ("_conn", "content_type", "raw_headers", "status")
+    __slots__ = ("_conn", "_declared", "content_type", "raw_headers", "status")
 
     def __init__(
         self,
@@ -55,11 +55,20 @@ class UpstreamResponse:
         status: int,
         raw_headers: list[tuple[bytes, bytes]],
         content_type: str,
+        declared: bytes | None = None,
     ) -> None:
         self.status = status
         self.raw_headers = raw_headers
         self.content_type = content_type
         self._conn = conn
+        self._declared = declared  # Content-Length as sent, for a body with no transfer coding
+
+    @property
+    def length(self) -> int | None:
+        """The body's size as its ``Content-Length`` gives it; None when it has none (or a
+        transfer coding)."""
+        declared = self._declared
+        return int(declared) if declared is not None and declared.strip().isdigit() else None
 
     def read_now(self) -> bytes | None:
         """The whole body if it has all arrived (the usual case: it came with the headers),
@@ -200,18 +209,20 @@ class UpstreamConnection(asyncio.Protocol):
             self._framing = []
             return
         self._in_head = False
-        content_type, sized, chunked = "", False, False
+        content_type, declared, coded, chunked = "", None, False, False
         for name, value in self._framing:
             if name == b"content-type":
                 content_type = value.partition(b";")[0].strip().lower().decode("latin-1")
             elif name == b"content-length":
-                sized = True
+                declared = value
             elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-        self._until_close = not sized and not chunked and status not in (204, 304)
+                coded, chunked = True, b"chunked" in value.lower()
+        self._until_close = declared is None and not chunked and status not in (204, 304)
         self._keep_alive = self.parser.should_keep_alive()  # reset once the message ends
         self.pool.unwatch(self)
-        response = UpstreamResponse(self, status, self._headers, content_type)
+        response = UpstreamResponse(
+            self, status, self._headers, content_type, None if coded else declared
+        )
         if self._head is not None and not self._head.done():
             self._head.set_result(response)
 
