@@ -134,9 +134,9 @@ class MetricsScraper:
         self._read.ring()
 
     def adopt(self, endpoint: Endpoint, metrics: EndpointMetrics) -> None:
-        """A sibling worker scraped ``endpoint``: its metrics count as this picker's scrape
-        (they see this picker's requests as much as its own scrape would), and this picker's
-        poller skips its next scrape of that endpoint."""
+        """``metrics`` are a fresh scrape of ``endpoint``: this picker's own, or a sibling
+        worker's (which see this picker's requests as much as its own scrape would; its poller
+        then skips its next scrape of that endpoint)."""
         endpoint.metrics = metrics
         endpoint.dispatched = 0
 
@@ -171,18 +171,22 @@ class MetricsScraper:
             log.debug("scrape of %s failed: %s", address, exc)
             endpoint.metrics_grace = 0.0
             return False
-        last = self._last.get(id(endpoint))
-        if last is not None and last[0] == text:  # the same metrics, as of now
-            last[1].scraped_at = time.monotonic()
-            endpoint.metrics = last[1]
-        else:
-            endpoint.metrics = parse_metrics(text, names)
-            self._last[id(endpoint)] = (text, endpoint.metrics)
-        endpoint.dispatched = 0
+        self.adopt(endpoint, self._metrics_of(endpoint, text, names))
         self.scrapes += 1
         if self.on_scrape is not None:
             self.on_scrape(endpoint)
         return True
+
+    def _metrics_of(self, endpoint: Endpoint, text: str, names: MetricNames) -> EndpointMetrics:
+        """What ``text``, the endpoint's answer just now, says; the last answer's metrics as of
+        now if it is the same."""
+        last = self._last.get(id(endpoint))
+        if last is not None and last[0] == text:
+            last[1].scraped_at = time.monotonic()
+            return last[1]
+        metrics = parse_metrics(text, names)
+        self._last[id(endpoint)] = (text, metrics)
+        return metrics
 
     async def _first_scrape(self, endpoint: Endpoint, address: str, names: MetricNames) -> str:
         """Scrape filtered, unless the filtered answer lacks the series the whole text has;
