@@ -75,7 +75,8 @@ class EppMetrics:
         self.scrapes = Counter(
             "kvgate_epp_scrapes",
             "Successful metric scrapes (their rate follows the picks: epp.scrape_interval while "
-            "busy and read, scrape_idle_interval otherwise).",
+            "loaded by others or near saturation and read, scrape_idle_interval to "
+            "scrape_quiet_interval otherwise).",
             ["endpoint"],
             registry=r,
         )

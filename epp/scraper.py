@@ -1,19 +1,25 @@
-"""Poll every endpoint's /metrics on a short interval while it is busy (GIE uses 50 ms), and
-slowly while it is idle, so the scraping cost follows the load.
+"""Poll every endpoint's /metrics on a short interval while what it reports matters to the
+next decision (GIE polls every 50 ms), and slowly while the picker's own counts already say it,
+so the scraping cost follows the load.
 
-An endpoint is idle when its last scrape showed nothing running or waiting and this picker has
-nothing in flight there: until a pick sends it a request its state cannot change by this
-picker's doing, so it is polled every ``idle_interval`` (to notice other routers' traffic and
+An endpoint is *accounted for* when its last scrape showed nothing this picker does not know
+of, far from saturation: nothing waiting, no more running than this picker has in flight
+there, KV usage under half the saturation threshold, and fewer than half the saturation queue
+sent since (``accounted``). An idle endpoint is the plain case. Until something else reaches
+it, what a scrape would show is what the picker already counts (its in-flight requests, the
+tokens it sent), so it is polled every ``idle_interval`` (to notice other routers' traffic and
 deaths) and the saturation detector accepts its metrics as fresh for that much longer
-(``Endpoint.metrics_grace``). A pick wakes the endpoint's poller: its next scrape comes one
-busy interval later, and it stays busy while anything runs there.
+(``Endpoint.metrics_grace``). While scrape after scrape finds it accounted for (nothing from
+elsewhere reached it), that rest doubles, up to ``quiet_interval``; a scrape that finds more
+sets it back. A pick sent there cuts the rest to at most ``idle_interval`` from the pick, or
+to one busy interval if the endpoint is no longer accounted for.
 
-A busy endpoint is scraped again one busy interval after its last scrape only if something has
-read the metrics since (a pick, or the admission gate while it holds requests back:
-``metrics_read``); otherwise at the next read or after the idle interval, whichever comes first,
-with the same grace. A scrape that no decision reads is work for nothing on both sides, and at
-a low request rate most busy scrapes were that; at a high rate (a read every busy interval or
-more often) the busy interval is kept.
+Any other endpoint (a queue, KV pressure, requests the picker did not send) is scraped again
+one busy interval after its last scrape if something has read the metrics since (a pick, or
+the admission gate while it holds requests back: ``metrics_read``); otherwise at the next read
+or after the idle interval, whichever comes first, with the same grace. A scrape that no
+decision reads is work for nothing on both sides; at a high rate (a read every busy interval
+or more often) the busy interval is kept.
 
 A scrape asks for only the series the picker reads (``/metrics?name[]=...``, the filter of
 prometheus_client's own exposition; a vLLM /metrics runs hundreds of lines, and the server
@@ -27,7 +33,8 @@ the metrics it parsed to are marked as of now.
 
 With ``--workers N`` each worker's scrapes reach the others (``epp.pick_exchange``), which
 ``adopt`` them: a poller whose endpoint got a sibling's scrape while it rested rests again
-instead of scraping, so of N workers polling in step, one scrapes.
+instead of scraping, so of N workers polling in step, one scrapes. (A sibling's requests are
+not this picker's own: an endpoint running them is not accounted for.)
 
 A failed scrape leaves the old metrics in place and drops the grace, so they age and the
 saturation detector treats the endpoint as saturated once they are stale.
@@ -49,6 +56,7 @@ from epp.framework import Endpoint, EndpointMetrics
 from epp.metrics_parser import VLLM, MetricNames, parse_metrics
 from epp.tasks import cancel_all
 from kvgate.wire.http.client import ConnectionPool, UpstreamConnectionError
+from policies.schema import Saturation
 
 log = logging.getLogger("kvgate.epp")
 UNHEALTHY_AFTER = 3  # consecutive failed scrapes
@@ -88,10 +96,18 @@ class MetricsScraper:
         interval: float = 0.05,
         timeout: float = 1.0,
         idle_interval: float = 0.0,
+        quiet_interval: float = 0.0,
+        saturation: Saturation | None = None,
     ) -> None:
         self.datastore = datastore
         self.interval = interval
         self.idle_interval = max(idle_interval, interval)  # 0 (or less): never slow down
+        self.quiet_interval = max(quiet_interval, self.idle_interval)
+        thresholds = saturation or Saturation()
+        self._calm_kv_usage = thresholds.kv_usage / 2
+        self._calm_dispatched = thresholds.queue_depth / 2
+        # by id(endpoint): scrapes in a row that found it accounted for
+        self._accounted_scrapes: dict[int, int] = {}
         self.timeout = timeout  # connect, first byte, and each gap while reading
         self.errors = 0
         self.on_error: Callable[[Endpoint], None] | None = None
@@ -140,10 +156,23 @@ class MetricsScraper:
         endpoint.metrics = metrics
         endpoint.dispatched = 0
 
-    def idle(self, endpoint: Endpoint) -> bool:
-        """Nothing runs or waits there, and this picker sent it nothing since the scrape."""
+    def accounted(self, endpoint: Endpoint) -> bool:
+        """What the endpoint's last scrape showed is this picker's own doing, far from
+        saturation: nothing waiting, no more running than this picker has in flight there, KV
+        usage under half the saturation threshold, fewer than half its queue sent since."""
         m = endpoint.metrics
-        return not (m.running or m.waiting or endpoint.in_flight or endpoint.dispatched)
+        return (
+            not m.waiting
+            and m.running <= endpoint.in_flight
+            and m.kv_usage < self._calm_kv_usage
+            and endpoint.dispatched < self._calm_dispatched
+        )
+
+    def slow_rest(self, endpoint: Endpoint) -> float:
+        """How long an accounted-for endpoint rests: the idle interval, doubled for each scrape
+        in a row past the first that found it accounted for, up to the quiet interval."""
+        doublings = max(self._accounted_scrapes.get(id(endpoint), 0) - 1, 0)
+        return min(self.idle_interval * (1 << min(doublings, 30)), self.quiet_interval)
 
     async def stop(self) -> None:
         await cancel_all(self._tasks)
@@ -172,6 +201,9 @@ class MetricsScraper:
             endpoint.metrics_grace = 0.0
             return False
         self.adopt(endpoint, self._metrics_of(endpoint, text, names))
+        key = id(endpoint)
+        in_a_row = self._accounted_scrapes.get(key, 0) + 1
+        self._accounted_scrapes[key] = in_a_row if self.accounted(endpoint) else 0
         self.scrapes += 1
         if self.on_scrape is not None:
             self.on_scrape(endpoint)
@@ -212,21 +244,31 @@ class MetricsScraper:
         return endpoint.address if port is None else f"{endpoint.address.rsplit(':', 1)[0]}:{port}"
 
     async def _rest(self, endpoint: Endpoint) -> None:
-        """Wait until the next scrape of a healthy endpoint: the busy interval, or while it is
-        idle the idle interval, cut short by a pick (then one busy interval after it); a busy
-        endpoint whose metrics nothing has read since its scrape waits for a read, at most the
-        idle interval."""
+        """Wait until the next scrape of a healthy endpoint: the slow rest while it is
+        accounted for, else the busy interval (longer while nothing reads its metrics)."""
         bell = self._wake.get(id(endpoint))
         if bell is None or self.idle_interval <= self.interval:
             endpoint.metrics_grace = 0.0
             await asyncio.sleep(self.interval)
-            return
-        if not self.idle(endpoint):
+        elif self.accounted(endpoint):
+            await self._rest_accounted(endpoint, bell)
+        else:
             await self._rest_busy(endpoint)
-            return
-        endpoint.metrics_grace = self.idle_interval
-        if await bell.wait(self.idle_interval):  # a pick sent it a request since the scrape
-            await asyncio.sleep(self.interval)
+
+    async def _rest_accounted(self, endpoint: Endpoint, bell: Doorbell) -> None:
+        """The slow rest, cut to at most the idle interval by a pick sent there (to one busy
+        interval if the endpoint is no longer accounted for then)."""
+        loop = asyncio.get_running_loop()
+        rest = self.slow_rest(endpoint)
+        endpoint.metrics_grace = rest
+        deadline = loop.time() + rest
+        while (left := deadline - loop.time()) > 0:
+            if not await bell.wait(left):
+                return
+            if not self.accounted(endpoint):
+                await asyncio.sleep(self.interval)
+                return
+            deadline = min(deadline, loop.time() + self.idle_interval)
 
     async def _rest_busy(self, endpoint: Endpoint) -> None:
         endpoint.metrics_grace = 0.0

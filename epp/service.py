@@ -72,6 +72,8 @@ class EppService:
             self.datastore,
             policy.epp.scrape_interval,
             idle_interval=policy.epp.scrape_idle_interval,
+            quiet_interval=policy.epp.scrape_quiet_interval,
+            saturation=policy.epp.saturation,
         )
         self.scraper.on_error = lambda e: self.metrics.scrape_errors.labels(e.address).inc()
         self.scraper.on_scrape = self._scraped

@@ -27,6 +27,7 @@ def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
             "profiles",
             "scrape_interval",
             "scrape_idle_interval",
+            "scrape_quiet_interval",
             "saturation",
             "objectives",
             "config",
@@ -65,6 +66,7 @@ def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
         tuple(profiles),
         f.duration("scrape_interval", 0.05),
         f.duration("scrape_idle_interval", 0.2),
+        f.duration("scrape_quiet_interval", 1.0),
         saturation,
         _objectives(f),
     )

@@ -248,10 +248,13 @@ class Epp:
     plugins: tuple[PluginSpec, ...] = DEFAULT_EPP_PLUGINS
     profiles: tuple[ProfileSpec, ...] = DEFAULT_EPP_PROFILES
     scrape_interval: float = 0.05
-    # an idle endpoint (nothing running, waiting or in flight from this picker) is polled this
-    # often instead, until a pick wakes its poller, and so is a busy one whose metrics no pick
+    # an endpoint whose metrics show only this picker's own requests, far from saturation (an
+    # idle one, say), is polled this often instead, and so is a busy one whose metrics no pick
     # has read since its last scrape; 0 polls every endpoint at scrape_interval
     scrape_idle_interval: float = 0.2
+    # how far that slow polling stretches (doubling) while scrape after scrape finds only this
+    # picker's own requests there; at most this late is other routers' new traffic seen
+    scrape_quiet_interval: float = 1.0
     saturation: Saturation = field(default_factory=Saturation)
     objectives: tuple[Objective, ...] = ()  # unknown objectives have priority 0
 

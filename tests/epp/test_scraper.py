@@ -64,12 +64,19 @@ async def switchable_server() -> AsyncIterator[tuple[int, dict[str, float]]]:
         yield port, state
 
 
-def one_endpoint_scraper(port: int, idle_interval: float) -> MetricsScraper:
+def one_endpoint_scraper(
+    port: int, idle_interval: float, quiet_interval: float = 0.0
+) -> MetricsScraper:
     """A scraper polling 127.0.0.1:``port`` every 20 ms while busy (not started)."""
     policy = load_policy_text(
         f"pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}\nroutes: [{{model: m, pool: p}}]\n"
     )
-    return MetricsScraper(Datastore(policy), interval=0.02, idle_interval=idle_interval)
+    return MetricsScraper(
+        Datastore(policy),
+        interval=0.02,
+        idle_interval=idle_interval,
+        quiet_interval=quiet_interval,
+    )
 
 
 async def until_running(endpoint: Endpoint, running: int) -> None:
@@ -106,14 +113,105 @@ async def test_idle_endpoints_are_scraped_slowly_and_a_pick_wakes_them(
         woken_at = asyncio.get_running_loop().time()
         scraper.wake(endpoint)
         await until_running(endpoint, 2)
-        assert asyncio.get_running_loop().time() - woken_at < 0.2  # one busy interval, not 0.4 s
+        assert asyncio.get_running_loop().time() - woken_at < 0.5  # the idle interval at most
         state["scrapes"] = 0
         for _ in range(50):  # picks read the metrics every 10 ms
             scraper.metrics_read()
             await asyncio.sleep(0.01)
-        assert state["scrapes"] >= 10  # busy and read: every 0.02 s
+        assert state["scrapes"] >= 10  # more running than sent from here, and read: every 0.02 s
     finally:
         await scraper.stop()
+
+
+async def test_an_endpoint_only_this_picker_uses_is_polled_ever_more_slowly(
+    switchable_server: tuple[int, dict[str, float]],
+) -> None:
+    port, state = switchable_server
+    scraper = one_endpoint_scraper(port, idle_interval=0.1, quiet_interval=0.4)
+    (endpoint,) = scraper.datastore.endpoints("p")
+    await scraper.start()
+    try:
+        await asyncio.sleep(0.8)  # 0.1, 0.2, 0.4 s rests
+        assert scraper.slow_rest(endpoint) == 0.4
+        state["scrapes"] = 0
+        await asyncio.sleep(1.0)
+        assert 1 <= state["scrapes"] <= 4  # every 0.4 s, not every 0.1 s
+        assert endpoint.metrics_grace == 0.4
+
+        # this picker's own requests running there change nothing: reads do not speed it up
+        endpoint.in_flight = 2
+        state["running"] = 2
+        await until_running(endpoint, 2)
+        state["scrapes"] = 0
+        for _ in range(50):
+            scraper.metrics_read()
+            await asyncio.sleep(0.01)
+        assert state["scrapes"] <= 3 and scraper.slow_rest(endpoint) == 0.4
+
+        # one more than it sent: someone else's traffic, polled busy while read
+        state["running"] = 3
+        await until_running(endpoint, 3)
+        state["scrapes"] = 0
+        for _ in range(30):
+            scraper.metrics_read()
+            await asyncio.sleep(0.01)
+        assert state["scrapes"] >= 6
+        assert scraper.slow_rest(endpoint) == 0.1  # and slow polling starts over after it
+    finally:
+        await scraper.stop()
+
+
+async def test_a_pick_to_a_quiet_endpoint_is_seen_within_the_idle_interval(
+    switchable_server: tuple[int, dict[str, float]],
+) -> None:
+    port, state = switchable_server
+    scraper = one_endpoint_scraper(port, idle_interval=0.1, quiet_interval=2.0)
+    (endpoint,) = scraper.datastore.endpoints("p")
+    loop = asyncio.get_running_loop()
+    await scraper.start()
+    try:
+        await asyncio.sleep(1.6)  # rests of 0.1, 0.2, 0.4 and 0.8 s: now a 1.6 s one
+        state["running"] = 1
+        endpoint.in_flight, endpoint.dispatched = 1, 1
+        woken_at = loop.time()
+        scraper.wake(endpoint)
+        await until_running(endpoint, 1)
+        assert loop.time() - woken_at < 0.25  # the idle interval after the pick, not 1.6 s on
+
+        await asyncio.sleep(0.2)
+        state["running"] = 4  # a burst: half the saturation queue sent since the last scrape
+        endpoint.in_flight, endpoint.dispatched = 4, 3
+        woken_at = loop.time()
+        scraper.wake(endpoint)
+        await until_running(endpoint, 4)
+        assert loop.time() - woken_at < 0.09  # one busy interval
+    finally:
+        await scraper.stop()
+
+
+@pytest.mark.parametrize(
+    ("metrics", "in_flight", "dispatched", "accounted"),
+    [
+        (EndpointMetrics(), 0, 0, True),  # idle
+        (EndpointMetrics(running=2), 2, 0, True),  # all of it sent from here
+        (EndpointMetrics(running=2), 1, 0, False),  # one from elsewhere (or just finished)
+        (EndpointMetrics(waiting=1, running=1), 2, 0, False),  # a queue
+        (EndpointMetrics(kv_usage=0.39), 0, 0, True),  # under half of 80%
+        (EndpointMetrics(kv_usage=0.4), 0, 0, False),
+        (EndpointMetrics(), 2, 2, True),  # under half of a queue of 5 sent since the scrape
+        (EndpointMetrics(), 3, 3, False),
+    ],
+)
+def test_accounted_for_means_the_pickers_own_doing_far_from_saturation(
+    metrics: EndpointMetrics, in_flight: int, dispatched: int, accounted: bool
+) -> None:
+    policy = load_policy_text(
+        "pools: {p: {endpoints: [127.0.0.1:1]}}\nroutes: [{model: m, pool: p}]\n"
+    )
+    scraper = MetricsScraper(Datastore(policy))
+    endpoint = Endpoint("127.0.0.1:1", "p", metrics=metrics, in_flight=in_flight)
+    endpoint.dispatched = dispatched
+    assert scraper.accounted(endpoint) is accounted
 
 
 async def test_a_busy_endpoint_nothing_reads_waits_for_a_read(

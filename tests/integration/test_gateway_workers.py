@@ -194,7 +194,7 @@ async def test_two_workers_scrape_an_endpoint_about_as_often_as_one(
             f"""
 pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}
 routes: [{{model: m, pool: p}}]
-epp: {{scrape_idle_interval: 100ms}}
+epp: {{scrape_idle_interval: 100ms, scrape_quiet_interval: 100ms}}
 """,
             "--workers",
             "2",
