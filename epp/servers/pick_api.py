@@ -1,20 +1,69 @@
-"""kvgate's Pick API (``proto/epp.proto``), for gateways that run the picker as a service."""
+"""kvgate's Pick API (``proto/epp.proto``), for gateways that run the picker as a service.
+
+A pick counts as in flight at its endpoint (the load the active-request scorer and the
+load-balance filter read) until the caller reports it ``Finished``; one never reported is let
+go after ``OPEN_PICK_SECONDS``, so a caller that does not report cannot leave the counts
+growing for good. A second Pick with the id of an open one (a retry elsewhere) ends the first.
+"""
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections import OrderedDict
 
 import grpc
 
-from epp.service import EppService
+from epp.service import Dispatch, EppService
 from kvgate.api import epp_pb2, epp_pb2_grpc
+
+OPEN_PICK_SECONDS = 300.0  # how long an unreported pick counts as in flight
+MAX_OPEN_PICKS = 100_000  # past this many, the oldest are let go first
 
 
 class PickApi(epp_pb2_grpc.EndpointPickerServicer):
-    """kvgate's ``EndpointPicker/Pick`` gRPC service over an ``EppService``."""
+    """kvgate's ``EndpointPicker`` gRPC service (``Pick``, ``Finished``) over an
+    ``EppService``."""
 
-    def __init__(self, service: EppService) -> None:
+    def __init__(self, service: EppService, open_seconds: float = OPEN_PICK_SECONDS) -> None:
         self.service = service
+        self.open_seconds = open_seconds
+        # by request id, oldest first: when each was picked and what it dispatched
+        self._open: OrderedDict[str, tuple[float, list[Dispatch]]] = OrderedDict()
+
+    async def Finished(
+        self, request: epp_pb2.FinishedRequest, context: grpc.aio.ServicerContext
+    ) -> epp_pb2.FinishedResponse:
+        self._expire(time.monotonic())
+        entry = self._open.pop(request.request_id, None)
+        if entry is None:
+            return epp_pb2.FinishedResponse(known=False)
+        for dispatch in entry[1]:
+            if request.refused:
+                self.service.refused(dispatch)
+            else:
+                self.service.finished(dispatch, request.prompt_tokens or None)
+        return epp_pb2.FinishedResponse(known=True)
+
+    def _expire(self, now: float) -> None:
+        """Let go of the picks past ``open_seconds`` (and the oldest, past ``MAX_OPEN_PICKS``)."""
+        oldest = now - self.open_seconds
+        while self._open:
+            request_id, (picked_at, dispatches) = next(iter(self._open.items()))
+            if picked_at > oldest and len(self._open) <= MAX_OPEN_PICKS:
+                return
+            del self._open[request_id]
+            for dispatch in dispatches:
+                self.service.finished(dispatch)
+
+    def _opened(self, request_id: str, dispatches: list[Dispatch]) -> None:
+        now = time.monotonic()
+        earlier = self._open.pop(request_id, None)
+        if earlier is not None:  # a retry: the earlier try is over
+            for dispatch in earlier[1]:
+                self.service.finished(dispatch)
+        self._open[request_id] = (now, dispatches)
+        self._expire(now)
 
     async def Pick(
         self, request: epp_pb2.PickRequest, context: grpc.aio.ServicerContext
@@ -27,9 +76,10 @@ class PickApi(epp_pb2_grpc.EndpointPickerServicer):
         prompt: object = request.routing_text
         if request.WhichOneof("prompt") == "token_ids":
             prompt = list(request.token_ids.ids)
+        request_id = request.request_id or str(uuid.uuid4())
         scheduling = self.service.scheduling_request(
             pool,
-            request.request_id or str(uuid.uuid4()),
+            request_id,
             target,
             {"prompt": prompt},
             dict(request.headers),
@@ -37,8 +87,10 @@ class PickApi(epp_pb2_grpc.EndpointPickerServicer):
         subset = {s.rsplit(":", 1)[0] for s in request.subset} if request.subset else None
         decision = self.service.pick(pool, scheduling, exclude=set(request.exclude), subset=subset)
         result, prefill = decision.result, decision.prefill
-        for chosen in decision.chosen:  # the caller sends it on: dispatched now
-            self.service.dispatched(scheduling, chosen)
+        # the caller sends it on: dispatched now, in flight until Finished
+        dispatches = [self.service.dispatched(scheduling, chosen) for chosen in decision.chosen]
+        if dispatches:
+            self._opened(request_id, dispatches)
         if result.target is None:
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, "no endpoint can serve the request"
@@ -54,4 +106,5 @@ class PickApi(epp_pb2_grpc.EndpointPickerServicer):
             pd=epp_pb2.PdPair(
                 decode=result.ranked[0].address, prefill=prefill.address if prefill else ""
             ),
+            request_id=request_id,
         )

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14kvgate/api/epp.proto\x12\rkvgate.epp.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x8b\x02\n\x0bPickRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0crouting_text\x18\x03 \x01(\tH\x00\x12,\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x17.kvgate.epp.v1.TokenIdsH\x00\x12\x38\n\x07headers\x18\x05 \x03(\x0b\x32\'.kvgate.epp.v1.PickRequest.HeadersEntry\x12\x0e\n\x06subset\x18\x06 \x03(\t\x12\x0f\n\x07\x65xclude\x18\x07 \x03(\t\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06prompt\"=\n\rEndpointScore\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x01\x12\x0c\n\x04role\x18\x03 \x01(\t\")\n\x06PdPair\x12\x0f\n\x07prefill\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65\x63ode\x18\x02 \x01(\t\"\x8c\x01\n\x0cPickResponse\x12/\n\tendpoints\x18\x01 \x03(\x0b\x32\x1c.kvgate.epp.v1.EndpointScore\x12\x14\n\x0ctarget_model\x18\x02 \x01(\t\x12\x12\n\ndecided_by\x18\x03 \x01(\t\x12!\n\x02pd\x18\x04 \x01(\x0b\x32\x15.kvgate.epp.v1.PdPair2Q\n\x0e\x45ndpointPicker\x12?\n\x04Pick\x12\x1a.kvgate.epp.v1.PickRequest\x1a\x1b.kvgate.epp.v1.PickResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14kvgate/api/epp.proto\x12\rkvgate.epp.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x8b\x02\n\x0bPickRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0crouting_text\x18\x03 \x01(\tH\x00\x12,\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x17.kvgate.epp.v1.TokenIdsH\x00\x12\x38\n\x07headers\x18\x05 \x03(\x0b\x32\'.kvgate.epp.v1.PickRequest.HeadersEntry\x12\x0e\n\x06subset\x18\x06 \x03(\t\x12\x0f\n\x07\x65xclude\x18\x07 \x03(\t\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06prompt\"=\n\rEndpointScore\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x01\x12\x0c\n\x04role\x18\x03 \x01(\t\")\n\x06PdPair\x12\x0f\n\x07prefill\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65\x63ode\x18\x02 \x01(\t\"\xa0\x01\n\x0cPickResponse\x12/\n\tendpoints\x18\x01 \x03(\x0b\x32\x1c.kvgate.epp.v1.EndpointScore\x12\x14\n\x0ctarget_model\x18\x02 \x01(\t\x12\x12\n\ndecided_by\x18\x03 \x01(\t\x12!\n\x02pd\x18\x04 \x01(\x0b\x32\x15.kvgate.epp.v1.PdPair\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"M\n\x0f\x46inishedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x0f\n\x07refused\x18\x03 \x01(\x08\"!\n\x10\x46inishedResponse\x12\r\n\x05known\x18\x01 \x01(\x08\x32\x9e\x01\n\x0e\x45ndpointPicker\x12?\n\x04Pick\x12\x1a.kvgate.epp.v1.PickRequest\x1a\x1b.kvgate.epp.v1.PickResponse\x12K\n\x08\x46inished\x12\x1e.kvgate.epp.v1.FinishedRequest\x1a\x1f.kvgate.epp.v1.FinishedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,7 +44,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PDPAIR']._serialized_start=397
   _globals['_PDPAIR']._serialized_end=438
   _globals['_PICKRESPONSE']._serialized_start=441
-  _globals['_PICKRESPONSE']._serialized_end=581
-  _globals['_ENDPOINTPICKER']._serialized_start=583
-  _globals['_ENDPOINTPICKER']._serialized_end=664
+  _globals['_PICKRESPONSE']._serialized_end=601
+  _globals['_FINISHEDREQUEST']._serialized_start=603
+  _globals['_FINISHEDREQUEST']._serialized_end=680
+  _globals['_FINISHEDRESPONSE']._serialized_start=682
+  _globals['_FINISHEDRESPONSE']._serialized_end=715
+  _globals['_ENDPOINTPICKER']._serialized_start=718
+  _globals['_ENDPOINTPICKER']._serialized_end=876
 # @@protoc_insertion_point(module_scope)

@@ -56,13 +56,31 @@ class PdPair(_message.Message):
     def __init__(self, prefill: _Optional[str] = ..., decode: _Optional[str] = ...) -> None: ...
 
 class PickResponse(_message.Message):
-    __slots__ = ("endpoints", "target_model", "decided_by", "pd")
+    __slots__ = ("endpoints", "target_model", "decided_by", "pd", "request_id")
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     TARGET_MODEL_FIELD_NUMBER: _ClassVar[int]
     DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
     PD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     endpoints: _containers.RepeatedCompositeFieldContainer[EndpointScore]
     target_model: str
     decided_by: str
     pd: PdPair
-    def __init__(self, endpoints: _Optional[_Iterable[_Union[EndpointScore, _Mapping]]] = ..., target_model: _Optional[str] = ..., decided_by: _Optional[str] = ..., pd: _Optional[_Union[PdPair, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, endpoints: _Optional[_Iterable[_Union[EndpointScore, _Mapping]]] = ..., target_model: _Optional[str] = ..., decided_by: _Optional[str] = ..., pd: _Optional[_Union[PdPair, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class FinishedRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_tokens", "refused")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_tokens: int
+    refused: bool
+    def __init__(self, request_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., refused: _Optional[bool] = ...) -> None: ...
+
+class FinishedResponse(_message.Message):
+    __slots__ = ("known",)
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    def __init__(self, known: _Optional[bool] = ...) -> None: ...

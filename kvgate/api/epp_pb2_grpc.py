@@ -39,6 +39,11 @@ class EndpointPickerStub:
                 request_serializer=kvgate_dot_api_dot_epp__pb2.PickRequest.SerializeToString,
                 response_deserializer=kvgate_dot_api_dot_epp__pb2.PickResponse.FromString,
                 _registered_method=True)
+        self.Finished = channel.unary_unary(
+                '/kvgate.epp.v1.EndpointPicker/Finished',
+                request_serializer=kvgate_dot_api_dot_epp__pb2.FinishedRequest.SerializeToString,
+                response_deserializer=kvgate_dot_api_dot_epp__pb2.FinishedResponse.FromString,
+                _registered_method=True)
 
 
 class EndpointPickerServicer:
@@ -51,6 +56,14 @@ class EndpointPickerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Finished(self, request, context):
+        """The request sent on after a Pick is over (answered, failed or cancelled): it no longer
+        loads its endpoint. A pick not reported this way counts as in flight for five minutes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EndpointPickerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +71,11 @@ def add_EndpointPickerServicer_to_server(servicer, server):
                     servicer.Pick,
                     request_deserializer=kvgate_dot_api_dot_epp__pb2.PickRequest.FromString,
                     response_serializer=kvgate_dot_api_dot_epp__pb2.PickResponse.SerializeToString,
+            ),
+            'Finished': grpc.unary_unary_rpc_method_handler(
+                    servicer.Finished,
+                    request_deserializer=kvgate_dot_api_dot_epp__pb2.FinishedRequest.FromString,
+                    response_serializer=kvgate_dot_api_dot_epp__pb2.FinishedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +105,33 @@ class EndpointPicker:
             '/kvgate.epp.v1.EndpointPicker/Pick',
             kvgate_dot_api_dot_epp__pb2.PickRequest.SerializeToString,
             kvgate_dot_api_dot_epp__pb2.PickResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Finished(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvgate.epp.v1.EndpointPicker/Finished',
+            kvgate_dot_api_dot_epp__pb2.FinishedRequest.SerializeToString,
+            kvgate_dot_api_dot_epp__pb2.FinishedResponse.FromString,
             options,
             channel_credentials,
             insecure,

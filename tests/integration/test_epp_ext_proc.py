@@ -233,6 +233,10 @@ def test_pick_api(epp: tuple[str, int]) -> None:
             timeout=5,
         )
         assert [e.address for e in again.endpoints] == [response.endpoints[1].address]
+        for picked in (response, again):  # given ids, which report them finished
+            done = epp_pb2.FinishedRequest(request_id=picked.request_id, prompt_tokens=40)
+            assert stub.Finished(done, timeout=5).known
+        assert not stub.Finished(done, timeout=5).known
         with pytest.raises(grpc.RpcError) as err:
             stub.Pick(epp_pb2.PickRequest(model="nope", routing_text="x"), timeout=5)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
