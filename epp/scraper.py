@@ -11,8 +11,10 @@ tokens it sent), so it is polled every ``idle_interval`` (to notice other router
 deaths) and the saturation detector accepts its metrics as fresh for that much longer
 (``Endpoint.metrics_grace``). While scrape after scrape finds it accounted for (nothing from
 elsewhere reached it), that rest doubles, up to ``quiet_interval``; a scrape that finds more
-sets it back. A pick sent there cuts the rest to at most ``idle_interval`` from the pick, or
-to one busy interval if the endpoint is no longer accounted for.
+sets it back. A pick sent there changes nothing while the endpoint stays accounted for (the
+picker counts what it sent: in flight, dispatched, tokens); one that leaves it no longer
+accounted for (a burst: half the saturation queue sent since the scrape) cuts the rest to one
+busy interval.
 
 Any other endpoint (a queue, KV pressure, requests the picker did not send) is scraped again
 one busy interval after its last scrape if something has read the metrics since (a pick, or
@@ -256,8 +258,9 @@ class MetricsScraper:
             await self._rest_busy(endpoint)
 
     async def _rest_accounted(self, endpoint: Endpoint, bell: Doorbell) -> None:
-        """The slow rest, cut to at most the idle interval by a pick sent there (to one busy
-        interval if the endpoint is no longer accounted for then)."""
+        """The slow rest; a pick sent there that leaves the endpoint no longer accounted for
+        cuts it to one busy interval (one that leaves it accounted for changes nothing: the
+        picker counts what it sent)."""
         loop = asyncio.get_running_loop()
         rest = self.slow_rest(endpoint)
         endpoint.metrics_grace = rest
@@ -268,7 +271,6 @@ class MetricsScraper:
             if not self.accounted(endpoint):
                 await asyncio.sleep(self.interval)
                 return
-            deadline = min(deadline, loop.time() + self.idle_interval)
 
     async def _rest_busy(self, endpoint: Endpoint) -> None:
         endpoint.metrics_grace = 0.0

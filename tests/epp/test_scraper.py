@@ -161,30 +161,33 @@ async def test_an_endpoint_only_this_picker_uses_is_polled_ever_more_slowly(
         await scraper.stop()
 
 
-async def test_a_pick_to_a_quiet_endpoint_is_seen_within_the_idle_interval(
+async def test_a_pick_leaves_a_quiet_endpoint_resting_but_a_burst_is_seen_at_once(
     switchable_server: tuple[int, dict[str, float]],
 ) -> None:
     port, state = switchable_server
-    scraper = one_endpoint_scraper(port, idle_interval=0.1, quiet_interval=2.0)
+    scraper = one_endpoint_scraper(port, idle_interval=0.1, quiet_interval=0.8)
     (endpoint,) = scraper.datastore.endpoints("p")
     loop = asyncio.get_running_loop()
     await scraper.start()
     try:
-        await asyncio.sleep(1.6)  # rests of 0.1, 0.2, 0.4 and 0.8 s: now a 1.6 s one
+        await asyncio.sleep(1.0)  # rests of 0.1, 0.2 and 0.4 s: now 0.8 s ones
+        state["scrapes"] = 0
+        while not state["scrapes"]:  # a rest of 0.8 s starts now
+            await asyncio.sleep(0.005)
         state["running"] = 1
-        endpoint.in_flight, endpoint.dispatched = 1, 1
-        woken_at = loop.time()
+        endpoint.in_flight, endpoint.dispatched = 1, 1  # one pick: the picker counts it
         scraper.wake(endpoint)
-        await until_running(endpoint, 1)
-        assert loop.time() - woken_at < 0.25  # the idle interval after the pick, not 1.6 s on
+        await asyncio.sleep(0.3)
+        assert state["scrapes"] == 1 and endpoint.metrics.running == 0  # not scraped for it
+        assert scraper.slow_rest(endpoint) == 0.8
 
-        await asyncio.sleep(0.2)
+        await until_running(endpoint, 1)  # at the end of the rest
         state["running"] = 4  # a burst: half the saturation queue sent since the last scrape
         endpoint.in_flight, endpoint.dispatched = 4, 3
         woken_at = loop.time()
         scraper.wake(endpoint)
         await until_running(endpoint, 4)
-        assert loop.time() - woken_at < 0.09  # one busy interval
+        assert loop.time() - woken_at < 0.09  # one busy interval, not the rest of 0.8 s
     finally:
         await scraper.stop()
 
