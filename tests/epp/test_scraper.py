@@ -172,7 +172,9 @@ async def test_a_pick_leaves_a_quiet_endpoint_resting_but_a_burst_is_seen_at_onc
     try:
         await asyncio.sleep(1.0)  # rests of 0.1, 0.2 and 0.4 s: now 0.8 s ones
         state["scrapes"] = 0
-        while not state["scrapes"]:  # a rest of 0.8 s starts now
+        for _ in range(400):  # until the next scrape: a rest of 0.8 s starts then
+            if state["scrapes"]:
+                break
             await asyncio.sleep(0.005)
         state["running"] = 1
         endpoint.in_flight, endpoint.dispatched = 1, 1  # one pick: the picker counts it
