@@ -38,12 +38,16 @@ class PickApi(epp_pb2_grpc.EndpointPickerServicer):
         entry = self._open.pop(request.request_id, None)
         if entry is None:
             return epp_pb2.FinishedResponse(known=False)
-        for dispatch in entry[1]:
-            if request.refused:
+        if request.refused:
+            for dispatch in entry[1]:
                 self.service.refused(dispatch)
-            else:
-                self.service.finished(dispatch, request.prompt_tokens or None)
+        else:
+            self._finish(entry[1], request.prompt_tokens or None)
         return epp_pb2.FinishedResponse(known=True)
+
+    def _finish(self, dispatches: list[Dispatch], prompt_tokens: int | None = None) -> None:
+        for dispatch in dispatches:
+            self.service.finished(dispatch, prompt_tokens)
 
     def _expire(self, now: float) -> None:
         """Let go of the picks past ``open_seconds`` (and the oldest, past ``MAX_OPEN_PICKS``)."""
@@ -53,15 +57,13 @@ class PickApi(epp_pb2_grpc.EndpointPickerServicer):
             if picked_at > oldest and len(self._open) <= MAX_OPEN_PICKS:
                 return
             del self._open[request_id]
-            for dispatch in dispatches:
-                self.service.finished(dispatch)
+            self._finish(dispatches)
 
     def _opened(self, request_id: str, dispatches: list[Dispatch]) -> None:
         now = time.monotonic()
         earlier = self._open.pop(request_id, None)
         if earlier is not None:  # a retry: the earlier try is over
-            for dispatch in earlier[1]:
-                self.service.finished(dispatch)
+            self._finish(earlier[1])
         self._open[request_id] = (now, dispatches)
         self._expire(now)
 
