@@ -45,7 +45,8 @@ class Endpoint:
     labels: Mapping[str, str] = field(default_factory=dict)
     metrics: EndpointMetrics = field(default_factory=EndpointMetrics)
     metrics_port: int | None = None  # where /metrics is served, if not on ``address``
-    dispatched: int = 0  # picks since the last scrape, not yet visible in ``metrics``
+    # picks since the last scrape, not yet visible in ``metrics`` and not over yet
+    dispatched: int = 0
     in_flight: int = 0  # requests sent here and not yet finished (the picker's own count)
     # the picker's own token counts of what it sent here: prompt tokens not cached here whose
     # first output token has not come back yet, and output tokens still owed (output limits)

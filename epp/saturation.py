@@ -2,9 +2,10 @@
 or its metrics are stale (GIE's utilization detector: 5 waiting, 80% KV, 200 ms by default;
 the policy's ``epp.saturation``).
 
-The queue counts the requests this picker sent since the last scrape too, so a burst that
-arrives between two scrapes cannot pile onto one endpoint (the hot-spotting that users of
-GIE, llm-d and SGLang report when one prefix is hot).
+The queue counts the requests this picker sent since the last scrape too (those not over yet:
+one that is over queues nowhere), so a burst that arrives between two scrapes cannot pile onto
+one endpoint (the hot-spotting that users of GIE, llm-d and SGLang report when one prefix is
+hot), while a steady stream of short requests does not add up to a queue between scrapes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ class SaturationDetector:
     def unsaturated(self, endpoints: list[Endpoint], now: float) -> list[Endpoint]:
         """The endpoints that are not saturated: fresh metrics (scraped at most
         ``max_metrics_age`` ago, plus the scraper's grace for an idle endpoint), a queue
-        (waiting + dispatched since) under ``queue_depth`` and KV usage under ``kv_usage``.
+        (waiting, and dispatched since and not over) under ``queue_depth`` and KV usage under
+        ``kv_usage``.
         Written as one comprehension: it runs for every endpoint of every pick."""
         t = self.thresholds
         oldest, depth, kv = now - t.max_metrics_age, t.queue_depth, t.kv_usage

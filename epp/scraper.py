@@ -3,17 +3,18 @@ next decision (GIE polls every 50 ms), and slowly while the picker's own counts 
 so the scraping cost follows the load.
 
 An endpoint is *accounted for* when its last scrape showed nothing this picker does not know
-of, far from saturation: nothing waiting, no more running than this picker has in flight
-there, KV usage under half the saturation threshold, and nothing sent there since
-(``accounted``). An idle endpoint is the plain case. Until something else reaches
-it, what a scrape would show is what the picker already counts (its in-flight requests, the
-tokens it sent), so it is polled every ``idle_interval`` (to notice other routers' traffic and
-deaths) and the saturation detector accepts its metrics as fresh for that much longer
-(``Endpoint.metrics_grace``). While scrape after scrape finds it accounted for (nothing from
-elsewhere reached it), that rest doubles, up to ``quiet_interval``; a scrape that finds more
-sets it back. A pick sent there cuts the rest to one busy interval: requests sent since the
-scrape count toward the saturation check's queue until a scrape shows them, and a slow rest
-let them pile up to a saturated queue (a one-endpoint pool then held requests back).
+of, far from saturation: nothing waiting, no more running than this picker has in flight there,
+KV usage under half the saturation threshold, and fewer than half the saturation queue sent
+there since and not over yet (``accounted``). An idle endpoint is the plain case. Until
+something else reaches it, what a scrape would show is what the picker already counts (its
+in-flight requests, the tokens it sent), so it is polled every ``idle_interval`` (to notice other
+routers' traffic and deaths) and the saturation detector accepts its metrics as fresh for that
+much longer (``Endpoint.metrics_grace``). While scrape after scrape finds it accounted for
+(nothing from elsewhere reached it), that rest doubles, up to ``quiet_interval``; a scrape that
+finds more sets it back. A pick sent there changes nothing while the endpoint stays accounted
+for: the picker counts what it sent (in flight, tokens, and toward the saturation check's queue
+while open since the scrape); one that leaves it no longer accounted for (a burst: half the
+saturation queue open since the scrape) cuts the rest to one busy interval.
 
 Any other endpoint (a queue, KV pressure, requests the picker did not send) is scraped again
 one busy interval after its last scrape if something has read the metrics since (a pick, or
@@ -106,6 +107,7 @@ class MetricsScraper:
         self.quiet_interval = max(quiet_interval, self.idle_interval)
         thresholds = saturation or Saturation()
         self._calm_kv_usage = thresholds.kv_usage / 2
+        self._calm_dispatched = thresholds.queue_depth / 2
         # by id(endpoint): scrapes in a row that found it accounted for
         self._accounted_scrapes: dict[int, int] = {}
         self.timeout = timeout  # connect, first byte, and each gap while reading
@@ -158,16 +160,15 @@ class MetricsScraper:
 
     def accounted(self, endpoint: Endpoint) -> bool:
         """What the endpoint's last scrape showed is this picker's own doing, far from
-        saturation, and nothing was sent there since: nothing waiting, no more running than
-        this picker has in flight there, KV usage under half the saturation threshold. (A pick
-        ends it: requests sent since the scrape count toward the saturation check's queue, so
-        their scrape must not wait on a slow rest.)"""
+        saturation: nothing waiting, no more running than this picker has in flight there, KV
+        usage under half the saturation threshold, and fewer than half the saturation queue
+        sent there since and not over yet."""
         m = endpoint.metrics
         return (
             not m.waiting
             and m.running <= endpoint.in_flight
             and m.kv_usage < self._calm_kv_usage
-            and not endpoint.dispatched
+            and endpoint.dispatched < self._calm_dispatched
         )
 
     def slow_rest(self, endpoint: Endpoint) -> float:
@@ -258,7 +259,8 @@ class MetricsScraper:
             await self._rest_busy(endpoint)
 
     async def _rest_accounted(self, endpoint: Endpoint, bell: Doorbell) -> None:
-        """The slow rest, cut to one busy interval by a pick sent there."""
+        """The slow rest; a pick sent there that leaves the endpoint no longer accounted for
+        cuts it to one busy interval (one that leaves it accounted for changes nothing)."""
         loop = asyncio.get_running_loop()
         rest = self.slow_rest(endpoint)
         endpoint.metrics_grace = rest

@@ -47,6 +47,9 @@ class Dispatch:
     open: bool = True  # counted in the endpoint's in_flight until finished or refused
     prefill_tokens: int = 0  # counted in the endpoint's prefill_tokens until its first token
     decode_tokens: int = 0  # counted in the endpoint's decode_tokens until finished
+    # when the endpoint's metrics were scraped as it was sent: while no scrape has come since,
+    # the request is counted in the endpoint's ``dispatched`` until it is over
+    scraped_at: float = 0.0
 
 
 class EppService:
@@ -205,8 +208,8 @@ class EppService:
         return decision
 
     def dispatched(self, request: SchedulingRequest, endpoint: Endpoint) -> Dispatch:
-        """``request`` is being sent to ``endpoint``: count it until the next scrape shows it,
-        and let the prefix indexes and learning plugins record it."""
+        """``request`` is being sent to ``endpoint``: count it until the next scrape shows it
+        (or it is over first), and let the prefix indexes and learning plugins record it."""
         endpoint.dispatched += 1
         endpoint.in_flight += 1
         # before the indexes learn this pick: what the endpoint does not hold yet
@@ -227,7 +230,13 @@ class EppService:
         if self.exchange is not None:
             self.exchange.publish(SiblingPick(endpoint.address, prefill, request.lora, tagged_keys))
         return Dispatch(
-            endpoint, request, [u for u in undo if u is not None], True, prefill, decode
+            endpoint,
+            request,
+            [u for u in undo if u is not None],
+            True,
+            prefill,
+            decode,
+            endpoint.metrics.scraped_at,
         )
 
     def prefilled(self, dispatch: Dispatch) -> None:
@@ -242,7 +251,10 @@ class EppService:
         tells the prefix indexes how much text its cache holds. Idempotent."""
         if dispatch.open:
             dispatch.open = False
-            dispatch.endpoint.in_flight -= 1
+            endpoint = dispatch.endpoint
+            endpoint.in_flight -= 1
+            if endpoint.metrics.scraped_at == dispatch.scraped_at and endpoint.dispatched > 0:
+                endpoint.dispatched -= 1  # over before a scrape showed it: not queued there
             self.prefilled(dispatch)
             dispatch.endpoint.decode_tokens -= dispatch.decode_tokens
             dispatch.decode_tokens = 0
@@ -253,8 +265,6 @@ class EppService:
     def refused(self, dispatch: Dispatch) -> None:
         """The endpoint of ``dispatch`` never took the request: take back what it recorded."""
         self.finished(dispatch)
-        if dispatch.endpoint.dispatched > 0:
-            dispatch.endpoint.dispatched -= 1
         for undo in dispatch.undo:
             undo()
         dispatch.undo.clear()

@@ -46,6 +46,33 @@ def test_in_flight_counts_dispatch_until_finished_or_refused() -> None:
     assert a.in_flight == 0
 
 
+def test_requests_over_before_a_scrape_leave_the_saturation_queue() -> None:
+    """A steady stream of short requests to one endpoint between two scrapes is no queue
+    there: only those sent since the scrape and not over yet count toward it (before, every
+    pick since the scrape did, and a one-endpoint pool under a steady load was held back as
+    saturated)."""
+    service = EppService(
+        load_policy_text(f"pools: {{p: {{endpoints: [{A}]}}}}\nroutes: [{{model: m, pool: p}}]\n")
+    )
+    (a,) = service.datastore.endpoints("p")
+    a.metrics.scraped_at = 100.0  # a scrape, 0 waiting
+    now = 100.1
+    for _ in range(20):  # more than the saturation queue (5), one after another
+        service.finished(service.dispatched(make_request("hi"), a))
+    assert a.dispatched == 0
+    assert service.saturation.unsaturated([a], now) == [a]
+
+    burst = [service.dispatched(make_request("hi"), a) for _ in range(5)]
+    assert service.saturation.unsaturated([a], now) == []  # five open at once: a queue
+    a.metrics.scraped_at, a.dispatched = 100.2, 0  # a scrape shows them (as the scraper does)
+    service.finished(burst[0])  # sent before that scrape: nothing to take off
+    service.refused(burst[1])
+    assert (a.dispatched, a.in_flight) == (0, 3)
+    late = service.dispatched(make_request("hi"), a)
+    service.refused(late)  # never reached it: taken off the queue too
+    assert a.dispatched == 0
+
+
 def test_active_request_scorer_prefers_the_least_in_flight() -> None:
     scorer = ActiveRequestScorer("active")
     assert scorer.score(make_request(), loaded(4, 2, 0)) == {A: 0.0, B: 0.5, C: 1.0}

@@ -161,7 +161,7 @@ async def test_an_endpoint_only_this_picker_uses_is_polled_ever_more_slowly(
         await scraper.stop()
 
 
-async def test_a_pick_to_a_quiet_endpoint_is_seen_one_busy_interval_on(
+async def test_a_pick_leaves_a_quiet_endpoint_resting_but_a_burst_is_seen_at_once(
     switchable_server: tuple[int, dict[str, float]],
 ) -> None:
     port, state = switchable_server
@@ -177,13 +177,20 @@ async def test_a_pick_to_a_quiet_endpoint_is_seen_one_busy_interval_on(
                 break
             await asyncio.sleep(0.005)
         state["running"] = 1
-        endpoint.in_flight, endpoint.dispatched = 1, 1  # what EppService.dispatched does
+        endpoint.in_flight, endpoint.dispatched = 1, 1  # one pick: the picker counts it
+        scraper.wake(endpoint)
+        await asyncio.sleep(0.3)
+        assert state["scrapes"] == 1 and endpoint.metrics.running == 0  # not scraped for it
+        assert scraper.slow_rest(endpoint) == 0.8
+
+        await until_running(endpoint, 1)  # at the end of the rest
+        assert endpoint.dispatched == 0  # the saturation check's queue counts it no longer
+        state["running"] = 4  # a burst: half the saturation queue open since the last scrape
+        endpoint.in_flight, endpoint.dispatched = 4, 3
         woken_at = loop.time()
         scraper.wake(endpoint)
-        await until_running(endpoint, 1)
+        await until_running(endpoint, 4)
         assert loop.time() - woken_at < 0.09  # one busy interval, not the rest of 0.8 s
-        assert endpoint.dispatched == 0  # the saturation check's queue counts it no longer
-        assert scraper.slow_rest(endpoint) == 0.8  # its own request: still quiet
     finally:
         await scraper.stop()
 
@@ -197,7 +204,8 @@ async def test_a_pick_to_a_quiet_endpoint_is_seen_one_busy_interval_on(
         (EndpointMetrics(waiting=1, running=1), 2, 0, False),  # a queue
         (EndpointMetrics(kv_usage=0.39), 0, 0, True),  # under half of 80%
         (EndpointMetrics(kv_usage=0.4), 0, 0, False),
-        (EndpointMetrics(), 1, 1, False),  # sent since the scrape: the queue counts it
+        (EndpointMetrics(), 2, 2, True),  # under half of a queue of 5 open since the scrape
+        (EndpointMetrics(), 3, 3, False),
     ],
 )
 def test_accounted_for_means_the_pickers_own_doing_far_from_saturation(
