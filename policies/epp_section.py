@@ -28,6 +28,7 @@ def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
             "scrape_interval",
             "scrape_idle_interval",
             "scrape_quiet_interval",
+            "pick_open_timeout",
             "saturation",
             "objectives",
             "config",
@@ -69,7 +70,15 @@ def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
         f.duration("scrape_quiet_interval", 1.0),
         saturation,
         _objectives(f),
+        _pick_open_timeout(f),
     )
+
+
+def _pick_open_timeout(f: Fields) -> float:
+    seconds = f.duration("pick_open_timeout", 300.0)
+    if seconds == 0:
+        f.error(child(f.path, "pick_open_timeout"), "must be more than 0 (5m by default)")
+    return seconds or 300.0
 
 
 def check_plugins(

@@ -257,6 +257,9 @@ class Epp:
     scrape_quiet_interval: float = 1.0
     saturation: Saturation = field(default_factory=Saturation)
     objectives: tuple[Objective, ...] = ()  # unknown objectives have priority 0
+    # how long a Pick API pick the caller never reports Finished counts as in flight (longer
+    # than the longest response the callers stream)
+    pick_open_timeout: float = 300.0
 
     def priority_of(self, objective: str) -> int:
         """The priority of the named objective (0 when the policy does not list it)."""

@@ -2,8 +2,9 @@
 
 A pick counts as in flight at its endpoint (the load the active-request scorer and the
 load-balance filter read) until the caller reports it ``Finished``; one never reported is let
-go after ``OPEN_PICK_SECONDS``, so a caller that does not report cannot leave the counts
-growing for good. A second Pick with the id of an open one (a retry elsewhere) ends the first.
+go after the policy's ``epp.pick_open_timeout`` (5 minutes by default), so a caller that does
+not report cannot leave the counts growing for good. A second Pick with the id of an open one
+(a retry elsewhere) ends the first.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import grpc
 from epp.service import Dispatch, EppService
 from kvgate.api import epp_pb2, epp_pb2_grpc
 
-OPEN_PICK_SECONDS = 300.0  # how long an unreported pick counts as in flight
 MAX_OPEN_PICKS = 100_000  # past this many, the oldest are let go first
 
 
@@ -25,9 +25,10 @@ class PickApi(epp_pb2_grpc.EndpointPickerServicer):
     """kvgate's ``EndpointPicker`` gRPC service (``Pick``, ``Finished``) over an
     ``EppService``."""
 
-    def __init__(self, service: EppService, open_seconds: float = OPEN_PICK_SECONDS) -> None:
+    def __init__(self, service: EppService) -> None:
         self.service = service
-        self.open_seconds = open_seconds
+        # how long an unreported pick counts as in flight
+        self.open_seconds = service.policy.epp.pick_open_timeout
         # by request id, oldest first: when each was picked and what it dispatched
         self._open: OrderedDict[str, tuple[float, list[Dispatch]]] = OrderedDict()
 

@@ -62,8 +62,8 @@ async def test_a_retry_ends_the_try_before_it() -> None:
 
 
 async def test_an_unreported_pick_is_let_go_after_a_while() -> None:
-    service = EppService(load_policy_text(POLICY))
-    api = PickApi(service, open_seconds=0.05)
+    service = EppService(load_policy_text(POLICY + "epp: {pick_open_timeout: 50ms}\n"))
+    api = PickApi(service)
     for n in range(20):  # a caller that never reports: the counts must not grow for good
         await pick(api, f"prompt {n} " * 20, f"r-{n}")
     assert in_flight(service) == 20

@@ -196,6 +196,8 @@ def test_policy_check_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
             "epp: {plugins: [{name: q, type: queue-scorer}], profiles: [{name: d, plugins: [{ref: q}]}]}",
             "needs exactly one picker, has 0",
         ),
+        ("epp: {pick_open_timeout: 0}", "epp.pick_open_timeout (line 6): must be more than 0"),
+        ("epp: {pick_open_timeout: -1s}", "epp.pick_open_timeout (line 6): must be a duration"),
     ],
 )
 def test_epp_section_errors(section: str, expected: str) -> None:
