@@ -236,7 +236,7 @@ class EppService:
             True,
             prefill,
             decode,
-            endpoint.metrics.scraped_at,
+            scraped_at=endpoint.metrics.scraped_at,
         )
 
     def prefilled(self, dispatch: Dispatch) -> None:
@@ -256,7 +256,7 @@ class EppService:
             if endpoint.metrics.scraped_at == dispatch.scraped_at and endpoint.dispatched > 0:
                 endpoint.dispatched -= 1  # over before a scrape showed it: not queued there
             self.prefilled(dispatch)
-            dispatch.endpoint.decode_tokens -= dispatch.decode_tokens
+            endpoint.decode_tokens -= dispatch.decode_tokens
             dispatch.decode_tokens = 0
             if prompt_tokens:
                 for index in self.handle.indexes.values():

@@ -75,10 +75,10 @@ def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
 
 
 def _pick_open_timeout(f: Fields) -> float:
-    seconds = f.duration("pick_open_timeout", 300.0)
+    seconds = f.duration("pick_open_timeout", Epp.pick_open_timeout)
     if seconds == 0:
         f.error(child(f.path, "pick_open_timeout"), "must be more than 0 (5m by default)")
-    return seconds or 300.0
+    return seconds or Epp.pick_open_timeout
 
 
 def check_plugins(

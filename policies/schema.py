@@ -216,8 +216,8 @@ DEFAULT_EPP_PROFILES = (
 @dataclass(frozen=True)
 class Saturation:
     """When an endpoint counts as saturated (GIE's utilization detector defaults): its waiting
-    queue (plus requests sent since the last scrape, not over yet) at ``queue_depth``, KV usage at
-    ``kv_usage``, or metrics older than ``max_metrics_age`` seconds. One setting, read by the
+    queue (plus requests sent since the last scrape, not over yet) at ``queue_depth``, KV usage
+    at ``kv_usage``, or metrics older than ``max_metrics_age`` seconds. One setting, read by the
     ``saturation-filter``, the gateway's admission gate and ext_proc's shedding."""
 
     queue_depth: int = 5
