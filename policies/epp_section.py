@@ -9,6 +9,7 @@ from policies.plugin_catalog import PluginCatalog
 from policies.schema import (
     DEFAULT_EPP_PLUGINS,
     DEFAULT_EPP_PROFILES,
+    PICK_OPEN_TIMEOUT,
     Epp,
     Objective,
     PluginSpec,
@@ -75,10 +76,10 @@ def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
 
 
 def _pick_open_timeout(f: Fields) -> float:
-    seconds = f.duration("pick_open_timeout", Epp.pick_open_timeout)
+    seconds = f.duration("pick_open_timeout", PICK_OPEN_TIMEOUT)
     if seconds == 0:
         f.error(child(f.path, "pick_open_timeout"), "must be more than 0 (5m by default)")
-    return seconds or Epp.pick_open_timeout
+    return seconds or PICK_OPEN_TIMEOUT
 
 
 def check_plugins(

@@ -237,6 +237,9 @@ class Objective:
     priority_class: str | None = None
 
 
+PICK_OPEN_TIMEOUT = 300.0  # seconds: ``Epp.pick_open_timeout``'s default
+
+
 @dataclass(frozen=True)
 class Epp:
     """The endpoint picker: GIE-like plugins and profiles.
@@ -259,7 +262,7 @@ class Epp:
     objectives: tuple[Objective, ...] = ()  # unknown objectives have priority 0
     # how long a Pick API pick the caller never reports Finished counts as in flight (longer
     # than the longest response the callers stream)
-    pick_open_timeout: float = 300.0
+    pick_open_timeout: float = PICK_OPEN_TIMEOUT
 
     def priority_of(self, objective: str) -> int:
         """The priority of the named objective (0 when the policy does not list it)."""
