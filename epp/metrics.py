@@ -103,6 +103,21 @@ class EppMetrics:
             ["endpoint", "reason"],
             registry=r,
         )
+        self.shared_view_up = Gauge(
+            "kvgate_epp_shared_view_up",
+            "1 while the picks shared with the other replicas (epp.replicas) flow, 0 while "
+            "this replica routes on its own picks only (the store unreachable).",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.shared_picks = Counter(
+            "kvgate_epp_shared_picks",
+            "Picks shared with the other replicas, by event: sent, received (the others', "
+            "caught up on at start included), dropped (not sent: the store was unreachable "
+            "while more than the queue holds were made).",
+            ["event"],
+            registry=r,
+        )
         self.tokens = Counter(
             "kvgate_epp_tokens",
             "Tokens seen in responses, by direction.",
@@ -117,6 +132,17 @@ class EppMetrics:
         if counter is None:
             counter = self._scraped[endpoint] = self.scrapes.labels(endpoint)
         counter.inc()
+
+    def shared_view(
+        self, up: bool, counts: tuple[int, int, int], last: tuple[int, int, int]
+    ) -> tuple[int, int, int]:
+        """The shared view's state and its (sent, received, dropped) counts, counted since
+        ``last``; returns what to pass as ``last`` next time."""
+        self.shared_view_up.set(1 if up else 0)
+        for event, now, before in zip(("sent", "received", "dropped"), counts, last, strict=True):
+            if now > before:
+                self.shared_picks.labels(event).inc(now - before)
+        return counts
 
     def kv_event_hooks(self) -> KVEventHooks:
         """The precise index's hooks, counting into these metrics."""

@@ -67,6 +67,14 @@ class SiblingPick:
         return data
 
     @classmethod
+    def unpack(cls, data: bytes) -> SiblingPick:
+        """From ``encode``'s bytes; ``ValueError`` (or ``TypeError``, or msgpack's) for others."""
+        kind, *items = msgpack.unpackb(data)
+        if kind != _PICK:
+            raise ValueError(f"not a pick ({kind!r})")
+        return cls.decode(items)
+
+    @classmethod
     def decode(cls, items: list[Any]) -> SiblingPick:
         """From a datagram's items after the first; ``ValueError`` (or ``TypeError``) for
         items that are not a pick's."""

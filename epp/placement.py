@@ -27,13 +27,18 @@ CROWDED = 1.25
 
 
 def add_placed(
-    endpoint: Endpoint, tokens: int, adapter: str | None = None, now: float | None = None
+    endpoint: Endpoint,
+    tokens: int,
+    adapter: str | None = None,
+    now: float | None = None,
+    age: float = 0.0,
 ) -> None:
-    """A request with ``tokens`` uncached prompt tokens (of ``adapter``, if any) was just sent
-    to ``endpoint``."""
+    """A request with ``tokens`` uncached prompt tokens (of ``adapter``, if any) was sent to
+    ``endpoint`` ``age`` seconds ago (just now, by default)."""
     now = time.monotonic() if now is None else now
     decay = _decay(endpoint, now)
-    endpoint.placed_tokens = endpoint.placed_tokens * decay + tokens
+    weight = math.exp(-_RATE * age) if age > 0 else 1.0
+    endpoint.placed_tokens = endpoint.placed_tokens * decay + tokens * weight
     if endpoint.placed_adapters or adapter is not None:
         counts = {
             name: count * decay
@@ -41,7 +46,7 @@ def add_placed(
             if count * decay >= SERVED_REQUESTS / 4
         }
         if adapter is not None:
-            counts[adapter] = counts.get(adapter, 0.0) + 1.0
+            counts[adapter] = counts.get(adapter, 0.0) + weight
         endpoint.placed_adapters = counts
     endpoint.placed_at = now
 

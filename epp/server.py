@@ -1,5 +1,5 @@
 """``kvgate epp``: one gRPC server with Envoy's ext_proc, the Pick API and gRPC health; and
-Prometheus metrics on their own port."""
+Prometheus metrics (and ``/readyz``) on their own port."""
 
 from __future__ import annotations
 
@@ -86,8 +86,17 @@ async def serve(
             headers={"Content-Type": CONTENT_TYPE_LATEST},
         )
 
+    async def readyz(request: web.Request) -> web.Response:
+        """Ready while serving; with ``epp.replicas``, ``view`` says whether the picks are
+        shared with the other replicas or, the store unreachable, local only."""
+        body = {"status": "ready"}
+        if service.shared is not None:
+            body["view"] = "shared" if service.shared.shared else "local only"
+        return web.json_response(body)
+
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/readyz", readyz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, metrics_port, reuse_port=reuse_port).start()

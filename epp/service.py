@@ -28,6 +28,7 @@ from epp.registry import Plugin
 from epp.routing_text import routing_text
 from epp.saturation import SaturationDetector
 from epp.scraper import MetricsScraper
+from epp.shared_picks import SharedPicks
 from epp.upstream_tls import upstream_tls
 from kvgate.wire.output_limit import requested_output_tokens
 from policies.schema import Policy
@@ -90,6 +91,10 @@ class EppService:
         self.exchange = PickExchange.from_environment(
             self._learn_sibling_pick, self._learn_sibling_scrape
         )
+        # other replicas' picks, on any host: then they, not the local exchange, carry picks
+        replicas = policy.epp.replicas
+        self.shared = SharedPicks(replicas, self._learn_sibling_pick) if replicas else None
+        self._shared_counts = (0, 0, 0)
 
     def _scraped(self, endpoint: Endpoint) -> None:
         self.metrics.scraped(endpoint.address)
@@ -101,11 +106,12 @@ class EppService:
         if endpoint is not None:
             self.scraper.adopt(endpoint, metrics)
 
-    def _learn_sibling_pick(self, pick: SiblingPick) -> None:
+    def _learn_sibling_pick(self, pick: SiblingPick, age: float = 0.0) -> None:
+        """Another worker's or replica's pick, made ``age`` seconds ago."""
         endpoint = self._by_address.get(pick.address)
         if endpoint is None:
             return
-        add_placed(endpoint, pick.placed, pick.lora)
+        add_placed(endpoint, pick.placed, pick.lora, age=age)
         for tag, keys in pick.keys:
             index = self._index_by_tag.get(tag)
             if index is not None:
@@ -139,8 +145,12 @@ class EppService:
             await index.start()
         if self.exchange is not None:
             self.exchange.start()
+        if self.shared is not None:
+            await self.shared.start()
 
     async def stop(self) -> None:
+        if self.shared is not None:
+            await self.shared.stop()
         if self.exchange is not None:
             self.exchange.stop()
         await self.scraper.stop()
@@ -227,8 +237,12 @@ class EppService:
             keys = index.keys(request)
             undo.append(index.learn_keys(keys, endpoint))
             tagged_keys.append((tag, keys))
-        if self.exchange is not None:
-            self.exchange.publish(SiblingPick(endpoint.address, prefill, request.lora, tagged_keys))
+        if self.shared is not None or self.exchange is not None:
+            pick = SiblingPick(endpoint.address, prefill, request.lora, tagged_keys)
+            if self.shared is not None:
+                self.shared.publish(pick)
+            elif self.exchange is not None:
+                self.exchange.publish(pick)
         return Dispatch(
             endpoint,
             request,
@@ -288,3 +302,7 @@ class EppService:
             if self.prefix is not None:
                 self.metrics.index_blocks.labels(address).set(self.prefix.blocks_of(address))
                 self.metrics.index_capacity.labels(address).set(self.prefix.capacity_of(endpoint))
+        if self.shared is not None:
+            s = self.shared
+            counts = (s.sent, s.received, s.dropped)
+            self._shared_counts = self.metrics.shared_view(s.shared, counts, self._shared_counts)

@@ -85,21 +85,25 @@ async def healthz(request: Request, ctx: RequestContext) -> Response:
 async def readyz(request: Request, ctx: RequestContext) -> Response:
     """Ready, or why not: shutting down, the limit store down (fail-closed), or routes whose
     pool has no live endpoint (``degraded``, or 503 with ``listen.ready_with_dead_pools:
-    false``)."""
+    false``). With ``epp.replicas``, ``view`` says whether the picks are shared with the other
+    replicas or, the store unreachable, local only (still ready: the replica routes on)."""
     runtime = request.app[RUNTIME].current
-    limiter = runtime.limiter.status
+    body: dict[str, object] = {"limiter": runtime.limiter.status}
+    shared = runtime.embedded.service.shared if runtime.embedded is not None else None
+    if shared is not None:
+        body["view"] = "shared" if shared.shared else "local only"
     if request.app[SHUTTING_DOWN][0]:
-        return json_response({"status": "shutting down", "limiter": limiter}, status=503)
-    if limiter == "down":  # fail-closed and the limit store is unreachable: nothing is admitted
-        return json_response({"status": "not ready", "limiter": limiter}, status=503)
+        return json_response({"status": "shutting down", **body}, status=503)
+    if body["limiter"] == "down":  # fail-closed and the limit store is unreachable
+        return json_response({"status": "not ready", **body}, status=503)
     dead = dead_pools(runtime)
     if dead:
         routes = sorted(r.model for r in runtime.policy.routes if r.pool in dead)
-        body = {"status": "degraded", "limiter": limiter, "dead_pools": dead, "routes": routes}
+        body = {"status": "degraded", **body, "dead_pools": dead, "routes": routes}
         if not runtime.policy.listen.ready_with_dead_pools:
             return json_response({**body, "status": "not ready"}, status=503)
         return json_response(body)
-    return json_response({"status": "ready", "limiter": limiter})
+    return json_response({"status": "ready", **body})
 
 
 def metrics_allowed(observability: Observability, request: Request) -> bool:

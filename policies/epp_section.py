@@ -15,6 +15,7 @@ from policies.schema import (
     PluginSpec,
     ProfileRef,
     ProfileSpec,
+    Replicas,
     Saturation,
 )
 
@@ -33,6 +34,7 @@ def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
             "saturation",
             "objectives",
             "config",
+            "replicas",
         },
     )
     picker = f.text("picker", "epp", choices=("epp", "least-in-flight"))
@@ -72,6 +74,28 @@ def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
         saturation,
         _objectives(f),
         _pick_open_timeout(f),
+        _replicas(f),
+    )
+
+
+def _replicas(f: Fields) -> Replicas | None:
+    """``replicas: {store: redis://..., key, history, timeout}``: share picks with the other
+    replicas (left out: this picker learns from its own picks only)."""
+    if not f.has("replicas"):
+        return None
+    r = f.sub("replicas", {"store", "key", "history", "timeout"})
+    store = r.text("store")
+    if store and not store.startswith(("redis://", "rediss://", "unix://")):
+        r.error(child(r.path, "store"), "must be a Redis URL (redis://host:port/db)")
+    default = Replicas(store)
+    timeout = r.duration("timeout", default.timeout)
+    if timeout == 0:
+        r.error(child(r.path, "timeout"), "must be more than 0 (1s by default)")
+    return Replicas(
+        store,
+        r.text("key", default.key),
+        r.integer("history", default.history, low=1),
+        timeout or default.timeout,
     )
 
 

@@ -241,6 +241,17 @@ PICK_OPEN_TIMEOUT = 300.0  # seconds: ``Epp.pick_open_timeout``'s default
 
 
 @dataclass(frozen=True)
+class Replicas:
+    """Picker replicas (gateways or ``kvgate epp``s, on any host) that share what they learn
+    from their picks through a Redis stream, so that they route as one."""
+
+    store: str  # redis://host:port/db
+    key: str = "kvgate:picks"  # the stream; replicas of one deployment name the same
+    history: int = 20_000  # picks kept for a replica that starts or was away to catch up on
+    timeout: float = 1.0  # seconds a call to the store may take before it counts as down
+
+
+@dataclass(frozen=True)
 class Epp:
     """The endpoint picker: GIE-like plugins and profiles.
 
@@ -263,6 +274,7 @@ class Epp:
     # how long a Pick API pick the caller never reports Finished counts as in flight (longer
     # than the longest response the callers stream)
     pick_open_timeout: float = PICK_OPEN_TIMEOUT
+    replicas: Replicas | None = None  # None: this picker learns from its own picks only
 
     def priority_of(self, objective: str) -> int:
         """The priority of the named objective (0 when the policy does not list it)."""

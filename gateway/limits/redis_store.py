@@ -29,7 +29,7 @@ from redis.exceptions import RedisError
 
 from gateway.limits.buckets import BucketSpec, TakeResult
 from gateway.limits.loop_deadline import within
-from gateway.limits.store_health import StoreHealth
+from kvgate.wire.store_health import StoreHealth
 
 log = logging.getLogger("kvgate.gateway")
 

@@ -12,7 +12,7 @@ from gateway.limits.buckets import BucketSpec, TakeResult
 from gateway.limits.fallback import FallbackBuckets
 from gateway.limits.loop_deadline import within
 from gateway.limits.pending_usage import PendingUsage
-from gateway.limits.store_health import StoreHealth
+from kvgate.wire.store_health import StoreHealth
 
 SPEC = BucketSpec("k", capacity=600, cost=1)  # 10 a second
 

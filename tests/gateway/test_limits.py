@@ -11,7 +11,7 @@ from gateway.errors import BadRequest
 from gateway.identity import Identity
 from gateway.limits.buckets import BucketSpec, MemoryStore
 from gateway.limits.limiter import Limiter, LimiterUnavailable, NeverFits, RateLimited, duration
-from gateway.limits.store_health import FAILURES_TO_DOWN
+from kvgate.wire.store_health import FAILURES_TO_DOWN
 from loadtest.harness.processes import free_port
 from policies.schema import LimitRule, Limits, LimitStore
 

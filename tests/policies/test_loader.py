@@ -10,6 +10,7 @@ from epp.registry import CATALOG
 from kvgate.cli import main
 from policies.errors import PolicyError
 from policies.loader import load_policy, load_policy_text
+from policies.schema import Replicas
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "policies" / "examples").glob("*.yaml"))
 BASE = """
@@ -198,12 +199,27 @@ def test_policy_check_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         ),
         ("epp: {pick_open_timeout: 0}", "epp.pick_open_timeout (line 6): must be more than 0"),
         ("epp: {pick_open_timeout: -1s}", "epp.pick_open_timeout (line 6): must be a duration"),
+        ("epp: {replicas: {key: k}}", "epp.replicas.store (line 6): is required"),
+        ("epp: {replicas: {store: 10.0.0.1}}", "epp.replicas.store (line 6): must be a Redis URL"),
+        ("epp: {replicas: {store: 'redis://r', history: 0}}", "epp.replicas.history (line 6)"),
+        ("epp: {replicas: {store: 'redis://r', timeout: 0}}", "epp.replicas.timeout (line 6)"),
+        ("epp: {replicas: {store: 'redis://r', tll: 1}}", "epp.replicas.tll (line 6): unknown"),
     ],
 )
 def test_epp_section_errors(section: str, expected: str) -> None:
     with pytest.raises(PolicyError) as err:
         load_policy_text(BASE + section, plugins=CATALOG)
     assert any(expected in e for e in err.value.errors), err.value.errors
+
+
+def test_epp_replicas_defaults_and_values() -> None:
+    assert load_policy_text(BASE).epp.replicas is None
+    policy = load_policy_text(BASE + "epp: {replicas: {store: 'redis://r:6379/1'}}")
+    assert policy.epp.replicas == Replicas("redis://r:6379/1", "kvgate:picks", 20_000, 1.0)
+    policy = load_policy_text(
+        BASE + "epp: {replicas: {store: 'redis://r', key: a:b, history: 50, timeout: 200ms}}"
+    )
+    assert policy.epp.replicas == Replicas("redis://r", "a:b", 50, 0.2)
 
 
 def test_epp_section_custom_profile() -> None:

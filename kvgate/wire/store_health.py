@@ -1,5 +1,6 @@
-"""Whether the shared limit store is up: it goes down only after several consecutive failed
-calls, and comes back only when a call (or a probe) succeeds.
+"""Whether a shared store (Redis: the limits' buckets, the replicas' picks) is up: it goes down
+only after several consecutive failed calls, and comes back only when a call (or a probe)
+succeeds.
 
 One failed call is answered by the fallback but does not take the store down: a single slow
 turn of a loaded event loop, or one stale pooled connection after a Redis restart, must not
@@ -12,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-log = logging.getLogger("kvgate.gateway")
+log = logging.getLogger("kvgate")
 
 FAILURES_TO_DOWN = 3  # consecutive failed calls that take the store down
 

@@ -1,0 +1,204 @@
+"""`make bench-replicas`: K gateway replicas behind a real Envoy doing round-robin, as production
+runs them, against one replica; then the same under faults.
+
+Each run starts fresh processes (``loadtest.bench.replica_stack``): ``--backends`` simulated
+backends (cost model ``default``: 50 µs per uncached prompt token; ``--num-blocks`` each, so the
+workload's prefixes fill about 70% of the caches), K ``kvgate gateway`` processes (separate, as
+on K hosts), Envoy in front, and a redis-server when the replicas share their picks
+(``epp.replicas``). The load tester sends one workload through Envoy (open loop, Poisson at
+``--rate``, streamed chat completions of ``--output-tokens``): ``shared-prefix`` (the demo's:
+16 system prompts of 1,600 tokens, many short questions each) or ``multi-turn`` (six-turn
+conversations resending their history).
+
+Setups: K=1 and K=3 with the default (approximate) picker, K=3 sharing picks through Redis, the
+same three in precise mode (the backends' KV events), and K=3 blind to caches (least-in-flight).
+Faults (``--fault``, on K=3 sharing its picks; at 40% of the run): ``replica`` SIGKILLs one
+gateway, ``redis`` stops Redis, ``engine`` SIGKILLs one backend.
+
+Per setup, pooled over the interleaved rounds: failed requests, TTFT p50/p90, cached prompt
+share (cached ÷ prompt tokens, from the answers' usage), captured reuse (cached tokens ÷ what an
+ideal router could have served: ``loadtest.workloads.reuse_oracle``); with a fault, the cached
+share of the requests sent before it and after it. Markdown to stdout, JSON to
+``build/bench-replicas.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from loadtest.bench.replica_stack import MODEL, Setup, Stack, running_stack
+from loadtest.harness.envoy import envoy_binary
+from loadtest.harness.processes import backend_process, free_port
+from loadtest.reports.records import RequestRecord
+from loadtest.reports.stage_report import Stage
+from loadtest.reports.stats import percentile
+from loadtest.run.driver import LoadPlan, run_load
+from loadtest.run.session import BLOCK, sent_prompts, workload_tokens
+from loadtest.workloads.chats import Chain, multi_turn, shared_prefix
+from loadtest.workloads.reuse_oracle import cacheable_tokens
+
+ROOT = Path(__file__).resolve().parents[2]
+SETUPS = (
+    Setup("K=1 approximate", 1),
+    Setup("K=3 approximate, not shared", 3),
+    Setup("K=3 approximate, shared", 3, shared=True),
+    Setup("K=1 precise", 1, "precise"),
+    Setup("K=3 precise, not shared", 3, "precise"),
+    Setup("K=3 precise, shared", 3, "precise", shared=True),
+    Setup("K=3 least-in-flight", 3, "least-in-flight"),
+)
+FAULTS = ("replica", "redis", "engine")
+FAULT_AT = 0.4  # of the run's planned length
+WORKLOADS = ("shared-prefix", "multi-turn")
+
+
+def workload(name: str, requests: int, seed: int) -> list[Chain]:
+    if name == "multi-turn":
+        return multi_turn(math.ceil(requests / 6), 6, 600, 120, seed)
+    return shared_prefix(16, math.ceil(requests / 16), 1600, seed)[:requests]
+
+
+def break_one(stack: Stack, fault: str) -> None:
+    """What ``fault`` names, now."""
+    if fault == "replica":
+        stack.gateways[0].kill()
+    elif fault == "engine":
+        stack.backends[0].kill()
+    elif fault == "redis" and stack.redis is not None:
+        stack.redis.stop()
+
+
+def one_run(
+    setup: Setup, chains: list[Chain], args: argparse.Namespace, envoy: Path, fault: str | None
+) -> tuple[list[RequestRecord], float | None]:
+    """The run's records, and when (seconds into it) the fault struck."""
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        running_stack(setup, args.backends, args.num_blocks, Path(tmp), envoy) as stack,
+    ):
+        time.sleep(0.5)  # subscriptions, scrapes and health checks settle
+        requests = sum(len(c) for c in chains)
+        plan = LoadPlan(stack.url, MODEL, chains, [Stage(rate=args.rate)], args.output_tokens)
+        plan.max_requests = requests
+        struck: float | None = None
+        timer = None
+        if fault is not None:
+            at = FAULT_AT * requests / args.rate
+            struck = at
+            timer = threading.Timer(at, break_one, (stack, fault))
+            timer.start()
+        try:
+            run = asyncio.run(run_load(plan))
+        finally:
+            if timer is not None:
+                timer.cancel()
+    return run.records, struck
+
+
+def summary(records: list[RequestRecord], oracle: int, struck: list[float]) -> dict[str, float]:
+    ok = [r for r in records if r.ok]
+    ttfts = sorted(r.ttft * 1000 for r in ok)
+    row = {
+        "requests": float(len(records)),
+        "failed": float(len(records) - len(ok)),
+        "ttft_p50_ms": percentile(ttfts, 50) if ttfts else math.nan,
+        "ttft_p90_ms": percentile(ttfts, 90) if ttfts else math.nan,
+        "cached_share": _share(ok),
+        "captured_reuse": sum(r.cached_tokens for r in ok) / oracle if oracle else math.nan,
+    }
+    if struck:
+        row["cached_share_before"] = _share([r for r in ok if r.start < statistics.fmean(struck)])
+        row["cached_share_after"] = _share([r for r in ok if r.start >= statistics.fmean(struck)])
+    return row
+
+
+def _share(records: list[RequestRecord]) -> float:
+    prompt = sum(r.prompt_tokens for r in records)
+    return sum(r.cached_tokens for r in records) / prompt if prompt else math.nan
+
+
+async def tokenized(chains: list[Chain]) -> list[list[int]]:
+    """The prompts' ids as a backend of the same kind renders them, in workload order."""
+    port = free_port()
+    with backend_process(port, "--cost", "zero"):
+        return await workload_tokens(f"http://127.0.0.1:{port}", chains)
+
+
+def report(name: str, rows: dict[str, dict[str, float]]) -> None:
+    print(f"\n### {name}\n")
+    print("| setup | failed | TTFT p50 ms | TTFT p90 ms | cached prompt share | captured reuse |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for setup, row in rows.items():
+        extra = ""
+        if "cached_share_before" in row:
+            extra = (
+                f" (before {row['cached_share_before']:.1%}, after {row['cached_share_after']:.1%})"
+            )
+        print(
+            f"| {setup} | {row['failed']:.0f} of {row['requests']:.0f} | {row['ttft_p50_ms']:.0f} "
+            f"| {row['ttft_p90_ms']:.0f} | {row['cached_share']:.1%}{extra} "
+            f"| {row['captured_reuse']:.1%} |"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=256, help="per run")
+    parser.add_argument("--rate", type=float, default=48.0, help="requests/s, Poisson")
+    parser.add_argument("--backends", type=int, default=4)
+    parser.add_argument("--num-blocks", type=int, default=560, help="KV blocks per backend")
+    parser.add_argument("--output-tokens", type=int, default=32)
+    parser.add_argument("--workload", choices=WORKLOADS, action="append")
+    parser.add_argument("--setup", action="append", help="only setups whose name contains this")
+    parser.add_argument("--fault", choices=FAULTS, action="append", help="K=3, shared, broken")
+    args = parser.parse_args()
+    envoy, why = envoy_binary()
+    if envoy is None:
+        print(f"no Envoy ({why})")
+        return 1
+    setups = [s for s in SETUPS if not args.setup or any(f in s.name for f in args.setup)]
+    runs = [(s, None) for s in setups]
+    runs += [(Setup(f"K=3 shared, {f} killed", 3, shared=True), f) for f in args.fault or ()]
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for name in args.workload or WORKLOADS:
+        pooled: dict[str, tuple[list[RequestRecord], int, list[float]]] = {}
+        for number in range(args.rounds):
+            chains = workload(name, args.requests, number)
+            tokens = asyncio.run(tokenized(chains))
+            for setup, fault in runs if number % 2 == 0 else list(reversed(runs)):
+                records, struck = one_run(setup, chains, args, envoy, fault)
+                oracle = cacheable_tokens(sent_prompts(tokens, records), BLOCK)
+                kept, total, strikes = pooled.get(setup.name, ([], 0, []))
+                pooled[setup.name] = (
+                    kept + records,
+                    total + oracle,
+                    strikes + ([struck] if struck else []),
+                )
+                row = summary(records, oracle, [struck] if struck else [])
+                print(
+                    f"round {number} {name} {setup.name}: failed {row['failed']:.0f}, TTFT p90 "
+                    f"{row['ttft_p90_ms']:.0f} ms, cached {row['cached_share']:.1%}, "
+                    f"reuse {row['captured_reuse']:.1%}",
+                    flush=True,
+                )
+        rows = {setup: summary(*parts) for setup, parts in pooled.items()}
+        results[name] = rows
+        report(name, rows)
+    out = ROOT / "build" / "bench-replicas.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

