@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test test-vllm test-compiled compiled lint format prometheus kubectl check-images bench bench-engine bench-proxy bench-routing bench-pd bench-crosscheck bench-epp bench-kv-events bench-policy bench-limiter bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
+.PHONY: demo test test-vllm test-compiled compiled lint format prometheus kubectl check-images bench bench-engine bench-proxy bench-routing bench-replicas bench-pd bench-crosscheck bench-epp bench-kv-events bench-policy bench-limiter bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -124,6 +124,12 @@ bench-engine: $(STAMP)
 # six simulated backends: docs/benchmarks.md, "Routing".
 bench-routing: $(STAMP) compiled
 	$(BIN)/python -m loadtest.bench.routing
+
+# K gateway replicas as separate processes behind a real Envoy doing round-robin (Envoy in a venv
+# of its own, made on first use), against one replica, then under faults: docs/benchmarks.md,
+# "Replicas".
+bench-replicas: $(STAMP) redis
+	$(BIN)/python -m loadtest.bench.replicas --fault replica --fault redis --fault engine
 
 bench-epp: $(STAMP)
 	$(BIN)/python -m loadtest.bench.epp

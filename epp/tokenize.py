@@ -24,7 +24,8 @@ def request_token_ids(body: Mapping[str, object], tokenizer: RequestTokenizer) -
     messages = body.get("messages")
     if isinstance(messages, list):
         try:
-            return tokenizer.chat_ids([m for m in messages if isinstance(m, Mapping)])
+            chat = [m for m in messages if isinstance(m, Mapping)]
+            return tokenizer.chat_ids(chat, body.get("continue_final_message") is True)
         except ChatTemplateError:
             return []
     prompt = body.get("prompt")

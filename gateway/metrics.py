@@ -106,6 +106,14 @@ class GatewayMetrics:
         self.retries = Counter(
             "kvgate_retries", "Upstream attempts retried on another endpoint.", ["pool"], registry=r
         )
+        self.stream_resumes = Counter(
+            "kvgate_stream_resumes",
+            "Streams whose engine failed mid-answer, by outcome: resumed (continued on another "
+            "endpoint), finished (the answer was complete: its end sent), gave_up (no resumes "
+            "left, or not resumable), failed (no endpoint could continue it).",
+            ["pool", "outcome"],
+            registry=r,
+        )
         self.prefill_hops = Counter(
             "kvgate_prefill_hops",
             "Prefill hops of prefill/decode pools: 'ok', or 'local' when no prefill endpoint "

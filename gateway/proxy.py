@@ -3,9 +3,12 @@ responses (created here; by id: ``gateway.stored_responses``).
 
 The body is forwarded unchanged except for the route's model rewrite and, on streams,
 ``stream_options.include_usage`` (so usage is always known; the extra chunk is dropped again
-for clients that did not ask for it). Streams are relayed event by event; if the upstream dies
-or stalls mid-stream the client gets an SSE error event and no ``[DONE]``. A client that goes
-away cancels the handler, which closes the upstream connection at once.
+for clients that did not ask for it) and, on streams that may have to be resumed, vLLM's
+``return_token_ids`` (dropped again likewise). Streams are relayed event by event; if the
+upstream dies or stalls mid-stream the answer goes on from another endpoint
+(``gateway.stream_resume``) or, when it cannot, the client gets an SSE error event and no
+``[DONE]``. A client that goes away cancels the handler, which closes the upstream connection
+at once.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from gateway.routing.selector import select
 from gateway.routing.shadow import Outcome, text_of
 from gateway.runtime import Runtime
 from gateway.stored_responses import continuing, created, id_in_body
+from gateway.stream_resume import StreamResume, asks_token_ids, stream_resume
 from gateway.upstream import client_request_headers, open_upstream
 from kvgate.wire.http.messages import AnyResponse, Request, Response
 from kvgate.wire.json_text import nested_deeper_than
@@ -137,7 +141,9 @@ async def proxy(
         shadow = app[SHADOW].start(
             policy, runtime.picker, route, path, body, pick, runtime.upstream_tls
         )
-    forward = Forward(request, runtime, ctx, path, raw, body, pick, client_wants_usage, form)
+    forward = Forward(
+        request, runtime, ctx, path, raw, body, pick, client_wants_usage, form, route.resume
+    )
     try:
         if route.fallback:
             response = await _serve_with_fallbacks(forward, route, selection.pool)
@@ -176,6 +182,7 @@ class Forward:
         "pick",
         "raw",
         "request",
+        "resume",
         "runtime",
     )
 
@@ -190,6 +197,7 @@ class Forward:
         pick: PickRequest,
         client_wants_usage: bool,
         form: FormBody | None = None,
+        resume: bool = False,
     ) -> None:
         self.request = request
         self.runtime = runtime
@@ -200,6 +208,7 @@ class Forward:
         self.pick = pick
         self.client_wants_usage = client_wants_usage
         self.form = form  # a multipart body: forwarded as sent, but for its model field
+        self.resume = resume  # the route lets a broken stream go on elsewhere
 
 
 async def _serve_with_fallbacks(forward: Forward, route: Route, first_pool: str) -> AnyResponse:
@@ -259,62 +268,92 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
             metrics.child(metrics.queue_rejections, ctx.priority_class, reason).inc()
             raise
     try:
-        body = forward.body
-        responses = forward.path == RESPONSES_PATH  # usage comes with the last event
-        add_usage = ctx.stream and not forward.client_wants_usage and not responses
-        form = forward.form
-        content_type = None if form is None else form.content_type
-        headers = client_request_headers(
-            request, runtime.client_address, ctx.request_id, pool, content_type
-        )
-        call = runtime.calls[pool.name]
-        ranking = call.picker.rank(pool.name, forward.pick)
-        prefiller = ranking.prefill() if form is None else None
-        params = None
-        if prefiller is not None:  # a prefill/decode pool disaggregates this request
-            hop = (
-                body if not pool.model or pool.model == ctx.model else {**body, "model": pool.model}
-            )
-            params = await run_prefill(call, pool, forward.path, hop, headers, prefiller, ranking)
-        payload = forward.raw
-        if form is not None:
-            if pool.model and pool.model != ctx.model:
-                payload = form.with_model(pool.model)
-        elif pool.model or add_usage or params is not None or KV_TRANSFER in body:
-            payload = _payload(payload, body, pool, ctx.model, add_usage, params)
-        if responses and "previous_response_id" in body:
-            previous = body["previous_response_id"]
-            ranking = await continuing(request, ctx, pool.name, previous, ranking)
-        attempt = await open_upstream(
-            call, ctx, pool, forward.path, payload, headers, forward.pick, ranking
-        )
-        ctx.endpoint = attempt.endpoint.address
-        upstream = attempt.response
-        assert upstream is not None  # an open attempt has its response head
-        idle = runtime.policy.timeouts.idle
-        try:
-            if upstream.content_type == "text/event-stream":
-                relay = (
-                    ResponsesRelay()
-                    if responses
-                    else SSERelay(strip_usage=not forward.client_wants_usage)
-                )
-                streamed = await relay_stream(request, ctx, attempt, upstream, idle, relay)
-                if responses:
-                    created(request, ctx, relay.response_id)
-                return streamed
-            data = upstream.read_now()  # a whole JSON body usually comes with the headers
-            if data is None:
-                if upstream.content_type != "application/json":  # nothing in it to read
-                    return await relay_body(request, ctx, attempt, upstream, idle)
-                data = await read_body(ctx, attempt, upstream, idle)
-            if responses and upstream.status == 200:
-                created(request, ctx, id_in_body(data))
-            return body_response(ctx, upstream, data)
-        finally:
-            attempt.close(ctx.prompt_tokens if ctx.usage_known else None)
+        return await _send(forward, pool)
     finally:
         admission.done(pool.name)
+
+
+async def _send(forward: Forward, pool: Pool) -> AnyResponse:
+    """Send the request to one of ``pool``'s endpoints (after its prefill hop, where the pool
+    disaggregates) and relay the answer."""
+    request, runtime, ctx = forward.request, forward.runtime, forward.ctx
+    body = forward.body
+    responses = forward.path == RESPONSES_PATH  # usage comes with the last event
+    add_usage = ctx.stream and not forward.client_wants_usage and not responses
+    form = forward.form
+    content_type = None if form is None else form.content_type
+    headers = client_request_headers(
+        request, runtime.client_address, ctx.request_id, pool, content_type
+    )
+    call = runtime.calls[pool.name]
+    ranking = call.picker.rank(pool.name, forward.pick)
+    prefiller = ranking.prefill() if form is None else None
+    params = None
+    if prefiller is not None:  # a prefill/decode pool disaggregates this request
+        hop = body if not pool.model or pool.model == ctx.model else {**body, "model": pool.model}
+        params = await run_prefill(call, pool, forward.path, hop, headers, prefiller, ranking)
+    resumes = form is None and stream_resume(call, ctx, forward.path, body, forward.resume)
+    add_ids = resumes and asks_token_ids(pool, body)
+    payload = forward.raw
+    if form is not None:
+        if pool.model and pool.model != ctx.model:
+            payload = form.with_model(pool.model)
+    elif pool.model or add_usage or params is not None or KV_TRANSFER in body or add_ids:
+        payload = _payload(payload, body, pool, ctx.model, add_usage, params, add_ids)
+    if responses and "previous_response_id" in body:
+        previous = body["previous_response_id"]
+        ranking = await continuing(request, ctx, pool.name, previous, ranking)
+    attempt = await open_upstream(
+        call, ctx, pool, forward.path, payload, headers, forward.pick, ranking
+    )
+    ctx.endpoint = attempt.endpoint.address
+    upstream = attempt.response
+    assert upstream is not None  # an open attempt has its response head
+    idle = runtime.policy.timeouts.idle
+    try:
+        if upstream.content_type == "text/event-stream":
+            resume = None
+            if responses:
+                relay: SSERelay = ResponsesRelay()
+            elif resumes:
+                resume = StreamResume(
+                    call,
+                    ctx,
+                    pool,
+                    forward.path,
+                    _pool_body(body, pool, ctx.model),
+                    payload,
+                    headers,
+                    forward.pick,
+                    forward.client_wants_usage,
+                )
+                relay = resume.relay()
+            else:
+                relay = SSERelay(strip_usage=not forward.client_wants_usage)
+            streamed = await relay_stream(request, ctx, attempt, upstream, idle, relay, resume)
+            if responses:
+                created(request, ctx, relay.response_id)
+            return streamed
+        data = upstream.read_now()  # a whole JSON body usually comes with the headers
+        if data is None:
+            if upstream.content_type != "application/json":  # nothing in it to read
+                return await relay_body(request, ctx, attempt, upstream, idle)
+            data = await read_body(ctx, attempt, upstream, idle)
+        if responses and upstream.status == 200:
+            created(request, ctx, id_in_body(data))
+        return body_response(ctx, upstream, data)
+    finally:
+        attempt.close(ctx.prompt_tokens if ctx.usage_known else None)
+
+
+def _pool_body(body: dict[str, object], pool: Pool, model: str) -> dict[str, object]:
+    """The client's body as ``pool``'s engines take it: its model, no client KV-transfer
+    parameters."""
+    if pool.model and pool.model != model:
+        body = {**body, "model": pool.model}
+    if KV_TRANSFER in body:
+        body = {k: v for k, v in body.items() if k != KV_TRANSFER}
+    return body
 
 
 def _payload(
@@ -324,12 +363,16 @@ def _payload(
     model: str,
     add_usage: bool,
     kv_transfer_params: dict[str, object] | None = None,
+    token_ids: bool = False,
 ) -> bytes:
     """The body for ``pool``: the original bytes unless the pool's model differs, on a
     stream the client asked no usage of ``stream_options.include_usage`` must be added, or
     ``kv_transfer_params`` are the gateway's (a decode hop carries its prefill's; a client's
-    own are dropped: they would have a worker pull KV from wherever they name)."""
+    own are dropped: they would have a worker pull KV from wherever they name); ``token_ids``:
+    ask for vLLM's ``return_token_ids`` (a stream the gateway may have to resume)."""
     changes: dict[str, object] = {}
+    if token_ids:
+        changes["return_token_ids"] = True
     if pool.model and pool.model != model:
         changes["model"] = pool.model
     if add_usage:

@@ -5,8 +5,9 @@ A stream's chunks are taken in the upstream connection's own callback as they ar
 complete events written to the client there (``UpstreamResponse.push``); the request's task
 runs only at the stream's end, while the client's connection is backed up, and on errors.
 
-An upstream that dies or stalls (``idle`` seconds between chunks) mid-stream ends the client's
-stream with an SSE error event and no ``[DONE]``.
+An upstream that dies or stalls (``idle`` seconds between chunks) mid-stream is continued on
+another endpoint where the request allows (``gateway.stream_resume``); otherwise, or when that
+fails too, the client's stream ends with an SSE error event and no ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from gateway.attempt import Attempt
 from gateway.context import RequestContext
 from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.stream_resume import StreamResume
 from gateway.upstream import response_headers
 from kvgate.wire.http.client import (
     MAX_UPSTREAM_BODY,
@@ -64,18 +66,59 @@ async def relay_stream(
     upstream: UpstreamResponse,
     idle: float,
     relay: SSERelay,
+    resume: StreamResume | None = None,
 ) -> StreamResponse:
     """Relay the upstream's events as they complete (``relay``: how this API's stream is read
-    and ended); a stream that breaks off ends with an error event."""
+    and ended); a stream that breaks off goes on from another endpoint where ``resume`` can
+    (its attempts are closed here), else ends with an error event."""
     response = await _prepared(request, ctx, upstream, None)
-    failure = ""
+    current = attempt
+    try:
+        failure = await _relay_events(ctx, current, upstream, idle, relay, response)
+        while failure and resume is not None:
+            current.break_off()
+            tail = resume.ending(relay)
+            if tail is not None:  # the answer was whole: only its end was lost
+                await response.write(tail)
+                failure = ""
+                break
+            following = await resume.reopen(relay, current.endpoint, failure)
+            if following is None:
+                break
+            if current is not attempt:
+                current.close()
+            current, relay = following
+            assert current.response is not None
+            failure = await _relay_events(ctx, current, current.response, idle, relay, response)
+    finally:
+        if relay.usage:
+            _record_usage(ctx, relay.usage)
+        if current is not attempt:
+            current.close(ctx.prompt_tokens if ctx.usage_known else None)
+    if failure:
+        ctx.error = "upstream_stream_broken"
+        current.break_off()
+        await response.write(relay.error_event(failure, "upstream_stream_broken"))
+    await response.write_eof()
+    return response
+
+
+async def _relay_events(
+    ctx: RequestContext,
+    attempt: Attempt,
+    upstream: UpstreamResponse,
+    idle: float,
+    relay: SSERelay,
+    response: StreamResponse,
+) -> str:
+    """Relay one upstream's events until its last; why it broke off ("" when it did not)."""
     forward = _Forward(ctx, attempt, relay, response)
     try:
         while not await upstream.push(forward.take, idle):
             if forward.last is not None:  # the last event: the body's end goes with it
                 await response.finish(forward.last)
                 await _rest_after_done(upstream, idle)
-                break
+                return ""
             await response.drain()  # the client reads slower than the upstream writes
     except asyncio.CancelledError as cancel:
         if cancel.args and cancel.args[0] == SHUTDOWN_CUT:
@@ -85,27 +128,16 @@ async def relay_stream(
             response.write_last(relay.error_event(message, "shutdown"))
         raise
     except MID_STREAM_ERRORS as exc:
-        failure = (
-            "upstream stalled mid-stream"
-            if isinstance(exc, asyncio.TimeoutError)
-            else ("upstream connection lost mid-stream")
-        )
+        if isinstance(exc, asyncio.TimeoutError):
+            return "upstream stalled mid-stream"
+        return "upstream connection lost mid-stream"
     except EventTooLarge as exc:
-        failure = str(exc)
-    if not failure and not relay.saw_done:
-        failure = (
-            "upstream ended the stream in the middle of an event"
-            if relay.pending
-            else "upstream ended the stream without [DONE]"
-        )
-    if relay.usage:
-        _record_usage(ctx, relay.usage)
-    if failure:
-        ctx.error = "upstream_stream_broken"
-        attempt.break_off()
-        await response.write(relay.error_event(failure, "upstream_stream_broken"))
-    await response.write_eof()
-    return response
+        return str(exc)
+    if relay.saw_done:
+        return ""
+    if relay.pending:
+        return "upstream ended the stream in the middle of an event"
+    return "upstream ended the stream without [DONE]"
 
 
 async def relay_body(
@@ -136,7 +168,7 @@ class _Forward:
     complete events it holds to the client; gives the task back (returns False) at the last
     event (``last``) and while the client's connection needs draining."""
 
-    __slots__ = ("attempt", "ctx", "last", "relay", "response")
+    __slots__ = ("attempt", "ctx", "last", "relay", "response", "started")
 
     def __init__(
         self, ctx: RequestContext, attempt: Attempt, relay: SSERelay, response: StreamResponse
@@ -146,15 +178,18 @@ class _Forward:
         self.relay = relay
         self.response = response
         self.last: bytes | None = None
+        self.started = False  # this upstream's first event went out
 
     def take(self, chunk: bytes) -> bool:
         out = self.relay.feed(chunk)
         if not out:
             return True
-        ctx = self.ctx
-        if ctx.ttft is None:
-            ctx.ttft = time.perf_counter() - ctx.start
+        if not self.started:
+            self.started = True
             self.attempt.first_token()
+            ctx = self.ctx
+            if ctx.ttft is None:
+                ctx.ttft = time.perf_counter() - ctx.start
         if self.relay.saw_done:
             self.last = out
             return False

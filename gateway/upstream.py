@@ -214,13 +214,14 @@ async def open_upstream(
     headers: bytes,
     pick: PickRequest,
     ranking: Ranking | None = None,
+    exclude: set[str] | None = None,
 ) -> Attempt:
     """The first acceptable upstream response, as an open ``Attempt`` the caller must close.
 
     The picker ranks the pool once (or the caller did: ``ranking``); each retry takes the
-    next endpoint of that ranking that was not tried and whose breaker lets requests
-    through."""
-    tried: set[str] = set()
+    next endpoint of that ranking that was not tried (nor in ``exclude``) and whose breaker
+    lets requests through."""
+    tried: set[str] = set(exclude) if exclude else set()
     last: GatewayError | None = None
     held: Attempt | None = None  # a 5xx kept as last resort, its verdict pending
     first_byte = call.timeouts.first_byte

@@ -215,7 +215,8 @@ def _timeouts(top: Fields) -> Timeouts:
 
 def _retries(top: Fields) -> Retries:
     f = top.sub(
-        "retries", {"attempts", "backoff", "max_backoff", "budget_ratio", "min_retries_per_second"}
+        "retries",
+        {"attempts", "backoff", "max_backoff", "budget_ratio", "min_retries_per_second", "resumes"},
     )
     d = Retries()
     return Retries(
@@ -224,6 +225,7 @@ def _retries(top: Fields) -> Retries:
         f.duration("max_backoff", d.max_backoff),
         f.number("budget_ratio", d.budget_ratio, low=0.0, high=10.0),
         f.number("min_retries_per_second", d.min_retries_per_second, low=0.0),
+        f.integer("resumes", d.resumes, low=0, high=10),
     )
 
 

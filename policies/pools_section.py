@@ -34,6 +34,7 @@ def load_pools(top: Fields, base_dir: Path) -> dict[str, Pool]:
                 "max_model_len",
                 "metrics",
                 "tls",
+                "token_ids",
             },
         )
         kv_events = f.sub("kv_events", {"port", "bind", "replay_port"})
@@ -76,6 +77,7 @@ def load_pools(top: Fields, base_dir: Path) -> dict[str, Pool]:
             max_model_len=f.opt_int("max_model_len", low=1),
             tls=load_client_tls(f, base_dir),
             metric_names=metric_names,
+            token_ids=f.flag("token_ids", False) if f.has("token_ids") else None,
         )
     return pools
 

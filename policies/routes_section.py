@@ -32,7 +32,7 @@ def load_routes(top: Fields, pools: dict[str, Pool]) -> tuple[Route, ...]:
             top.source,
             item,
             path,
-            {"model", "pool", "canary", "ab_test", "shadow", "fallback", "paths"},
+            {"model", "pool", "canary", "ab_test", "shadow", "fallback", "paths", "resume"},
         )
         model = f.text("model")
         if model in seen:
@@ -71,9 +71,9 @@ def load_routes(top: Fields, pools: dict[str, Pool]) -> tuple[Route, ...]:
                     f"{path}.paths[{number}]",
                     f"{extra_path!r} is not an extra path (/name/..., not one the gateway serves)",
                 )
-        routes.append(
-            Route(model, pool, canary, ab_test, shadow, f.str_list("fallback") or (), extra, auto)
-        )
+        fallback = f.str_list("fallback") or ()
+        resume = f.flag("resume", True)
+        routes.append(Route(model, pool, canary, ab_test, shadow, fallback, extra, auto, resume))
     known = {r.model for r in routes}
     for i, route in enumerate(routes):
         for name in route.fallback:

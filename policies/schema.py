@@ -156,6 +156,13 @@ class Pool:
     max_model_len: int | None = None  # the engines' context length: caps a request's token estimate
     tls: ClientTls = field(default_factory=ClientTls)  # for its https:// endpoints
     metric_names: Mapping[str, str] = field(default_factory=dict)  # METRIC_OVERRIDES -> name
+    # whether the engines answer vLLM's return_token_ids (then a broken stream is continued
+    # from the exact tokens; else from its text); None: by ``engine`` (vllm, kvgate: yes)
+    token_ids: bool | None = None
+
+    @property
+    def returns_token_ids(self) -> bool:
+        return self.token_ids if self.token_ids is not None else self.engine != "sglang"
 
 
 @dataclass(frozen=True)
@@ -370,6 +377,7 @@ class Route:
     # bodies naming the model; authenticated, limited and metered like the OpenAI ones)
     paths: tuple[str, ...] = ()
     auto_canary: AutoCanary | None = None  # the canary's weight is the gateway's to advance
+    resume: bool = True  # a stream whose engine fails is continued on another (retries.resumes)
 
 
 @dataclass(frozen=True)
@@ -386,6 +394,7 @@ class Retries:
     max_backoff: float = 0.5
     budget_ratio: float = 0.2  # retries may add at most this share of a pool's requests
     min_retries_per_second: float = 3.0  # retries always allowed at this rate (low traffic)
+    resumes: int = 2  # times a stream broken mid-answer is continued on another endpoint
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,9 @@ def parse_prompts(value: object, tokenizer: RequestTokenizer, vocab_size: int) -
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
-def parse_messages(value: object, tokenizer: RequestTokenizer) -> list[list[int]]:
+def parse_messages(
+    value: object, tokenizer: RequestTokenizer, continue_final: bool = False
+) -> list[list[int]]:
     if not isinstance(value, list) or not value:
         raise RequestError("messages must be a non-empty list", "messages")
     if not all(isinstance(m, Mapping) for m in value):
@@ -135,7 +137,7 @@ def parse_messages(value: object, tokenizer: RequestTokenizer) -> list[list[int]
                 f"messages[{number}].role",
             )
     try:
-        return [tokenizer.chat_ids(value)]
+        return [tokenizer.chat_ids(value, continue_final)]
     except ChatTemplateError as exc:
         raise RequestError(str(exc), "messages") from exc
 
@@ -156,7 +158,7 @@ def parse_request(
     if not isinstance(model, str) or not model:
         raise RequestError("model is required and must be a string", "model")
     if is_chat:
-        prompts = parse_messages(body.get("messages"), tokenizer)
+        prompts = parse_messages(body.get("messages"), tokenizer, _continues(body))
         max_tokens = _get_int(body, "max_completion_tokens", None)
         if max_tokens is None:
             max_tokens = _get_int(body, "max_tokens", default_max_tokens)
@@ -204,6 +206,21 @@ def parse_request(
         cache_salt=_cache_salt(body),
         kv_transfer=_kv_transfer(body, len(prompts)),
     )
+
+
+def _continues(body: Mapping[str, object]) -> bool:
+    """vLLM's ``continue_final_message``: the model goes on with the final (assistant) message
+    instead of starting a new one, so ``add_generation_prompt`` must be false."""
+    continues = _get_bool(body, "continue_final_message")
+    prompt = body.get("add_generation_prompt", True)
+    if not isinstance(prompt, bool):
+        raise RequestError("add_generation_prompt must be a boolean", "add_generation_prompt")
+    if continues and prompt:
+        raise RequestError(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            "continue_final_message",
+        )
+    return continues
 
 
 def _cache_salt(body: Mapping[str, object]) -> str | None:

@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kvgate.wire.tokenizer import ChatTemplateError
+from kvgate.wire.tokenizer import ChatTemplateError, continued
 
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
@@ -97,9 +97,16 @@ class ModelTokenizer:
         """A completion prompt's ids (with the special tokens the model adds, e.g. BOS)."""
         return self.encode(text, add_special_tokens=True)
 
-    def chat_ids(self, messages: Sequence[Mapping[str, object]]) -> list[int]:
-        """A chat request's ids: the rendered template, encoded without special tokens."""
-        return self.encode(self.render_chat(messages), add_special_tokens=False)
+    def chat_ids(
+        self, messages: Sequence[Mapping[str, object]], continue_final: bool = False
+    ) -> list[int]:
+        """A chat request's ids: the rendered template, encoded without special tokens;
+        ``continue_final``: without a generation prompt, cut after the final message's content
+        (vLLM's ``continue_final_message``)."""
+        text = self.render_chat(messages, not continue_final)
+        if continue_final:
+            text = continued(text, messages)
+        return self.encode(text, add_special_tokens=False)
 
 
 class StreamDecoder:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from kvgate.wire.model_tokenizer import ModelTokenizer
-from kvgate.wire.tokenizer import ByteTokenizer, IncrementalDecoder, render_chat
+from kvgate.wire.tokenizer import ByteTokenizer, IncrementalDecoder, continued, render_chat
 
 
 class RequestTokenizer(Protocol):
@@ -26,8 +26,12 @@ class RequestTokenizer(Protocol):
         """A completion prompt's ids."""
         ...
 
-    def chat_ids(self, messages: Sequence[Mapping[str, object]]) -> list[int]:
-        """A chat request's ids; ``ChatTemplateError`` when it cannot be rendered."""
+    def chat_ids(
+        self, messages: Sequence[Mapping[str, object]], continue_final: bool = False
+    ) -> list[int]:
+        """A chat request's ids, with a generation prompt, or (``continue_final``) going on
+        with the final message (vLLM's ``continue_final_message``); ``ChatTemplateError``
+        when it cannot be rendered."""
         ...
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -50,7 +54,11 @@ class ReferenceTokenizer:
     def prompt_ids(self, text: str) -> list[int]:
         return self._bytes.encode(text)
 
-    def chat_ids(self, messages: Sequence[Mapping[str, object]]) -> list[int]:
+    def chat_ids(
+        self, messages: Sequence[Mapping[str, object]], continue_final: bool = False
+    ) -> list[int]:
+        if continue_final:
+            return self._bytes.encode(continued(render_chat(messages, False), messages))
         return self._bytes.encode(render_chat(messages))
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -74,8 +82,12 @@ class ModelWithReferenceChat:
     def prompt_ids(self, text: str) -> list[int]:
         return self._model.prompt_ids(text)
 
-    def chat_ids(self, messages: Sequence[Mapping[str, object]]) -> list[int]:
-        return self._model.encode(render_chat(messages), add_special_tokens=False)
+    def chat_ids(
+        self, messages: Sequence[Mapping[str, object]], continue_final: bool = False
+    ) -> list[int]:
+        text = render_chat(messages, not continue_final)
+        text = continued(text, messages) if continue_final else text
+        return self._model.encode(text, add_special_tokens=False)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._model.decode(token_ids)

@@ -11,6 +11,8 @@ in proportion to its size, not to its size squared.
 
 from __future__ import annotations
 
+import re
+
 import orjson
 from mypy_extensions import mypyc_attr
 
@@ -18,6 +20,13 @@ from kvgate.wire.openai_errors import responses_error_event, sse_error_event
 from kvgate.wire.responses_api import TERMINAL_EVENTS
 
 _USAGE = b'"usage"'
+_TOKEN_IDS = b'token_ids"'
+# vLLM's return_token_ids fields, with the comma that joins them to the object: the one before
+# (not the first key), else the one after (the first key of several)
+_TOKEN_ID_FIELDS = re.compile(
+    rb'\s*,\s*"(?:prompt_)?token_ids"\s*:\s*(?:\[[^\]]*\]|null)'
+    rb'|"(?:prompt_)?token_ids"\s*:\s*(?:\[[^\]]*\]|null)\s*,?\s*'
+)
 _DONE = b"[DONE]"
 _RESPONSE = b'"response"'
 _ERROR = b'"error"'
@@ -33,17 +42,37 @@ class EventTooLarge(ValueError):
 class SSERelay:
     """Forwards complete SSE events, notes usage and ``[DONE]``, drops the injected usage chunk."""
 
-    def __init__(self, *, strip_usage: bool) -> None:
+    def __init__(
+        self, *, strip_usage: bool, record: bool = False, strip_token_ids: bool = False
+    ) -> None:
+        """``record``: keep the events forwarded (``recorded``), as a stream that may have to
+        be continued elsewhere needs; ``strip_token_ids``: drop vLLM's ``token_ids`` and
+        ``prompt_token_ids`` fields (asked for by the gateway, not the client) from what is
+        forwarded, not from what is recorded."""
         self.strip_usage = strip_usage
         self.usage: dict[str, object] | None = None
         self.saw_done = False  # the stream's end: [DONE] (a response's terminal event)
         self.response_id = ""  # a Responses API stream's response id
+        self.recorded: list[bytes] | None = [] if record else None
+        self.strip_token_ids = strip_token_ids
         self._buffer = bytearray()  # the start of an event whose end has not come yet
         self._cr = False  # a chunk ended in CR: it may be the first half of a CRLF
 
     def feed(self, chunk: bytes) -> bytes:
         """The bytes to forward after ``chunk`` arrived (possibly empty); ``EventTooLarge``
         when the event waiting for its end has grown past ``MAX_EVENT_BYTES``."""
+        complete = self._complete(chunk)
+        if not complete:
+            return b""
+        out = self._forward(complete)
+        if self.recorded is not None and out:
+            self.recorded.append(out)
+            if self.strip_token_ids and _TOKEN_IDS in out:
+                out = without_token_ids(out)
+        return out
+
+    def _complete(self, chunk: bytes) -> bytes:
+        """The complete events the stream holds after ``chunk`` arrived (possibly none)."""
         if self._cr:
             chunk, self._cr = b"\r" + chunk, False
         if b"\r" in chunk:
@@ -70,6 +99,10 @@ class SSERelay:
             if rest:
                 buffer += rest
         self._check_size()
+        return complete
+
+    def _forward(self, complete: bytes) -> bytes:
+        """Of ``complete`` events, what goes to the client."""
         if self._plain(complete):
             return complete
         kept = [event for event in complete.split(b"\n\n") if event and self._keep(event)]
@@ -205,3 +238,9 @@ def _object_end(data: bytes, start: int) -> int:
 def _data_of(event: bytes) -> bytes | None:
     lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
     return b"\n".join(lines) if lines else None
+
+
+def without_token_ids(events: bytes) -> bytes:
+    """``events`` without vLLM's ``token_ids`` / ``prompt_token_ids`` fields (a key inside a
+    string is escaped, ``\\"token_ids\\"``, and never matches)."""
+    return _TOKEN_ID_FIELDS.sub(b"", events)

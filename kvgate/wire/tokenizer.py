@@ -98,3 +98,16 @@ def render_chat(
     if add_generation_prompt:
         parts.append("<|im_start|>assistant\n")
     return "".join(parts)
+
+
+def continued(rendered: str, messages: Sequence[Mapping[str, object]]) -> str:
+    """``rendered`` (a chat rendered without a generation prompt) cut after the final
+    message's content, so the model goes on with that message: vLLM's
+    ``continue_final_message``. ``ChatTemplateError`` when the template left the content out."""
+    if not messages:
+        raise ChatTemplateError("continue_final_message needs a final message to continue")
+    final = render_content(messages[-1].get("content"), f"messages[{len(messages) - 1}].content")
+    end = rendered.rfind(final)
+    if end < 0:
+        raise ChatTemplateError("the chat template does not render the final message's content")
+    return rendered[: end + len(final)]

@@ -108,3 +108,18 @@ def test_chat_renders_all_messages_and_prefers_max_completion_tokens() -> None:
     )
     assert req.sampling.max_tokens == 7 and req.stream and req.include_usage
     assert req.stop == ("END",)
+
+
+def test_continue_final_message_goes_on_with_the_assistant_s_message() -> None:
+    """vLLM's ``continue_final_message``: no generation prompt, the final message left open."""
+    messages = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "Once up"}]
+    body = {"model": "m", "messages": messages, "continue_final_message": True}
+    refused = {**body, "add_generation_prompt": True}
+    req = parse({**body, "add_generation_prompt": False}, chat=True)
+    text = bytes(req.prompts[0]).decode()
+    assert text == "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\nOnce up"
+    with pytest.raises(RequestError) as err:
+        parse(body, chat=True)  # add_generation_prompt is true unless said otherwise
+    assert err.value.param == "continue_final_message"
+    with pytest.raises(RequestError):
+        parse(refused, chat=True)

@@ -75,3 +75,19 @@ def test_a_folder_without_a_template_and_bad_folders(tmp_path: Path) -> None:
     raising = model_folder(tmp_path / "raising", "{{ raise_exception('no system role') }}")
     with pytest.raises(ChatTemplateError, match="no system role"):
         ModelTokenizer(raising).chat_ids([{"role": "system", "content": "x"}])
+
+
+def test_continue_final_message_cuts_the_template_after_the_final_content(tmp_path: Path) -> None:
+    """As vLLM: rendered without a generation prompt, cut after the last message's content."""
+    model = ModelTokenizer(model_folder(tmp_path / "m"))
+    messages = [{"role": "user", "content": "the fox"}, {"role": "assistant", "content": "the"}]
+    ids = model.chat_ids(messages, continue_final=True)
+    rendered = model.render_chat(messages, add_generation_prompt=False)
+    assert rendered.endswith("assistant<|end_header_id|>\n\nthe<|eot_id|>")
+    assert ids == model.encode(rendered.removesuffix("<|eot_id|>"), add_special_tokens=False)
+    assert request_token_ids({"messages": messages, "continue_final_message": True}, model) == ids
+    assert request_token_ids({"messages": messages}, model) == model.chat_ids(messages)
+    with pytest.raises(ChatTemplateError, match="does not render"):
+        ModelTokenizer(model_folder(tmp_path / "silent", "{{ bos_token }}")).chat_ids(
+            messages, continue_final=True
+        )
