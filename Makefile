@@ -129,7 +129,8 @@ bench-routing: $(STAMP) compiled
 # of its own, made on first use), against one replica, then under faults: docs/benchmarks.md,
 # "Replicas".
 bench-replicas: $(STAMP) redis
-	$(BIN)/python -m loadtest.bench.replicas --fault replica --fault redis --fault engine
+	$(BIN)/python -m loadtest.bench.replicas --fault replica --fault redis --fault engine \
+		--greedy-streams 100
 
 bench-epp: $(STAMP)
 	$(BIN)/python -m loadtest.bench.epp

@@ -95,7 +95,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "connects (to a subscriber bound there)",
     )
     p.add_argument(
-        "--kv-events-replay-port", type=int, help="serve missed batches (ZMQ ROUTER) on this port"
+        "--kv-events-replay-port",
+        type=int,
+        help="serve missed batches (ZMQ ROUTER) on this port (default: the events port + 1; "
+        "0: none)",
     )
     p.add_argument(
         "--kv-events-topic", help="ZMQ topic (default kv@HOST:PORT@MODEL, llm-d's convention)"
@@ -144,12 +147,14 @@ def build_state(args: argparse.Namespace) -> ServerState:
     sink = None
     if kv_events:
         topic = args.kv_events_topic or f"kv@{args.host}:{args.port}@{model_name}"
-        replay = args.kv_events_replay_port
+        explicit = args.kv_events_replay_port
+        replay = explicit if explicit is not None else _default_replay(args.kv_events_port)
         sink = ZmqEventPublisher(
             args.kv_events_endpoint or f"tcp://{args.host}:{args.kv_events_port}",
             topic,
-            replay_endpoint=None if replay is None else f"tcp://{args.host}:{replay}",
+            replay_endpoint=f"tcp://{args.host}:{replay}" if replay else None,
             bind=None if args.kv_events_endpoint else True,
+            replay_optional=explicit is None,
         )
     connector = pd_worker.make_connector(args, parts.runner)
     engine = build_engine(config, parts.runner, kv_connector=connector, event_sink=sink)
@@ -176,6 +181,12 @@ def build_state(args: argparse.Namespace) -> ServerState:
         parts.load_lora(name, path)
         state.lora_adapters[name] = path
     return state
+
+
+def _default_replay(events_port: int | None) -> int | None:
+    """The replay port of a backend that names none: its events port + 1 (where a picker
+    looks by default)."""
+    return events_port + 1 if events_port and events_port < 65535 else None
 
 
 def _sim_parts(args: argparse.Namespace) -> RunnerParts:

@@ -12,6 +12,7 @@ protocol).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -20,6 +21,7 @@ import zmq
 
 from kvgate.wire.kv_events import KVEvent, encode_batch
 
+log = logging.getLogger("kvgate.backend")
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 REPLAY_BUFFER = 10_000  # batches kept for replay (vLLM's buffer_steps)
 
@@ -39,8 +41,11 @@ class ZmqEventPublisher:
         hwm: int = 100_000,
         replay_endpoint: str | None = None,
         bind: bool | None = None,
+        replay_optional: bool = False,
     ) -> None:
-        """``bind``: whether to bind ``endpoint``; ``None`` decides as vLLM does."""
+        """``bind``: whether to bind ``endpoint``; ``None`` decides as vLLM does.
+        ``replay_optional``: a replay endpoint that cannot be bound (a default port taken) is
+        left out with a warning, not an error."""
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._socket = self._ctx.socket(zmq.PUB)
         self._socket.setsockopt(zmq.SNDHWM, hwm)
@@ -59,7 +64,14 @@ class ZmqEventPublisher:
         if replay_endpoint is not None:
             router = self._ctx.socket(zmq.ROUTER)
             router.setsockopt(zmq.LINGER, 0)
-            router.bind(replay_endpoint)
+            try:
+                router.bind(replay_endpoint)
+            except zmq.ZMQError as exc:
+                router.close(linger=0)
+                if not replay_optional:
+                    raise
+                log.warning("KV events are not replayed: cannot bind %s (%s)", replay_endpoint, exc)
+                return
             self._replay = threading.Thread(
                 target=self._serve_replay, args=(router,), name="kv-events-replay", daemon=True
             )

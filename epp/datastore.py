@@ -20,7 +20,11 @@ class Datastore:
                     dict(e.labels),
                     kv_events_port=e.kv_events_port or pool.kv_events_port,
                     kv_events_bind=pool.kv_events_bind,
-                    kv_events_replay_port=e.kv_events_replay_port or pool.kv_events_replay_port,
+                    kv_events_replay_port=replay_port(
+                        e.kv_events_port or pool.kv_events_port,
+                        e.kv_events_replay_port,
+                        pool.kv_events_replay_port,
+                    ),
                     kv_events_topic=e.kv_events_topic,
                 )
                 for e in pool.endpoints
@@ -38,3 +42,13 @@ class Datastore:
 
     def all(self) -> list[Endpoint]:
         return [e for endpoints in self.pools.values() for e in endpoints]
+
+
+def replay_port(events: int | None, endpoint: int | None, pool: int | None) -> int | None:
+    """Where an endpoint replays its KV events: the endpoint's port, else the pool's, else the
+    events port + 1 (the kvgate backend's default, and what the docs give vLLM's
+    ``replay_endpoint``); 0 for none. None when it publishes none, or only to a bound socket."""
+    chosen = endpoint if endpoint is not None else pool
+    if chosen is None:
+        return events + 1 if events and events < 65535 else None
+    return chosen or None

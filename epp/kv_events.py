@@ -11,10 +11,12 @@ connects when it names a host. Both layouts are served:
   each message's topic names its engine: the endpoint's ``kv_events_topic``, or a topic that
   contains the endpoint's address (llm-d's ``kv@<address>@<model>``).
 
-PUB/SUB drops what was sent before a subscriber attached. With ``replay_port`` (vLLM's
-``replay_endpoint``, a ROUTER socket), a subscriber asks for the engine's buffered history as
-it starts (live batches it then receives twice are skipped), and for what it missed when it
-sees a gap; without one, a gap clears that engine's entries.
+PUB/SUB drops what was sent before a subscriber attached. With a replay port (vLLM's
+``replay_endpoint``, a ROUTER socket; by default the events port + 1, where the kvgate backend
+serves it), a subscriber asks for the engine's buffered history as it starts, and the start
+waits for it, so a restarted picker knows what warm engines hold before its first pick (live
+batches it then receives twice are skipped); and for what it missed when it sees a gap. Without
+one (``replay_port: 0``), a gap clears that engine's entries.
 
 The SUB sockets are read from the event loop's reader callback, every queued message at once
 and applied in place; only a replay runs as a task, the socket paused until it is done.
@@ -40,6 +42,7 @@ log = logging.getLogger("kvgate.epp")
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # vLLM's end-of-replay marker
 REPLAY_TIMEOUT = 1.0  # seconds to wait for each replayed message
 REPLAY_SETTLE = 0.2  # seconds between subscribing and asking for the history
+START_WAIT = REPLAY_SETTLE + REPLAY_TIMEOUT + 1.0  # the longest a start waits for the histories
 Route = Callable[[list[bytes]], Endpoint | None]  # which endpoint a message is from
 
 
@@ -85,7 +88,11 @@ class KVEventSubscriber:
         self._tasks: set[asyncio.Task[None]] = set()  # replays under way
 
     async def start(self) -> None:
+        """Subscribe to every endpoint's events; an endpoint with a replay port is first asked
+        for what it holds, and the start waits for those replays (``START_WAIT`` at most), so
+        that a picker started next to warm engines is informed from its first pick."""
         bound: dict[str, list[Endpoint]] = {}
+        histories = []
         for endpoint in self.endpoints:
             if endpoint.kv_events_bind:
                 bound.setdefault(endpoint.kv_events_bind, []).append(endpoint)
@@ -95,13 +102,15 @@ class KVEventSubscriber:
             socket.connect(f"tcp://{host}:{endpoint.kv_events_port}")
             listener = self._listen(socket, _only(endpoint))
             if endpoint.kv_events_replay_port:  # what the engine sent before we listened
-                self._spawn(self._history(endpoint, listener))
+                histories.append(self._spawn(self._history(endpoint, listener)))
             else:
                 self._resume(listener)
         for address, endpoints in bound.items():
             socket = self._socket()
             socket.bind(address)  # bound now, so a bad address fails the start
             self._resume(self._listen(socket, _by_topic(endpoints)))
+        if histories:
+            await asyncio.wait(histories, timeout=START_WAIT)
 
     async def stop(self) -> None:
         listeners, self._listeners = self._listeners, []  # first: replays then resume nothing
@@ -121,10 +130,11 @@ class KVEventSubscriber:
         self._listeners.append(listener)  # closed by ``stop``, read or not
         return listener
 
-    def _spawn(self, work: Coroutine[object, object, None]) -> None:
+    def _spawn(self, work: Coroutine[object, object, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _resume(self, listener: _Listener) -> None:
         if not listener.reading:
@@ -253,7 +263,13 @@ class KVEventSubscriber:
                 self._apply(endpoint.address, seq, batch)
                 self.replayed += 1
         except TimeoutError:
-            log.warning("KV event replay from %s timed out", endpoint.address)
+            log.warning(
+                "KV event replay from %s timed out: does it serve one on port %d (vLLM's "
+                "replay_endpoint; the kvgate backend's is its events port + 1)? "
+                "kv_events.replay_port: 0 turns replay off",
+                endpoint.address,
+                endpoint.kv_events_replay_port,
+            )
         finally:
             socket.close(linger=0)
 

@@ -272,17 +272,18 @@ class ContinuationRelay(SSERelay):
         text = text if isinstance(text, str) else ""
         ids = choice.get("token_ids")
         reason = choice.get("finish_reason")
-        if not text and reason is None:
-            return None  # an opening chunk (the role), or nothing
+        learned = {"delta": {"content": text}} if progress.chat else {"text": text}
+        progress.learn_choice({**learned, "token_ids": ids, "finish_reason": reason})
+        shown_ids = self.client_ids and isinstance(ids, list) and bool(ids)
+        if not text and reason is None and not shown_ids:
+            return None  # an opening chunk (the role), or tokens with no text of their own yet
         shaped: dict[str, object] = {"index": 0, "logprobs": None, "finish_reason": reason}
         if progress.chat:
             shaped["delta"] = {"content": text}
         else:
             shaped["text"] = text
-        if self.client_ids and isinstance(ids, list):
+        if shown_ids:
             shaped["token_ids"] = ids
-        learned = {"delta": {"content": text}} if progress.chat else {"text": text}
-        progress.learn_choice({**learned, "token_ids": ids, "finish_reason": reason})
         return {**_head(progress), "choices": [shaped]}
 
 

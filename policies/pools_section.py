@@ -70,7 +70,7 @@ def load_pools(top: Fields, base_dir: Path) -> dict[str, Pool]:
             adapters=f.str_list("adapters") or (),
             kv_events_port=kv_events.opt_int("port", low=1, high=65535),
             kv_events_bind=bind,
-            kv_events_replay_port=kv_events.opt_int("replay_port", low=1, high=65535),
+            kv_events_replay_port=kv_events.opt_int("replay_port", low=0, high=65535),
             pd_min_uncached_tokens=pd.opt_int("min_uncached_tokens", low=0),
             pd_max_prefill_in_flight=pd.opt_int("max_prefill_in_flight", low=1),
             max_concurrency=f.opt_int("max_concurrency", low=1),
@@ -113,5 +113,5 @@ def _endpoint(parent: Fields, path: str, item: object) -> EndpointSpec | None:
         labels=labels,
         kv_events_port=port,
         kv_events_topic=f.opt_str("kv_events_topic"),
-        kv_events_replay_port=f.opt_int("kv_events_replay_port", low=1, high=65535),
+        kv_events_replay_port=f.opt_int("kv_events_replay_port", low=0, high=65535),
     )

@@ -132,7 +132,7 @@ class EndpointSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     kv_events_port: int | None = None  # overrides the pool's kv_events.port for this endpoint
     kv_events_topic: str | None = None  # kv_events.bind: the topic this engine publishes on
-    kv_events_replay_port: int | None = None  # overrides the pool's kv_events.replay_port
+    kv_events_replay_port: int | None = None  # overrides the pool's kv_events.replay_port (0: none)
 
     @property
     def url(self) -> str:
@@ -149,7 +149,9 @@ class Pool:
     adapters: tuple[str, ...] = ()  # LoRA adapters served here; a request for one prefers residents
     kv_events_port: int | None = None  # the endpoints' KV-event port, for precise prefix routing
     kv_events_bind: str | None = None  # or a ZMQ address the EPP binds and the engines connect to
-    kv_events_replay_port: int | None = None  # the engines' replay (ROUTER) port, if they have one
+    # the engines' replay (ROUTER) port: None, the events port + 1 (kvgate backend's default; vLLM's
+    # replay_endpoint); 0, none
+    kv_events_replay_port: int | None = None
     pd_min_uncached_tokens: int | None = None  # prefill/decode pools: when to add a prefill pick
     pd_max_prefill_in_flight: int | None = None  # a prefill endpoint with this many hops busy
     max_concurrency: int | None = None  # requests in flight per gateway process; more are queued

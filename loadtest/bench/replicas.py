@@ -7,13 +7,17 @@ workload's prefixes fill about 70% of the caches), K ``kvgate gateway`` processe
 on K hosts), Envoy in front, and a redis-server when the replicas share their picks
 (``epp.replicas``). The load tester sends one workload through Envoy (open loop, Poisson at
 ``--rate``, streamed chat completions of ``--output-tokens``): ``shared-prefix`` (the demo's:
-16 system prompts of 1,600 tokens, many short questions each) or ``multi-turn`` (six-turn
-conversations resending their history).
+16 system prompts of 1,600 tokens, many short questions each), ``multi-turn`` (six-turn
+conversations resending their history) or ``trace`` (a window of a Mooncake-format production
+trace, ``--trace``, at its own times sped up ``--speedup`` times, blocks of 512 tokens replayed
+as 32: ``loadtest.workloads.mooncake``; 4,096 KV blocks per backend for its longer prompts).
 
 Setups: K=1 and K=3 with the default (approximate) picker, K=3 sharing picks through Redis, the
 same three in precise mode (the backends' KV events), and K=3 blind to caches (least-in-flight).
 Faults (``--fault``, on K=3 sharing its picks; at 40% of the run): ``replica`` SIGKILLs one
-gateway, ``redis`` stops Redis, ``engine`` SIGKILLs one backend.
+gateway, ``redis`` stops Redis, ``engine`` SIGKILLs one backend. ``--greedy-streams N``: then an
+engine killed under N greedy streams on real (torch) models, every joined answer compared with
+the uninterrupted one (``loadtest.bench.engine_failover``).
 
 Per setup, pooled over the interleaved rounds: failed requests, TTFT p50/p90, cached prompt
 share (cached ÷ prompt tokens, from the answers' usage), captured reuse (cached tokens ÷ what an
@@ -32,8 +36,11 @@ import statistics
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
+from loadtest.bench.engine_failover import failover
+from loadtest.bench.engine_failover import report as report_failover
 from loadtest.bench.replica_stack import MODEL, Setup, Stack, running_stack
 from loadtest.harness.envoy import envoy_binary
 from loadtest.harness.processes import backend_process, free_port
@@ -43,6 +50,7 @@ from loadtest.reports.stats import percentile
 from loadtest.run.driver import LoadPlan, run_load
 from loadtest.run.session import BLOCK, sent_prompts, workload_tokens
 from loadtest.workloads.chats import Chain, multi_turn, shared_prefix
+from loadtest.workloads.mooncake import Replay, load_trace, trace_chains
 from loadtest.workloads.reuse_oracle import cacheable_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,12 +65,22 @@ SETUPS = (
 )
 FAULTS = ("replica", "redis", "engine")
 FAULT_AT = 0.4  # of the run's planned length
-WORKLOADS = ("shared-prefix", "multi-turn")
+WORKLOADS = ("shared-prefix", "multi-turn", "trace")
+TRACE = ROOT.parent / "shared" / "data" / "traces" / "synthetic_trace.jsonl"
+TRACE_START = 2000  # the trace's first request replayed (its busiest reuse)
+TRACE_BLOCK_TOKENS = 32  # a trace block (512 tokens) becomes this many
+TRACE_NUM_BLOCKS = 4096  # KV blocks per backend for the trace's longer prompts
 
 
-def workload(name: str, requests: int, seed: int) -> list[Chain]:
+def workload(name: str, args: argparse.Namespace, seed: int) -> list[Chain]:
+    """Round ``seed``'s requests: new prompts each round (the trace: its next window)."""
+    requests = args.requests
     if name == "multi-turn":
         return multi_turn(math.ceil(requests / 6), 6, 600, 120, seed)
+    if name == "trace":
+        replay = Replay(TRACE_BLOCK_TOKENS, args.speedup, args.output_tokens)
+        skip = TRACE_START + seed * requests
+        return trace_chains(load_trace(args.trace), replace(replay, skip=skip, limit=requests))
     return shared_prefix(16, math.ceil(requests / 16), 1600, seed)[:requests]
 
 
@@ -77,21 +95,28 @@ def break_one(stack: Stack, fault: str) -> None:
 
 
 def one_run(
-    setup: Setup, chains: list[Chain], args: argparse.Namespace, envoy: Path, fault: str | None
+    setup: Setup,
+    chains: list[Chain],
+    args: argparse.Namespace,
+    envoy: Path,
+    fault: str | None,
+    num_blocks: int,
 ) -> tuple[list[RequestRecord], float | None]:
     """The run's records, and when (seconds into it) the fault struck."""
     with (
         tempfile.TemporaryDirectory() as tmp,
-        running_stack(setup, args.backends, args.num_blocks, Path(tmp), envoy) as stack,
+        running_stack(setup, args.backends, num_blocks, Path(tmp), envoy) as stack,
     ):
         time.sleep(0.5)  # subscriptions, scrapes and health checks settle
         requests = sum(len(c) for c in chains)
+        last = chains[-1][0].at
+        length = last if last is not None else requests / args.rate
         plan = LoadPlan(stack.url, MODEL, chains, [Stage(rate=args.rate)], args.output_tokens)
         plan.max_requests = requests
         struck: float | None = None
         timer = None
         if fault is not None:
-            at = FAULT_AT * requests / args.rate
+            at = FAULT_AT * length
             struck = at
             timer = threading.Timer(at, break_one, (stack, fault))
             timer.start()
@@ -156,10 +181,18 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=48.0, help="requests/s, Poisson")
     parser.add_argument("--backends", type=int, default=4)
     parser.add_argument("--num-blocks", type=int, default=560, help="KV blocks per backend")
-    parser.add_argument("--output-tokens", type=int, default=32)
+    parser.add_argument("--output-tokens", type=int, default=32, help="the trace's: at most")
+    parser.add_argument("--trace", type=Path, default=TRACE, help="a Mooncake-format trace")
+    parser.add_argument("--speedup", type=float, default=8.0, help="the trace's clock, faster")
     parser.add_argument("--workload", choices=WORKLOADS, action="append")
     parser.add_argument("--setup", action="append", help="only setups whose name contains this")
     parser.add_argument("--fault", choices=FAULTS, action="append", help="K=3, shared, broken")
+    parser.add_argument(
+        "--greedy-streams",
+        type=int,
+        default=0,
+        help="then kill an engine under this many greedy streams (torch runner; 0: not run)",
+    )
     args = parser.parse_args()
     envoy, why = envoy_binary()
     if envoy is None:
@@ -171,11 +204,15 @@ def main() -> int:
     results: dict[str, dict[str, dict[str, float]]] = {}
     for name in args.workload or WORKLOADS:
         pooled: dict[str, tuple[list[RequestRecord], int, list[float]]] = {}
+        if name == "trace" and not args.trace.exists():
+            print(f"no trace at {args.trace}: the trace workload is left out")
+            continue
+        num_blocks = TRACE_NUM_BLOCKS if name == "trace" else args.num_blocks
         for number in range(args.rounds):
-            chains = workload(name, args.requests, number)
+            chains = workload(name, args, number)
             tokens = asyncio.run(tokenized(chains))
             for setup, fault in runs if number % 2 == 0 else list(reversed(runs)):
-                records, struck = one_run(setup, chains, args, envoy, fault)
+                records, struck = one_run(setup, chains, args, envoy, fault, num_blocks)
                 oracle = cacheable_tokens(sent_prompts(tokens, records), BLOCK)
                 kept, total, strikes = pooled.get(setup.name, ([], 0, []))
                 pooled[setup.name] = (
@@ -193,6 +230,10 @@ def main() -> int:
         rows = {setup: summary(*parts) for setup, parts in pooled.items()}
         results[name] = rows
         report(name, rows)
+    if args.greedy_streams:
+        row = failover(args.greedy_streams, 64, 2048)
+        results["engine killed under greedy streams"] = {"torch": row}
+        print("\n" + report_failover(row))
     out = ROOT / "build" / "bench-replicas.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=2))

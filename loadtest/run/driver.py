@@ -1,7 +1,8 @@
 """Sends a workload to an OpenAI-compatible server and records every request.
 
 Open loop (stages with a ``rate``): chains start at seeded Poisson times whatever the server
-does, ``rate`` requests a second on average (a chain of ``n`` requests starts at ``rate / n``);
+does, ``rate`` requests a second on average (a chain of ``n`` requests starts at ``rate / n``),
+or at a trace's own times where every chain's first request carries one (``ChatRequest.at``);
 a chain's next request goes when the previous one has finished. Closed loop (stages with a
 ``concurrency``): that many workers each send their next chain as soon as the last is done.
 Both stop at ``max_requests`` sent or ``max_seconds`` after the start (requests in flight then
@@ -182,7 +183,11 @@ async def run_load(plan: LoadPlan, on_done: Callable[[], None] = lambda: None) -
 async def _open_loop(plan: LoadPlan, sender: _Sender) -> None:
     mean_chain = statistics.fmean(len(c) for c in plan.chains) if plan.chains else 1.0
     spans = [(rate / mean_chain, seconds) for rate, seconds in plan.stage_spans()]
-    starts = poisson_starts(len(plan.chains), spans, plan.seed)
+    timed = [c[0].at for c in plan.chains if c and c[0].at is not None]
+    if len(timed) == len(plan.chains):  # a trace: its own send times
+        starts: list[float] = [at for at in timed if at is not None]
+    else:
+        starts = poisson_starts(len(plan.chains), spans, plan.seed)
 
     async def later(chain: Chain, at: float) -> None:
         await asyncio.sleep(max(0.0, at - sender.now()))

@@ -34,6 +34,7 @@ class ChatRequest:
     group: str = ""  # what shares its prefix: the system prompt's or the session's name
     max_tokens: int | None = None
     model: str | None = None
+    at: float | None = None  # a trace's send time (seconds from the start), for a chain's first
 
     def body(self, model: str, max_tokens: int) -> dict[str, object]:
         """The chat-completions body: ``ignore_eos`` so every answer has its full length."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import pytest
 import zmq
 import zmq.asyncio
 
@@ -81,3 +82,22 @@ async def test_a_missed_batch_is_replayed_before_the_next_and_reading_goes_on() 
             await replies
         publisher.close(linger=0)
         router.close(linger=0)
+
+
+@pytest.mark.parametrize(
+    ("events", "endpoint", "pool", "expected"),
+    [
+        (5557, None, None, 5558),  # by default: the events port + 1
+        (5557, None, 6000, 6000),
+        (5557, 7000, 6000, 7000),
+        (5557, 0, 6000, None),  # 0: no replay
+        (5557, None, 0, None),
+        (None, None, None, None),  # no events port (none, or a socket the picker binds)
+    ],
+)
+def test_where_an_endpoint_replays_its_events(
+    events: int | None, endpoint: int | None, pool: int | None, expected: int | None
+) -> None:
+    from epp.datastore import replay_port
+
+    assert replay_port(events, endpoint, pool) == expected

@@ -295,3 +295,19 @@ def test_a_recording_relay_keeps_the_ids_and_forwards_without_them() -> None:
 )
 def test_token_ids_are_cut_out_of_events(event: bytes, expected: bytes) -> None:
     assert without_token_ids(event) == expected
+
+
+def test_tokens_without_text_of_their_own_are_counted_not_sent() -> None:
+    """A token whose bytes do not make a character yet (UTF-8 split over tokens) comes as an
+    empty delta: it is part of what was generated."""
+    progress = Progress(
+        False, id="cmpl-1", created=5, model="m", token_ids=[1], prompt_token_ids=[9]
+    )
+    relay = ContinuationRelay(progress, client_wants_usage=False, client_ids=False)
+    out = _relay_out(
+        relay,
+        {"id": "x", "choices": [{"index": 0, "text": "", "token_ids": [226]}]},
+        {"id": "x", "choices": [{"index": 0, "text": "é", "token_ids": [130]}]},
+    )
+    assert [o["choices"][0]["text"] for o in out] == ["é"]  # type: ignore[index]
+    assert progress.token_ids == [1, 226, 130]

@@ -107,3 +107,33 @@ async def test_replay_fills_in_what_was_sent_before_the_subscriber_attached(
             assert (subscriber.replayed > 0) == with_replay
         finally:
             await subscriber.stop()
+
+
+async def test_a_picker_started_next_to_a_warm_engine_knows_what_it_holds_by_default(
+    start_backend: Callable[..., str],
+) -> None:
+    """Only the events port is configured on both sides: the backend serves replay on the next
+    port, the picker asks there, and its start waits for the answer."""
+    from epp.service import EppService
+    from policies.loader import load_policy_text
+
+    events = free_port()
+    url = start_backend("--kv-events-port", str(events), "--cost", "zero", "--block-size", "16")
+    address = url.removeprefix("http://")
+    await complete(url, PROMPT)  # the engine is warm before any picker listens
+    policy = load_policy_text(
+        f"pools: {{p: {{endpoints: [{address}], kv_events: {{port: {events}}}}}}}\n"
+        "routes: [{model: kvgate-sim, pool: p}]\n"
+        "epp: {plugins: [{name: prefix, type: prefix-cache-scorer, params: {mode: precise}},"
+        " {name: pick, type: max-score-picker}],"
+        " profiles: [{name: default, plugins: [{ref: prefix}, {ref: pick}]}]}\n"
+    )
+    assert policy.pools["p"].kv_events_replay_port is None  # not configured: the default
+    service = EppService(policy)
+    await service.start()
+    try:
+        assert service.prefix is not None
+        request = service.scheduling_request("p", "r", "kvgate-sim", {"prompt": PROMPT}, {})
+        assert service.prefix.match(service.prefix.keys(request), [address])[address] > 0
+    finally:
+        await service.stop()
