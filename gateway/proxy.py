@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 import orjson
 
+from gateway.admission import AdmissionQueue
 from gateway.body_encoding import decode_body
 from gateway.context import RequestContext
 from gateway.disaggregation import run_prefill
@@ -238,10 +239,65 @@ async def _serve_with_fallbacks(forward: Forward, route: Route, first_pool: str)
 
 async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
     """Wait for capacity in ``pool`` (in the caller's priority class), send the request to one
-    of its endpoints and relay the answer."""
+    of its endpoints (after its prefill hop, where the pool disaggregates) and relay the
+    answer."""
     request, runtime, ctx = forward.request, forward.runtime, forward.ctx
-    app = request.app
-    admission = app[ADMISSION]
+    admission = request.app[ADMISSION]
+    if not _admitted_at_once(forward, pool, admission):
+        await _queued(forward, pool, admission)
+    try:
+        body, form = forward.body, forward.form
+        content_type = None if form is None else form.content_type
+        headers = client_request_headers(
+            request, runtime.client_address, ctx.request_id, pool, content_type
+        )
+        call = runtime.calls[pool.name]
+        ranking = call.picker.rank(pool.name, forward.pick)
+        prefiller = ranking.prefill() if form is None else None
+        params = None
+        if prefiller is not None:  # a prefill/decode pool disaggregates this request
+            hop = (
+                body if not pool.model or pool.model == ctx.model else {**body, "model": pool.model}
+            )
+            params = await run_prefill(call, pool, forward.path, hop, headers, prefiller, ranking)
+        resumes = form is None and stream_resume(call, ctx, forward.path, body, forward.resume)
+        payload = _upstream_payload(forward, pool, params, resumes)
+        responses = forward.path == RESPONSES_PATH
+        if responses and "previous_response_id" in body:
+            previous = body["previous_response_id"]
+            ranking = await continuing(request, ctx, pool.name, previous, ranking)
+        attempt = await open_upstream(
+            call, ctx, pool, forward.path, payload, headers, forward.pick, ranking
+        )
+        ctx.endpoint = attempt.endpoint.address
+        upstream = attempt.response
+        assert upstream is not None  # an open attempt has its response head
+        idle = runtime.policy.timeouts.idle
+        try:
+            if upstream.content_type == "text/event-stream":
+                relay, resume = _stream_relay(forward, pool, payload, headers, resumes)
+                streamed = await relay_stream(request, ctx, attempt, upstream, idle, relay, resume)
+                if responses:
+                    created(request, ctx, relay.response_id)
+                return streamed
+            data = upstream.read_now()  # a whole JSON body usually comes with the headers
+            if data is None:
+                if upstream.content_type != "application/json":  # nothing in it to read
+                    return await relay_body(request, ctx, attempt, upstream, idle)
+                data = await read_body(ctx, attempt, upstream, idle)
+            if responses and upstream.status == 200:
+                created(request, ctx, id_in_body(data))
+            return body_response(ctx, upstream, data)
+        finally:
+            attempt.close(ctx.prompt_tokens if ctx.usage_known else None)
+    finally:
+        admission.done(pool.name)
+
+
+def _admitted_at_once(forward: Forward, pool: Pool, admission: AdmissionQueue) -> bool:
+    """Set the request's admission class (its identity's, or its objective's when lighter),
+    shed it when its SLO budget is spent, and admit it if there is room and nobody queued."""
+    request, runtime, ctx = forward.request, forward.runtime, forward.ctx
     ctx.pool = pool.name
     cls = admission.class_of(ctx.identity.priority_class if ctx.identity else None)
     objective = request.headers.get(INFERENCE_OBJECTIVE)
@@ -250,7 +306,7 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
         if lighter is not None and lighter.weight <= cls.weight:
             cls = lighter
     ctx.priority_class = cls.name
-    shedding = app[SLOS].shedding
+    shedding = request.app[SLOS].shedding
     if shedding and ctx.priority_class in shedding.get(ctx.model, ()):
         raise SloShed(
             f"an SLO budget of `{ctx.model}` is spent; {ctx.priority_class} requests are shed "
@@ -259,91 +315,60 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
         )
     if admission.try_admit(pool.name):  # the common case: room, nobody queued
         ctx.queue_wait = 0.0
-    else:
-        try:
-            ctx.queue_wait = await admission.admit(pool.name, ctx.priority_class, ctx.tenant)
-        except (Rejected, Evicted) as exc:
-            reason = "full" if isinstance(exc, Rejected) else "expired"
-            metrics = app[METRICS]
-            metrics.child(metrics.queue_rejections, ctx.priority_class, reason).inc()
-            raise
+        return True
+    return False
+
+
+async def _queued(forward: Forward, pool: Pool, admission: AdmissionQueue) -> None:
+    """Wait in the admission queue for capacity in ``pool``."""
+    ctx = forward.ctx
     try:
-        return await _send(forward, pool)
-    finally:
-        admission.done(pool.name)
+        ctx.queue_wait = await admission.admit(pool.name, ctx.priority_class, ctx.tenant)
+    except (Rejected, Evicted) as exc:
+        reason = "full" if isinstance(exc, Rejected) else "expired"
+        metrics = forward.request.app[METRICS]
+        metrics.child(metrics.queue_rejections, ctx.priority_class, reason).inc()
+        raise
 
 
-async def _send(forward: Forward, pool: Pool) -> AnyResponse:
-    """Send the request to one of ``pool``'s endpoints (after its prefill hop, where the pool
-    disaggregates) and relay the answer."""
-    request, runtime, ctx = forward.request, forward.runtime, forward.ctx
-    body = forward.body
-    responses = forward.path == RESPONSES_PATH  # usage comes with the last event
-    add_usage = ctx.stream and not forward.client_wants_usage and not responses
-    form = forward.form
-    content_type = None if form is None else form.content_type
-    headers = client_request_headers(
-        request, runtime.client_address, ctx.request_id, pool, content_type
-    )
-    call = runtime.calls[pool.name]
-    ranking = call.picker.rank(pool.name, forward.pick)
-    prefiller = ranking.prefill() if form is None else None
-    params = None
-    if prefiller is not None:  # a prefill/decode pool disaggregates this request
-        hop = body if not pool.model or pool.model == ctx.model else {**body, "model": pool.model}
-        params = await run_prefill(call, pool, forward.path, hop, headers, prefiller, ranking)
-    resumes = form is None and stream_resume(call, ctx, forward.path, body, forward.resume)
-    add_ids = resumes and asks_token_ids(pool, body)
-    payload = forward.raw
+def _upstream_payload(
+    forward: Forward, pool: Pool, params: dict[str, object] | None, resumes: bool
+) -> bytes:
+    """The bytes sent upstream: the client's, unless the pool, usage, a prefill hop or a
+    resumable stream change the body."""
+    body, form, ctx = forward.body, forward.form, forward.ctx
     if form is not None:
-        if pool.model and pool.model != ctx.model:
-            payload = form.with_model(pool.model)
-    elif pool.model or add_usage or params is not None or KV_TRANSFER in body or add_ids:
-        payload = _payload(payload, body, pool, ctx.model, add_usage, params, add_ids)
-    if responses and "previous_response_id" in body:
-        previous = body["previous_response_id"]
-        ranking = await continuing(request, ctx, pool.name, previous, ranking)
-    attempt = await open_upstream(
-        call, ctx, pool, forward.path, payload, headers, forward.pick, ranking
+        return (
+            form.with_model(pool.model) if pool.model and pool.model != ctx.model else forward.raw
+        )
+    add_usage = ctx.stream and not forward.client_wants_usage and forward.path != RESPONSES_PATH
+    add_ids = resumes and asks_token_ids(pool, body)
+    if pool.model or add_usage or params is not None or KV_TRANSFER in body or add_ids:
+        return _payload(forward.raw, body, pool, ctx.model, add_usage, params, add_ids)
+    return forward.raw
+
+
+def _stream_relay(
+    forward: Forward, pool: Pool, payload: bytes, headers: bytes, resumes: bool
+) -> tuple[SSERelay, StreamResume | None]:
+    """How the upstream's stream is relayed, and how it goes on if its engine fails."""
+    if forward.path == RESPONSES_PATH:
+        return ResponsesRelay(), None
+    if not resumes:
+        return SSERelay(strip_usage=not forward.client_wants_usage), None
+    ctx = forward.ctx
+    resume = StreamResume(
+        forward.runtime.calls[pool.name],
+        ctx,
+        pool,
+        forward.path,
+        _pool_body(forward.body, pool, ctx.model),
+        payload,
+        headers,
+        forward.pick,
+        forward.client_wants_usage,
     )
-    ctx.endpoint = attempt.endpoint.address
-    upstream = attempt.response
-    assert upstream is not None  # an open attempt has its response head
-    idle = runtime.policy.timeouts.idle
-    try:
-        if upstream.content_type == "text/event-stream":
-            resume = None
-            if responses:
-                relay: SSERelay = ResponsesRelay()
-            elif resumes:
-                resume = StreamResume(
-                    call,
-                    ctx,
-                    pool,
-                    forward.path,
-                    _pool_body(body, pool, ctx.model),
-                    payload,
-                    headers,
-                    forward.pick,
-                    forward.client_wants_usage,
-                )
-                relay = resume.relay()
-            else:
-                relay = SSERelay(strip_usage=not forward.client_wants_usage)
-            streamed = await relay_stream(request, ctx, attempt, upstream, idle, relay, resume)
-            if responses:
-                created(request, ctx, relay.response_id)
-            return streamed
-        data = upstream.read_now()  # a whole JSON body usually comes with the headers
-        if data is None:
-            if upstream.content_type != "application/json":  # nothing in it to read
-                return await relay_body(request, ctx, attempt, upstream, idle)
-            data = await read_body(ctx, attempt, upstream, idle)
-        if responses and upstream.status == 200:
-            created(request, ctx, id_in_body(data))
-        return body_response(ctx, upstream, data)
-    finally:
-        attempt.close(ctx.prompt_tokens if ctx.usage_known else None)
+    return resume.relay(), resume
 
 
 def _pool_body(body: dict[str, object], pool: Pool, model: str) -> dict[str, object]:

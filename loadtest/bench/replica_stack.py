@@ -17,6 +17,7 @@ from loadtest.harness.redis_server import RedisServer
 from policies.schema import DEFAULT_EPP_PLUGINS, DEFAULT_EPP_PROFILES
 
 MODEL = "kvgate-sim"
+MAX_MODEL_LEN = 32_768  # the trace's longest prompts, replayed at 32 tokens a block, take 12k
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,9 @@ def running_stack(
     with ExitStack() as stack:
         engines = []
         for http, events in ports:
-            args = ("--cost", "default", "--num-blocks", str(num_blocks), "--kv-events-port")
-            engines.append(stack.enter_context(backend_process(http, *args, str(events))))
+            args = ["--cost", "default", "--num-blocks", str(num_blocks)]
+            args += ["--max-model-len", str(MAX_MODEL_LEN), "--kv-events-port", str(events)]
+            engines.append(stack.enter_context(backend_process(http, *args)))
         redis = None
         if setup.shared:
             redis = RedisServer(free_port()).start()

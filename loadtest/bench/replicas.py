@@ -21,8 +21,9 @@ the uninterrupted one (``loadtest.bench.engine_failover``).
 
 Per setup, pooled over the interleaved rounds: failed requests, TTFT p50/p90, cached prompt
 share (cached ÷ prompt tokens, from the answers' usage), captured reuse (cached tokens ÷ what an
-ideal router could have served: ``loadtest.workloads.reuse_oracle``); with a fault, the cached
-share of the requests sent before it and after it. Markdown to stdout, JSON to
+ideal router could have served: ``loadtest.workloads.reuse_oracle``); with a fault, the failed
+requests sent after it, and the captured reuse (the routing's affinity) of the requests sent
+before it and after it. Markdown to stdout, JSON to
 ``build/bench-replicas.json``.
 """
 
@@ -32,11 +33,11 @@ import argparse
 import asyncio
 import json
 import math
-import statistics
 import tempfile
 import threading
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from loadtest.bench.engine_failover import failover
@@ -48,10 +49,10 @@ from loadtest.reports.records import RequestRecord
 from loadtest.reports.stage_report import Stage
 from loadtest.reports.stats import percentile
 from loadtest.run.driver import LoadPlan, run_load
-from loadtest.run.session import BLOCK, sent_prompts, workload_tokens
+from loadtest.run.session import BLOCK, workload_tokens
 from loadtest.workloads.chats import Chain, multi_turn, shared_prefix
 from loadtest.workloads.mooncake import Replay, load_trace, trace_chains
-from loadtest.workloads.reuse_oracle import cacheable_tokens
+from loadtest.workloads.reuse_oracle import cacheable_per_prompt
 
 ROOT = Path(__file__).resolve().parents[2]
 SETUPS = (
@@ -128,21 +129,47 @@ def one_run(
     return run.records, struck
 
 
-def summary(records: list[RequestRecord], oracle: int, struck: list[float]) -> dict[str, float]:
-    ok = [r for r in records if r.ok]
-    ttfts = sorted(r.ttft * 1000 for r in ok)
-    row = {
-        "requests": float(len(records)),
-        "failed": float(len(records) - len(ok)),
-        "ttft_p50_ms": percentile(ttfts, 50) if ttfts else math.nan,
-        "ttft_p90_ms": percentile(ttfts, 90) if ttfts else math.nan,
-        "cached_share": _share(ok),
-        "captured_reuse": sum(r.cached_tokens for r in ok) / oracle if oracle else math.nan,
-    }
-    if struck:
-        row["cached_share_before"] = _share([r for r in ok if r.start < statistics.fmean(struck)])
-        row["cached_share_after"] = _share([r for r in ok if r.start >= statistics.fmean(struck)])
-    return row
+@dataclass
+class Pooled:
+    """One setup's runs, pooled: their requests, what an ideal router could have served of
+    each (``loadtest.workloads.reuse_oracle``, in the order they were sent), and (with a
+    fault) which were sent before and after it struck."""
+
+    records: list[RequestRecord] = field(default_factory=list)
+    cacheable: list[int] = field(default_factory=list)  # per record, as ``records``
+    struck: list[bool | None] = field(default_factory=list)  # per record: sent after the fault
+
+    def add(self, tokens: list[list[int]], run: list[RequestRecord], fault: float | None) -> None:
+        sent = sorted((r for r in run if r.index >= 0), key=lambda r: r.start)
+        self.records += sent
+        self.cacheable += cacheable_per_prompt([tokens[r.index] for r in sent], BLOCK)
+        self.struck += [None if fault is None else r.start >= fault for r in sent]
+
+    def summary(self) -> dict[str, float]:
+        ok = [r for r in self.records if r.ok]
+        ttfts = sorted(r.ttft * 1000 for r in ok)
+        row = {
+            "requests": float(len(self.records)),
+            "failed": float(len(self.records) - len(ok)),
+            "ttft_p50_ms": percentile(ttfts, 50) if ttfts else math.nan,
+            "ttft_p90_ms": percentile(ttfts, 90) if ttfts else math.nan,
+            "cached_share": _share(ok),
+            "captured_reuse": self._captured(lambda after: True),
+        }
+        if any(s is not None for s in self.struck):
+            row["captured_before"] = self._captured(lambda after: after is False)
+            row["captured_after"] = self._captured(lambda after: after is True)
+            late = zip(self.records, self.struck, strict=True)
+            row["failed_after"] = float(sum(1 for r, after in late if after and not r.ok))
+        return row
+
+    def _captured(self, which: Callable[[bool | None], bool]) -> float:
+        """Captured reuse of the requests ``which`` selects (by whether sent after the fault)."""
+        chosen = zip(self.records, self.cacheable, self.struck, strict=True)
+        pairs = [(r, c) for r, c, after in chosen if which(after)]
+        cacheable = sum(c for r, c in pairs)
+        cached = sum(r.cached_tokens for r, _ in pairs if r.ok)
+        return cached / cacheable if cacheable else math.nan
 
 
 def _share(records: list[RequestRecord]) -> float:
@@ -162,15 +189,15 @@ def report(name: str, rows: dict[str, dict[str, float]]) -> None:
     print("| setup | failed | TTFT p50 ms | TTFT p90 ms | cached prompt share | captured reuse |")
     print("|---|---:|---:|---:|---:|---:|")
     for setup, row in rows.items():
-        extra = ""
-        if "cached_share_before" in row:
-            extra = (
-                f" (before {row['cached_share_before']:.1%}, after {row['cached_share_after']:.1%})"
-            )
+        extra = failed_after = ""
+        if "captured_before" in row:
+            before, after = row["captured_before"], row["captured_after"]
+            extra = f" (before the fault {before:.1%}, after {after:.1%})"
+            failed_after = f", {row['failed_after']:.0f} sent after the fault"
         print(
-            f"| {setup} | {row['failed']:.0f} of {row['requests']:.0f} | {row['ttft_p50_ms']:.0f} "
-            f"| {row['ttft_p90_ms']:.0f} | {row['cached_share']:.1%}{extra} "
-            f"| {row['captured_reuse']:.1%} |"
+            f"| {setup} | {row['failed']:.0f} of {row['requests']:.0f}{failed_after} "
+            f"| {row['ttft_p50_ms']:.0f} | {row['ttft_p90_ms']:.0f} "
+            f"| {row['cached_share']:.1%} | {row['captured_reuse']:.1%}{extra} |"
         )
 
 
@@ -203,7 +230,7 @@ def main() -> int:
     runs += [(Setup(f"K=3 shared, {f} killed", 3, shared=True), f) for f in args.fault or ()]
     results: dict[str, dict[str, dict[str, float]]] = {}
     for name in args.workload or WORKLOADS:
-        pooled: dict[str, tuple[list[RequestRecord], int, list[float]]] = {}
+        pooled: dict[str, Pooled] = {}
         if name == "trace" and not args.trace.exists():
             print(f"no trace at {args.trace}: the trace workload is left out")
             continue
@@ -213,21 +240,17 @@ def main() -> int:
             tokens = asyncio.run(tokenized(chains))
             for setup, fault in runs if number % 2 == 0 else list(reversed(runs)):
                 records, struck = one_run(setup, chains, args, envoy, fault, num_blocks)
-                oracle = cacheable_tokens(sent_prompts(tokens, records), BLOCK)
-                kept, total, strikes = pooled.get(setup.name, ([], 0, []))
-                pooled[setup.name] = (
-                    kept + records,
-                    total + oracle,
-                    strikes + ([struck] if struck else []),
-                )
-                row = summary(records, oracle, [struck] if struck else [])
+                pooled.setdefault(setup.name, Pooled()).add(tokens, records, struck)
+                single = Pooled()
+                single.add(tokens, records, struck)
+                row = single.summary()
                 print(
                     f"round {number} {name} {setup.name}: failed {row['failed']:.0f}, TTFT p90 "
                     f"{row['ttft_p90_ms']:.0f} ms, cached {row['cached_share']:.1%}, "
                     f"reuse {row['captured_reuse']:.1%}",
                     flush=True,
                 )
-        rows = {setup: summary(*parts) for setup, parts in pooled.items()}
+        rows = {setup: parts.summary() for setup, parts in pooled.items()}
         results[name] = rows
         report(name, rows)
     if args.greedy_streams:

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
 import aiohttp
+import grpc
 
-from loadtest.harness.processes import KvgateProcess
+from kvgate.api import epp_pb2, epp_pb2_grpc
+from loadtest.harness.processes import KvgateProcess, epp_process, free_port
 from loadtest.harness.redis_server import RedisServer
 
 SYSTEM = "{}: the system prompt of one application, long enough to span many blocks. "
@@ -90,3 +93,36 @@ async def test_without_redis_every_request_is_served_on_a_local_view(
                 break
             await asyncio.sleep(0.1)
         assert await _view(session, url) == (200, "shared")
+
+
+async def test_epp_replicas_behind_envoy_are_all_active_and_agree(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Two ``kvgate epp`` processes sharing picks: what one placed through its Pick API, the
+    other ranks first, and its /readyz says the view is shared."""
+    policy = tmp_path / "epp.yaml"
+    policy.write_text(
+        "pools: {p: {endpoints: [127.0.1.1:9001, 127.0.1.1:9002, 127.0.1.1:9003]}}\n"
+        "routes: [{model: m, pool: p}]\n"
+        f"epp: {{replicas: {{store: '{redis_server.url}', key: 'test:epp'}}}}\n"
+    )
+    ports = [(free_port(), free_port()) for _ in range(2)]
+    with epp_process(str(policy), *ports[0]), epp_process(str(policy), *ports[1]):
+        (first, first_metrics), (second, second_metrics) = ports
+        async with aiohttp.ClientSession() as session:
+            for metrics in (first_metrics, second_metrics):
+                assert await _view(session, f"http://127.0.0.1:{metrics}") == (200, "shared")
+        placed = []
+        for number in range(3):
+            text = f"system prompt {number}: " + "of one application, long and shared. " * 20
+            with grpc.insecure_channel(f"127.0.0.1:{first}") as channel:
+                stub = epp_pb2_grpc.EndpointPickerStub(channel)
+                reply = stub.Pick(epp_pb2.PickRequest(model="m", routing_text=text), timeout=5)
+            placed.append((text, reply.endpoints[0].address))
+        assert len({address for _, address in placed}) == 3  # spread over the endpoints
+        await asyncio.sleep(0.3)
+        with grpc.insecure_channel(f"127.0.0.1:{second}") as channel:
+            stub = epp_pb2_grpc.EndpointPickerStub(channel)
+            for text, address in reversed(placed):
+                reply = stub.Pick(epp_pb2.PickRequest(model="m", routing_text=text), timeout=5)
+                assert reply.endpoints[0].address == address
