@@ -93,7 +93,8 @@ def running_stack(
         engines = []
         for http, events in ports:
             args = ["--cost", "default", "--num-blocks", str(num_blocks)]
-            args += ["--max-model-len", str(MAX_MODEL_LEN), "--kv-events-port", str(events)]
+            longest = min(MAX_MODEL_LEN, num_blocks * 16)  # the cache must hold one
+            args += ["--max-model-len", str(longest), "--kv-events-port", str(events)]
             engines.append(stack.enter_context(backend_process(http, *args)))
         redis = None
         if setup.shared:

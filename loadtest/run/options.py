@@ -6,7 +6,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-WORKLOADS = ("shared-prefix", "multi-turn", "random", "long-context", "sharegpt", "custom")
+WORKLOADS = (
+    "shared-prefix",
+    "multi-turn",
+    "random",
+    "long-context",
+    "sharegpt",
+    "custom",
+    "mooncake",
+)
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -51,8 +59,18 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--range-ratio", type=float, default=0.5, help="random: length spread")
     work.add_argument("--documents", type=int, default=4, help="long-context: documents")
     work.add_argument(
-        "--dataset", type=Path, help="sharegpt: the JSON file; custom: vLLM's JSON-lines file"
+        "--dataset",
+        type=Path,
+        help="sharegpt: the JSON file; custom: vLLM's JSON-lines file; mooncake: a trace",
     )
+    work.add_argument(
+        "--trace-block-tokens",
+        type=int,
+        default=64,
+        help="mooncake: tokens a trace block (512 tokens) is replayed as",
+    )
+    work.add_argument("--trace-speedup", type=float, default=1.0, help="mooncake: clock speedup")
+    work.add_argument("--trace-skip", type=int, default=0, help="mooncake: requests left out first")
     work.add_argument("--sharegpt-turns", choices=("first", "all"), default="first")
     work.add_argument("--lora-adapters", help="comma-separated adapters drawn per conversation")
     work.add_argument("--lora-zipf", type=float, default=1.0, help="the Zipf exponent")

@@ -12,6 +12,7 @@ from loadtest.workloads.arrivals import parse_stages
 from loadtest.workloads.chats import Chain, multi_turn, shared_prefix
 from loadtest.workloads.custom_jsonl import load_custom
 from loadtest.workloads.lora_mix import with_adapters
+from loadtest.workloads.mooncake import Replay, load_trace, trace_chains
 from loadtest.workloads.sharegpt import load_sharegpt
 from loadtest.workloads.synthetic import long_context, random_lengths
 
@@ -83,6 +84,11 @@ def build_workload(args: argparse.Namespace, count: int) -> list[Chain]:
         raise ValueError(f"--workload {args.workload} needs --dataset FILE")
     elif args.workload == "custom":
         chains = load_custom(args.dataset)
+    elif args.workload == "mooncake":
+        replay = Replay(
+            args.trace_block_tokens, args.trace_speedup, args.output_tokens, args.trace_skip, count
+        )
+        chains = trace_chains(load_trace(args.dataset), replay, seed)
     else:
         chains = load_sharegpt(args.dataset, None, seed, args.sharegpt_turns, cpt)
     if args.lora_adapters:
