@@ -184,3 +184,45 @@ async def test_an_answer_whose_engine_died_before_answering_is_sent_again(
         answer = await response.json()
         response.release()
     assert response.status == 200 and len(answer["choices"][0]["message"]["content"]) == 30
+
+
+async def test_a_stream_broken_before_its_first_event_is_sent_again_elsewhere(
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+) -> None:
+    """Nothing reached the client: the same request goes to another endpoint, whose stream is
+    relayed as it is (with its own id)."""
+    from aiohttp import web
+
+    from tests.http_servers import serving
+
+    served: list[int] = []
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        served.append(request.url.port or 0)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        if len(served) == 1:  # the first try: the head, then the engine is gone
+            assert request.transport is not None
+            request.transport.close()
+            return response
+        for text in ("a", "b"):
+            event = {
+                "id": "cmpl-2",
+                "created": 1,
+                "model": "m",
+                "choices": [{"index": 0, "text": text}],
+            }
+            await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    def app() -> web.Application:
+        application = web.Application()
+        application.router.add_post(COMPLETIONS, completions)
+        return application
+
+    async with serving(app()) as first, serving(app()) as second:
+        url, _ = start_gateway(_policy([first, second]))
+        async with aiohttp.ClientSession() as session:
+            got = [e async for e in _events(session, url + COMPLETIONS, _body(COMPLETIONS))]
+    assert got[-1] == "[DONE]" and _text(got) == "ab" and len(set(served)) == 2
