@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import tempfile
 import threading
@@ -23,12 +22,12 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
 from loadtest.bench.pd_transfer import metric_sum
+from loadtest.client.sse import StreamResult, stream_request
 from loadtest.harness.processes import KvgateProcess, backend_process, free_port, gateway_process
 
 MODEL = "kvgate-tiny"
@@ -65,39 +64,7 @@ def torch_stack(workdir: Path, num_blocks: int) -> Iterator[tuple[str, list[Kvga
         yield f"http://127.0.0.1:{port}", engines
 
 
-@dataclass
-class Answer:
-    """One stream as the client saw it: its token ids (asked for), and how it ended."""
-
-    token_ids: list[int] = field(default_factory=list)
-    done: bool = False
-    error: str = ""
-
-
-async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, object]) -> Answer:
-    answer = Answer()
-    async with session.post(url, json=body) as response:
-        if response.status != 200:
-            answer.error = f"HTTP {response.status}"
-            return answer
-        async for raw in response.content:
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                answer.done = True
-                break
-            chunk = json.loads(data)
-            if "error" in chunk:
-                answer.error = json.dumps(chunk["error"])
-                break
-            for choice in chunk.get("choices") or []:
-                answer.token_ids += choice.get("token_ids") or []
-    return answer
-
-
-async def _streams(url: str, count: int, tokens: int) -> list[Answer]:
+async def _streams(url: str, count: int, tokens: int) -> list[StreamResult]:
     bodies = [
         {
             "model": MODEL,
@@ -108,7 +75,6 @@ async def _streams(url: str, count: int, tokens: int) -> list[Answer]:
             "max_tokens": tokens,
             "temperature": 0,
             "ignore_eos": True,
-            "stream": True,
             "return_token_ids": True,  # the answers are compared token for token
         }
         for n in range(count)
@@ -116,7 +82,7 @@ async def _streams(url: str, count: int, tokens: int) -> list[Answer]:
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         return await asyncio.gather(
-            *(_one(session, f"{url}/v1/chat/completions", b) for b in bodies)
+            *(stream_request(session, f"{url}/v1/chat/completions", b) for b in bodies)
         )
 
 

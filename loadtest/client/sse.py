@@ -19,6 +19,7 @@ class StreamResult:
     latency: float = 0.0  # seconds from send to the end of the stream
     chunk_times: list[float] = field(default_factory=list)  # seconds from send, per content chunk
     text: str = ""
+    token_ids: list[int] = field(default_factory=list)  # vLLM's, when the request asked for them
     chunks: int = 0
     usage: dict[str, object] = field(default_factory=dict)
     error: str = ""
@@ -74,6 +75,7 @@ async def stream_request(
             if chunk.get("usage"):
                 result.usage = chunk["usage"]
             for choice in chunk.get("choices") or []:
+                result.token_ids += choice.get("token_ids") or ()
                 piece = choice.get("text")
                 if piece is None:
                     piece = (choice.get("delta") or {}).get("content") or ""

@@ -11,6 +11,7 @@ replica costs only the requests it was answering.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from loadtest.harness.processes import free_port
+from loadtest.harness.processes import external_process, free_port
 
 CACHE = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate"))
 ENVOY_VENV = CACHE / "envoy"
@@ -134,20 +135,11 @@ def round_robin_envoy(
     port, admin = free_port(), free_port()
     config = workdir / f"envoy-{port}.json"
     config.write_text(json.dumps(round_robin_config(port, admin, upstreams)))
-    out = open(log or os.devnull, "ab")  # noqa: SIM115
     argv = [str(binary), "-c", str(config), "--concurrency", "1", "--log-level", "warn"]
     argv += ["--base-id", str(port)]  # several Envoys on one machine need their own
-    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    try:
+    with external_process(argv, f"http://127.0.0.1:{admin}/ready", log=log) as proc:
         _wait_healthy(admin, len(upstreams), proc)
         yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        out.close()
 
 
 def _wait_healthy(
@@ -159,12 +151,12 @@ def _wait_healthy(
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"envoy exited with {proc.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if healthy_upstreams(json.load(response)) >= count:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
-            pass
+        with (
+            contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError, ValueError),
+            urllib.request.urlopen(url, timeout=1) as response,
+        ):
+            if healthy_upstreams(json.load(response)) >= count:
+                return
         time.sleep(0.1)
     raise TimeoutError(f"envoy did not see {count} healthy upstreams in {timeout:.0f}s")
 

@@ -12,6 +12,8 @@ from email.utils import parsedate_to_datetime
 
 import pytest
 from aiohttp import web
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from gateway.error_responses import http_error
@@ -402,3 +404,109 @@ async def test_a_large_body_is_checked_from_its_head_before_it_is_read() -> None
         assert seen == [b"/echo", b"/echo"]
     finally:
         await srv.shutdown(1)
+
+
+SMUGGLING = [
+    b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: identity\r\ncontent-length: 3\r\n\r\nabc",
+    b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: xchunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked, gzip\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\ntransfer-encoding: identity\r\n\r\nabc",
+    b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: identity\r\n\r\nGET / HTTP/1.1\r\n\r\n",
+]
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one read", "split reads"])
+@pytest.mark.parametrize("head", SMUGGLING, ids=[f"case {n}" for n in range(len(SMUGGLING))])
+async def test_a_refused_head_is_answered_once_and_nothing_else_is_read(
+    server: HttpServer, head: bytes, split: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A head the server refuses while the parser goes on to fail on the same bytes: one
+    answer, then the connection closes, and no traceback ("Cannot call write() after
+    write_eof()")."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    with caplog.at_level(logging.ERROR):
+        try:
+            if split:  # the head, then the rest byte by byte
+                cut = head.index(b"\r\n\r\n") + 4
+                writer.write(head[:cut])
+                await writer.drain()
+                await asyncio.sleep(0.05)
+                for byte in head[cut:]:
+                    writer.write(bytes([byte]))
+                    await writer.drain()
+            else:
+                writer.write(head)
+                await writer.drain()
+            async with asyncio.timeout(5):
+                raw = await reader.read()
+        finally:
+            writer.close()
+        await asyncio.sleep(0.05)
+    assert raw.count(b"HTTP/1.1 ") == 1 and raw.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 501 "))
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+FRAMING = st.sampled_from(
+    [
+        b"transfer-encoding: chunked",
+        b"transfer-encoding: identity",
+        b"transfer-encoding: xchunked",
+        b"transfer-encoding: gzip, chunked",
+        b"transfer-encoding: chunked, gzip",
+        b"transfer-encoding: chunked\r\ntransfer-encoding: chunked",
+        b"content-length: 3",
+        b"content-length: 3\r\ncontent-length: 4",
+        b"content-length: -1",
+        b"content-length: 3\r\ntransfer-encoding: chunked",
+        b"expect: 100-continue",
+        b"upgrade: h2c\r\nconnection: upgrade",
+    ]
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    framing=st.lists(FRAMING, max_size=3),
+    body=st.sampled_from(
+        [b"", b"abc", b"3\r\nabc\r\n0\r\n\r\n", b"zz\r\n", b"GET / HTTP/1.1\r\n\r\n"]
+    ),
+    noise=st.binary(max_size=8),
+    at=st.integers(min_value=0, max_value=200),
+    cut=st.integers(min_value=1, max_value=300),
+)
+async def test_mutated_heads_get_one_answer_at_most_and_no_traceback(
+    server: HttpServer,
+    framing: list[bytes],
+    body: bytes,
+    noise: bytes,
+    at: int,
+    cut: int,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Heads with conflicting or unknown framing, a few random bytes spliced in, sent in one
+    write or split in two: each request is answered at most once (one status line per request
+    sent), and nothing a client sends makes the server log an error."""
+    head = b"POST /echo HTTP/1.1\r\nhost: x\r\n" + b"".join(f + b"\r\n" for f in framing)
+    data = head + b"\r\n" + body
+    at = min(at, len(data))
+    data = data[:at] + noise + data[at:]
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    with caplog.at_level(logging.ERROR):
+        try:
+            writer.write(data[:cut])
+            await writer.drain()
+            writer.write(data[cut:])
+            await writer.drain()
+            writer.write_eof()
+            async with asyncio.timeout(5):
+                raw = await reader.read()
+        except ConnectionError:
+            raw = b""
+        finally:
+            writer.close()
+        await asyncio.sleep(0.01)
+    answers = len(re.findall(rb"HTTP/1\.1 \d{3} ", raw))
+    assert answers <= data.count(b" HTTP/1.1\r\n") + 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

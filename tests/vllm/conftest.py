@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from loadtest.harness.vllm import VllmServer
+from loadtest.harness.vllm import STARTUP_TIMEOUT, VllmServer, wait_all_ready
+
+TEST_TIMEOUT = 120  # seconds, pyproject's pytest timeout
 
 
 def _unavailable() -> str | None:
@@ -29,12 +30,17 @@ def _unavailable() -> str | None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Skip the tier (saying why) where it cannot run; where it can, each test may take the
+    servers' start-up on top of its own time (the first test pays for the session's servers,
+    and one test restarts a server)."""
     reason = _unavailable()
-    if reason is None:
-        return
     for item in items:
-        if Path(str(item.fspath)).parent == Path(__file__).parent:
+        if Path(str(item.fspath)).parent != Path(__file__).parent:
+            continue
+        if reason is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
+        else:
+            item.add_marker(pytest.mark.timeout(STARTUP_TIMEOUT + TEST_TIMEOUT))
 
 
 @pytest.fixture(scope="session")
@@ -49,10 +55,11 @@ def vllm_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Vllm
     python, model = os.environ["KVGATE_VLLM_PYTHON"], os.environ["KVGATE_TINY_MODEL"]
     servers = [VllmServer(python, model, log=logs / f"vllm-{i}.log", cpu=str(i)) for i in range(2)]
     try:
+        # both at once, each pinned to a core of its own: on two cores, one after the other
+        # takes the sum of two start-ups where together they take about one
         for server in servers:
             server.start()
-        with ThreadPoolExecutor(len(servers)) as pool:
-            list(pool.map(lambda s: s.wait_ready(), servers))
+        wait_all_ready(servers)
         yield servers
     finally:
         for server in servers:

@@ -126,6 +126,8 @@ class Connection(asyncio.Protocol):
         self._wakeup: asyncio.Future[None] | None = None  # the idle worker waits on it
         self._busy = False  # a request is being handled
         self._closing = False
+        self._refused = False  # a refusal was answered (or waits for the answers before it)
+        self._eof = False  # the write side is shut: nothing more may be written
         self._final: Response | None = None  # a refusal to send once earlier answers are out
         self._lost = False
         self._drain: asyncio.Future[None] | None = None
@@ -189,7 +191,8 @@ class Connection(asyncio.Protocol):
             self._headers = []
             return self._feed(head + data[upgrade.args[0] :])
         except httptools.HttpParserError:
-            self._reject(400, "malformed HTTP request")
+            if not self._closing:  # a head already refused (its framing) is answered once
+                self._reject(400, "malformed HTTP request")
             return False
         return True
 
@@ -311,7 +314,7 @@ class Connection(asyncio.Protocol):
 
     # --- writing ---------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
-        if self._transport is not None and not self._transport.is_closing():
+        if self._transport is not None and not self._eof and not self._transport.is_closing():
             self._transport.write(data)
 
     @property
@@ -399,8 +402,11 @@ class Connection(asyncio.Protocol):
 
     def _finish_with(self, response: Response) -> None:
         """Refuse what is being read: answer every request before it first (pipelined ones
-        included, in order), then this, then close; nothing after it is read."""
-        self._closing = True
+        included, in order), then this, then close; nothing after it is read. Only the first
+        refusal is answered."""
+        if self._refused:
+            return
+        self._refused = self._closing = True
         if self._busy or self._pending:
             self._final = response
             return
@@ -413,6 +419,7 @@ class Connection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         if transport.can_write_eof():
+            self._eof = True
             transport.write_eof()  # half-close: the client reads the answer, then closes
             self._server.loop.call_later(2.0, transport.close)
         else:
