@@ -103,11 +103,16 @@ def render_chat(
 def continued(rendered: str, messages: Sequence[Mapping[str, object]]) -> str:
     """``rendered`` (a chat rendered without a generation prompt) cut after the final
     message's content, so the model goes on with that message: vLLM's
-    ``continue_final_message``. ``ChatTemplateError`` when the template left the content out."""
+    ``continue_final_message``, as transformers applies it (a template may trim the content:
+    it is found stripped, and kept with its trailing space where the template kept that).
+    ``ChatTemplateError`` when the template left the content out."""
     if not messages:
         raise ChatTemplateError("continue_final_message needs a final message to continue")
     final = render_content(messages[-1].get("content"), f"messages[{len(messages) - 1}].content")
-    end = rendered.rfind(final)
-    if end < 0:
+    at = rendered.rfind(final.strip())
+    if at < 0:
         raise ChatTemplateError("the chat template does not render the final message's content")
-    return rendered[: end + len(final)]
+    kept = final.lstrip()
+    if rendered[at : at + len(kept)] == kept:
+        return rendered[: at + len(kept)]
+    return rendered[: at + len(final.strip())]

@@ -317,3 +317,60 @@ async def test_streams_from_vllm_keep_their_connections(
             result = await stream_request(session, f"{vllm_servers[0].url}/v1/completions", body)
             assert result.done and not result.error
     assert (through_gateway.made, direct.made) == (1, 1)
+
+
+def _events(server: VllmServer, path: str, body: dict[str, object]) -> list[bytes]:
+    """The SSE events of a streamed request, as sent (``data: ...\\n\\n``)."""
+    request = urllib.request.Request(
+        f"{server.url}{path}",
+        data=json.dumps({**body, "stream": True}).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        raw = response.read()
+    return [event + b"\n\n" for event in raw.replace(b"\r\n", b"\n").split(b"\n\n") if event]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_a_broken_stream_s_continuation_goes_on_as_vllm_would_have(
+    vllm_servers: list[VllmServer], tiny_model: str, path: str
+) -> None:
+    """The continuation the gateway sends when an engine dies mid-stream, sent to a real vLLM:
+    from the token ids it returns, greedy decoding goes on token for token; from the text
+    (``continue_final_message``), vLLM takes it and renders it as kvgate's tokenizer does."""
+    from gateway.continuation import Progress, continuation
+    from kvgate.wire.sse import without_token_ids
+
+    server = vllm_servers[0]
+    chat = path.endswith("chat/completions")
+    body: dict[str, object] = {"model": server.name, "max_tokens": 24, "temperature": 0}
+    body |= {"messages": CHATS[1]} if chat else {"prompt": SYSTEM}
+    whole = _events(server, path, {**body, "return_token_ids": True})
+    reference = Progress.of(chat, whole)
+    assert reference.token_ids is not None and len(reference.token_ids) == 24
+    assert reference.prompt_token_ids is not None
+    cut = 8  # events the client had when the engine died
+    sent = Progress.of(chat, whole[:cut])
+    assert sent.token_ids is not None and 0 < len(sent.token_ids) < 24
+    path_on, going_on = continuation(path, body, sent, token_ids=True)
+    assert path_on == "/v1/completions"
+    rest = Progress.of(False, _events(server, path_on, going_on))
+    assert sent.token_ids + (rest.token_ids or []) == reference.token_ids
+    by_text = Progress.of(chat, [without_token_ids(e) for e in whole[:cut]])
+    assert by_text.token_ids is None
+    path_on, going_on = continuation(path, body, by_text, token_ids=False)
+    assert path_on == path  # accepted, and answered to its end (the text may be empty)
+    assert Progress.of(chat, _events(server, path_on, going_on)).finish_reason == "length"
+    if chat:
+        messages = going_on["messages"]
+        theirs = server.post(
+            "/tokenize",
+            {
+                "model": server.name,
+                "messages": messages,
+                "continue_final_message": True,
+                "add_generation_prompt": False,
+            },
+        )["tokens"]
+        tokenizer = make_tokenizer(tiny_model)
+        assert tokenizer.chat_ids(messages, continue_final=True) == theirs  # type: ignore[arg-type]
