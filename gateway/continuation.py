@@ -53,18 +53,20 @@ SAMPLING = (
     "user",
 )
 # what a continuation cannot carry over
-UNRESUMABLE = (
-    "tools",
-    "functions",
-    "response_format",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-    "structured_outputs",
-    "best_of",
-    "echo",
-    "suffix",
+UNRESUMABLE = frozenset(
+    {
+        "tools",
+        "functions",
+        "response_format",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "structured_outputs",
+        "best_of",
+        "echo",
+        "suffix",
+    }
 )
 _DONE = b"data: [DONE]\n\n"
 
@@ -77,7 +79,7 @@ def resumable(path: str, body: Mapping[str, object]) -> bool:
         return False
     if path == COMPLETIONS and not isinstance(body.get("prompt"), str):
         return False
-    return not any(body.get(name) for name in UNRESUMABLE)
+    return UNRESUMABLE.isdisjoint(body) or not any(body.get(name) for name in UNRESUMABLE)
 
 
 @dataclass

@@ -64,9 +64,14 @@ class SSERelay:
         complete = self._complete(chunk)
         if not complete:
             return b""
-        out = self._forward(complete)
-        if self.recorded is not None and out:
-            self.recorded.append(out)
+        if self._plain(complete):
+            out = complete
+        else:
+            kept = [event for event in complete.split(b"\n\n") if event and self._keep(event)]
+            out = b"".join(event + b"\n\n" for event in kept)
+        recorded = self.recorded
+        if recorded is not None and out:
+            recorded.append(out)
             if self.strip_token_ids and _TOKEN_IDS in out:
                 out = without_token_ids(out)
         return out
@@ -100,13 +105,6 @@ class SSERelay:
                 buffer += rest
         self._check_size()
         return complete
-
-    def _forward(self, complete: bytes) -> bytes:
-        """Of ``complete`` events, what goes to the client."""
-        if self._plain(complete):
-            return complete
-        kept = [event for event in complete.split(b"\n\n") if event and self._keep(event)]
-        return b"".join(event + b"\n\n" for event in kept)
 
     def _check_size(self) -> None:
         if len(self._buffer) > MAX_EVENT_BYTES:
