@@ -21,12 +21,9 @@ from kvgate.wire.responses_api import TERMINAL_EVENTS
 
 _USAGE = b'"usage"'
 _TOKEN_IDS = b'token_ids"'
-# vLLM's return_token_ids fields, with the comma that joins them to the object: the one before
-# (not the first key), else the one after (the first key of several)
-_TOKEN_ID_FIELDS = re.compile(
-    rb'\s*,\s*"(?:prompt_)?token_ids"\s*:\s*(?:\[[^\]]*\]|null)'
-    rb'|"(?:prompt_)?token_ids"\s*:\s*(?:\[[^\]]*\]|null)\s*,?\s*'
-)
+# a vLLM return_token_ids field, matched where ``_TOKEN_IDS`` was found
+_TOKEN_ID_FIELD = re.compile(rb'"(?:prompt_)?token_ids"\s*:\s*(?:\[[^\]]*\]|null)')
+_SPACE = b" \t\r\n"
 _DONE = b"[DONE]"
 _RESPONSE = b'"response"'
 _ERROR = b'"error"'
@@ -239,6 +236,37 @@ def _data_of(event: bytes) -> bytes | None:
 
 
 def without_token_ids(events: bytes) -> bytes:
-    """``events`` without vLLM's ``token_ids`` / ``prompt_token_ids`` fields (a key inside a
-    string is escaped, ``\\"token_ids\\"``, and never matches)."""
-    return _TOKEN_ID_FIELDS.sub(b"", events)
+    """``events`` without vLLM's ``token_ids`` / ``prompt_token_ids`` fields, each with the
+    comma that joins it to its object (a key inside a string is escaped, ``\\"token_ids\\"``,
+    and never matches)."""
+    # perf: found with bytes.find and matched only there; one regex over every event cost 5 µs
+    at = events.find(_TOKEN_IDS)
+    if at < 0:
+        return events
+    parts: list[bytes] = []
+    kept = 0
+    while at >= 0:
+        key = at - 1 if events[at - 1 : at] == b'"' else at - 8
+        found = _TOKEN_ID_FIELD.match(events, key) if key >= 0 else None
+        if found is None:
+            at = events.find(_TOKEN_IDS, at + 1)
+            continue
+        start, end = found.span()
+        before = start
+        while before > 0 and events[before - 1] in _SPACE:
+            before -= 1
+        if events[before - 1 : before] == b",":
+            start = before - 1
+        else:
+            after = end
+            while after < len(events) and events[after] in _SPACE:
+                after += 1
+            if events[after : after + 1] == b",":
+                end = after + 1
+                while end < len(events) and events[end] in _SPACE:
+                    end += 1
+        parts.append(events[kept:start])
+        kept = end
+        at = events.find(_TOKEN_IDS, end)
+    parts.append(events[kept:])
+    return b"".join(parts)

@@ -291,6 +291,13 @@ def test_a_recording_relay_keeps_the_ids_and_forwards_without_them() -> None:
         (b'{"prompt_token_ids": [1,2] , "a":1}', b'{"a":1}'),
         (b'{"a":1,"token_ids":null,"b":2}', b'{"a":1,"b":2}'),
         (b'{"text":"\\"token_ids\\":[1]"}', b'{"text":"\\"token_ids\\":[1]"}'),  # in a string
+        (
+            b'data: {"prompt_token_ids":[1],"choices":[{"text":"a","token_ids":[2]}]}\n\n'
+            b'data: {"choices":[{"token_ids":[3], "text":"b"}]}\n\n',
+            b'data: {"choices":[{"text":"a"}]}\n\ndata: {"choices":[{"text":"b"}]}\n\n',
+        ),
+        (b'{"token_ids":[]}', b"{}"),
+        (b'{"a":"token_ids"}', b'{"a":"token_ids"}'),  # the word, not a key
     ],
 )
 def test_token_ids_are_cut_out_of_events(event: bytes, expected: bytes) -> None:
