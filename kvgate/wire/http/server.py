@@ -43,6 +43,12 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from kvgate.wire.http.messages import AnyResponse, Request, Response, header_size
+from kvgate.wire.http.request_head import (
+    framing_refusal,
+    head_without_upgrade,
+    method_of,
+    origin_form,
+)
 
 log = logging.getLogger("kvgate.http")
 
@@ -55,53 +61,6 @@ EARLY_CHECK_BYTES = 64 * 1024  # bodies larger than this are checked from the he
 # the cancellation message of a request still in flight when the shutdown grace is over
 SHUTDOWN_CUT = "kvgate: the server is shutting down"
 CUT_WAIT = 1.0  # seconds cut handlers get to write their last word
-
-
-_UPGRADE_HEADERS = (b"upgrade", b"http2-settings")  # dropped from a head whose upgrade is ignored
-_METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
-
-
-def _origin_form(target: bytes) -> bytes:
-    """The path and query of an absolute-form request target (``http://host/v1/x?q``, as
-    a client configured with a proxy sends it; RFC 9112 says a server must accept it);
-    anything else as it is."""
-    scheme, sep, rest = target.partition(b"://")
-    if not sep or scheme.lower() not in (b"http", b"https"):
-        return target
-    ends = [at for at in (rest.find(b"/"), rest.find(b"?")) if at >= 0]
-    if not ends:
-        return b"/"
-    path = rest[min(ends) :]
-    return path if path.startswith(b"/") else b"/" + path
-
-
-def _framing_refusal(
-    headers: CIMultiDict[str], parser: httptools.HttpRequestParser
-) -> tuple[int, str] | None:
-    """Why a request head must be refused where llhttp lets it through (RFC 9112): an
-    HTTP/1.1 request without a Host header, or with more than one (a gateway and the server
-    behind it could read different ones); a transfer coding other than ``chunked`` alone,
-    which this server cannot undo before reading the body (501, as nginx answers)."""
-    hosts = len(headers.getall("host", ()))
-    if hosts > 1:
-        return 400, "more than one Host header"
-    if not hosts and parser.get_http_version() != "1.0":
-        return 400, "an HTTP/1.1 request needs a Host header"
-    if "transfer-encoding" in headers:
-        codings = [
-            coding.strip().lower()
-            for value in headers.getall("transfer-encoding")
-            for coding in value.split(",")
-        ]
-        if codings != ["chunked"]:
-            return 501, f"transfer coding {', '.join(codings)!r} is not supported: only chunked"
-    return None
-
-
-def _method(raw: bytes) -> str:
-    """The request method as a string (the common ones without decoding)."""
-    method = _METHODS.get(raw)
-    return method if method is not None else raw.decode("latin-1")
 
 
 class Connection(asyncio.Protocol):
@@ -184,7 +143,7 @@ class Connection(asyncio.Protocol):
                 return False
             # the parser stopped after the head (not reading a body): parse it again without
             # the upgrade, then what followed it
-            head = self._head_without_upgrade()
+            head = head_without_upgrade(self._parser, self._url, self._headers)
             self._parser = httptools.HttpRequestParser(self)
             self._upgrade_ignored = False
             self._url = b""
@@ -195,22 +154,6 @@ class Connection(asyncio.Protocol):
                 self._reject(400, "malformed HTTP request")
             return False
         return True
-
-    def _head_without_upgrade(self) -> bytes:
-        parser = self._parser
-        version = parser.get_http_version().encode()
-        lines = [parser.get_method() + b" " + self._url + b" HTTP/" + version + b"\r\n"]
-        for name, value in self._headers:
-            lower = name.lower()
-            if lower in _UPGRADE_HEADERS:
-                continue
-            if lower == b"connection":  # keep its other options (close, keep-alive)
-                options = [o.strip() for o in value.split(b",")]
-                value = b", ".join(o for o in options if o and o.lower() not in _UPGRADE_HEADERS)
-                if not value:
-                    continue
-            lines.append(name + b": " + value + b"\r\n")
-        return b"".join(lines) + b"\r\n"
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -242,8 +185,8 @@ class Connection(asyncio.Protocol):
             [(name.decode("latin-1"), value.decode("latin-1")) for name, value in self._headers]
         )
         if not self._url.startswith(b"/"):
-            self._url = _origin_form(self._url)
-        malformed = _framing_refusal(headers, self._parser)
+            self._url = origin_form(self._url)
+        malformed = framing_refusal(headers, self._parser)
         if malformed is not None:
             self._too_large = True  # what body comes is dropped unread
             self._body = []
@@ -291,7 +234,7 @@ class Connection(asyncio.Protocol):
         parser = self._parser
         keep_alive = parser.should_keep_alive()
         request = Request(
-            _method(parser.get_method()),
+            method_of(parser.get_method()),
             url,
             headers,
             raw_headers,
