@@ -465,7 +465,10 @@ FRAMING = st.sampled_from(
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60,
+    deadline=None,
+    derandomize=True,  # the same cases in every run (CI); widen max_examples to explore
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     framing=st.lists(FRAMING, max_size=3),
@@ -487,7 +490,8 @@ async def test_mutated_heads_get_one_answer_at_most_and_no_traceback(
 ) -> None:
     """Heads with conflicting or unknown framing, a few random bytes spliced in, sent in one
     write or split in two: each request is answered at most once (one status line per request
-    sent), and nothing a client sends makes the server log an error."""
+    sent, besides a 100 Continue), and nothing a client sends makes the server log an
+    error."""
     head = b"POST /echo HTTP/1.1\r\nhost: x\r\n" + b"".join(f + b"\r\n" for f in framing)
     data = head + b"\r\n" + body
     at = min(at, len(data))
@@ -507,6 +511,14 @@ async def test_mutated_heads_get_one_answer_at_most_and_no_traceback(
         finally:
             writer.close()
         await asyncio.sleep(0.01)
-    answers = len(re.findall(rb"HTTP/1\.1 \d{3} ", raw))
+    answers = len(re.findall(rb"HTTP/1\.1 [2-5]\d\d ", raw))  # final ones (not 100 Continue)
     assert answers <= data.count(b" HTTP/1.1\r\n") + 1
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+async def test_an_expect_head_then_garbage_is_answered_and_refused_once(server: HttpServer) -> None:
+    """Hypothesis's find: a 100 Continue is an interim answer, not a second one."""
+    raw = await exchange(
+        server.port, b"POST /echo HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\n\r\n\x00"
+    )
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", raw) == [b"100", b"200", b"400"]
