@@ -3,7 +3,8 @@
 The backend's block manager records ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``;
 its publisher sends them with ``encode_batch``; the EPP's subscriber reads them back with
 ``decode_batch`` / ``decode_event``. A batch is msgpack ``[ts, [event, ...], data_parallel_rank]``
-(the rank may be absent) with ``ts`` in wall-clock seconds (``time.time()``, as vLLM).
+(the rank sent always; read without it too, as older vLLM sent it), ``ts`` in wall-clock
+seconds (``time.time()``, as vLLM).
 
 Each event is, as current vLLM (0.32) sends it, a msgspec *tagged map*:
 ``{"type": "BlockStored", "block_hashes": [...], "parent_block_hash": ..., "token_ids": [...],
@@ -107,10 +108,11 @@ def encode_event(event: KVEvent) -> dict[str, Any]:
     raise TypeError(f"not a KV event: {event!r}")
 
 
-def encode_batch(events: list[KVEvent], ts: float, data_parallel_rank: int | None = None) -> bytes:
-    batch: list[Any] = [ts, [encode_event(e) for e in events]]
-    if data_parallel_rank is not None:
-        batch.append(data_parallel_rank)
+def encode_batch(events: list[KVEvent], ts: float, data_parallel_rank: int = 0) -> bytes:
+    """``[ts, events, data_parallel_rank]``: the rank always (0 without data parallelism), as
+    vLLM's own engines send it; a decoder that reads a strict three-element array (Dynamo's)
+    drops batches without it."""
+    batch: list[Any] = [ts, [encode_event(e) for e in events], data_parallel_rank]
     payload: bytes = msgpack.packb(batch)
     return payload
 

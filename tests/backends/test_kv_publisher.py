@@ -31,5 +31,11 @@ def test_batch_is_tagged_maps_as_current_vllm_sends() -> None:
             {"type": "BlockRemoved", "block_hashes": [11], "medium": "GPU", "group_idx": 0},
             {"type": "AllBlocksCleared"},
         ],
+        0,  # the rank, always: a strict three-element decoder (Dynamo's) needs it
     ]
     assert msgpack.unpackb(encode_batch([], 1.0, data_parallel_rank=2)) == [1.0, [], 2]
+
+
+def test_a_batch_decodes_as_a_strict_three_element_array() -> None:
+    ts, events, rank = msgpack.unpackb(encode_batch([BlockRemoved([1])], 3.0))
+    assert (ts, len(events), rank) == (3.0, 1, 0)

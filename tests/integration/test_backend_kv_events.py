@@ -25,8 +25,8 @@ def read_events(sock: zmq.Socket[bytes], want: int) -> list[tuple[bytes, int, li
     total = 0
     while total < want:
         topic, seq, payload = sock.recv_multipart()
-        ts, events = msgpack.unpackb(payload)  # no data-parallel rank: omitted, as vLLM does
-        assert isinstance(ts, float)
+        ts, events, rank = msgpack.unpackb(payload)  # strictly three, as vLLM's engines send
+        assert isinstance(ts, float) and rank == 0
         batches.append((topic, int.from_bytes(seq, "big"), events))
         total += len(events)
     return batches
