@@ -51,7 +51,7 @@ from loadtest.reports.stats import percentile
 from loadtest.run.driver import LoadPlan, run_load
 from loadtest.run.session import BLOCK, workload_tokens
 from loadtest.workloads.chats import Chain, multi_turn, shared_prefix
-from loadtest.workloads.mooncake import Replay, load_trace, trace_chains
+from loadtest.workloads.mooncake import Replay, load_trace, trace_chains, window
 from loadtest.workloads.reuse_oracle import cacheable_per_prompt
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,9 +79,9 @@ def workload(name: str, args: argparse.Namespace, seed: int) -> list[Chain]:
     if name == "multi-turn":
         return multi_turn(math.ceil(requests / 6), 6, 600, 120, seed)
     if name == "trace":
-        replay = Replay(TRACE_BLOCK_TOKENS, args.speedup, args.output_tokens)
-        skip = TRACE_START + seed * requests
-        return trace_chains(load_trace(args.trace), replace(replay, skip=skip, limit=requests))
+        replay = Replay(TRACE_BLOCK_TOKENS, 1 / args.speedup, max_output=args.output_tokens)
+        replay = replace(replay, skip=TRACE_START + seed * requests, limit=requests)
+        return trace_chains(window(load_trace(args.trace), replay), replay)
     return shared_prefix(16, math.ceil(requests / 16), 1600, seed)[:requests]
 
 

@@ -54,11 +54,14 @@ def run_summary(document: dict[str, object]) -> str:
     for key, title, fmt in (
         ("cached_prompt_share", "Prompt tokens served from cache:", "{:.1%}"),
         ("captured_reuse", "Captured reuse (of the oracle's):", "{:.1%}"),
+        ("trace_ideal_reuse", "The trace's ideal reuse (of its blocks):", "{:.1%}"),
         ("prefix_cache_hit_rate", "Backends' prefix-cache hit rate:", "{:.1%}"),
         ("preemptions", "Preemptions:", "{:.0f}"),
         ("load_spread", "Busiest backend ÷ mean requests:", "{:.2f}"),
     ):
         value = extras.get(key)
+        if value is None and key == "trace_ideal_reuse":
+            continue  # not a trace
         lines.append(_line(title, value if value is not None else "n/a", fmt))
     errors = extras.get("errors_by_kind")
     if isinstance(errors, dict) and errors:

@@ -13,7 +13,7 @@ WORKLOADS = (
     "long-context",
     "sharegpt",
     "custom",
-    "mooncake",
+    "trace",
 )
 
 
@@ -59,18 +59,24 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--range-ratio", type=float, default=0.5, help="random: length spread")
     work.add_argument("--documents", type=int, default=4, help="long-context: documents")
     work.add_argument(
-        "--dataset",
-        type=Path,
-        help="sharegpt: the JSON file; custom: vLLM's JSON-lines file; mooncake: a trace",
+        "--dataset", type=Path, help="sharegpt: the JSON file; custom: vLLM's JSON-lines file"
     )
-    work.add_argument(
-        "--trace-block-tokens",
-        type=int,
-        default=64,
-        help="mooncake: tokens a trace block (512 tokens) is replayed as",
+    trace = parser.add_argument_group("trace workload (Mooncake's format)")
+    trace.add_argument("--trace", type=Path, help="the trace: JSON lines, or .gz")
+    trace.add_argument(
+        "--trace-block-tokens", type=int, default=512, help="tokens a 512-token block becomes"
     )
-    work.add_argument("--trace-speedup", type=float, default=1.0, help="mooncake: clock speedup")
-    work.add_argument("--trace-skip", type=int, default=0, help="mooncake: requests left out first")
+    trace.add_argument(
+        "--time-scale", type=float, default=1.0, help="the trace's times x this (0.1: 10x faster)"
+    )
+    trace.add_argument(
+        "--trace-output-scale", type=float, default=1.0, help="output lengths x this"
+    )
+    trace.add_argument("--trace-start", type=float, default=0.0, help="seconds into the trace")
+    trace.add_argument("--trace-duration", type=float, help="seconds of the trace replayed")
+    trace.add_argument(
+        "--trace-every", type=int, default=1, help="every k-th conversation (first block)"
+    )
     work.add_argument("--sharegpt-turns", choices=("first", "all"), default="first")
     work.add_argument("--lora-adapters", help="comma-separated adapters drawn per conversation")
     work.add_argument("--lora-zipf", type=float, default=1.0, help="the Zipf exponent")

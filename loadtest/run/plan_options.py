@@ -12,7 +12,7 @@ from loadtest.workloads.arrivals import parse_stages
 from loadtest.workloads.chats import Chain, multi_turn, shared_prefix
 from loadtest.workloads.custom_jsonl import load_custom
 from loadtest.workloads.lora_mix import with_adapters
-from loadtest.workloads.mooncake import Replay, load_trace, trace_chains
+from loadtest.workloads.mooncake import Replay, TraceRequest, load_trace, trace_chains, window
 from loadtest.workloads.sharegpt import load_sharegpt
 from loadtest.workloads.synthetic import long_context, random_lengths
 
@@ -80,18 +80,38 @@ def build_workload(args: argparse.Namespace, count: int) -> list[Chain]:
     elif args.workload == "long-context":
         questions = max(1, math.ceil(count / args.documents))
         chains = long_context(args.documents, questions, args.input_tokens, seed, cpt)
+    elif args.workload == "trace":
+        chains = trace_chains(trace_window(args), trace_replay(args), seed)
     elif args.dataset is None:
         raise ValueError(f"--workload {args.workload} needs --dataset FILE")
     elif args.workload == "custom":
         chains = load_custom(args.dataset)
-    elif args.workload == "mooncake":
-        replay = Replay(
-            args.trace_block_tokens, args.trace_speedup, args.output_tokens, args.trace_skip, count
-        )
-        chains = trace_chains(load_trace(args.dataset), replay, seed)
+
     else:
         chains = load_sharegpt(args.dataset, None, seed, args.sharegpt_turns, cpt)
     if args.lora_adapters:
         adapters = [a.strip() for a in args.lora_adapters.split(",") if a.strip()]
         chains = with_adapters(chains, adapters, args.lora_zipf, seed)
     return chains
+
+
+def trace_replay(args: argparse.Namespace) -> Replay:
+    """How ``--workload trace`` replays ``--trace``: its window and scales."""
+    if args.trace_block_tokens < 1 or args.time_scale <= 0 or args.trace_every < 1:
+        raise ValueError("--trace-block-tokens, --time-scale and --trace-every must be positive")
+    return Replay(
+        block_tokens=args.trace_block_tokens,
+        time_scale=args.time_scale,
+        output_scale=args.trace_output_scale,
+        start=args.trace_start,
+        duration=args.trace_duration,
+        every=args.trace_every,
+        limit=args.num_requests,
+    )
+
+
+def trace_window(args: argparse.Namespace) -> list[TraceRequest]:
+    """The requests of ``--trace`` that ``--workload trace`` replays."""
+    if args.trace is None:
+        raise ValueError("--workload trace needs --trace FILE (Mooncake's JSON lines, or .gz)")
+    return window(load_trace(args.trace), trace_replay(args))

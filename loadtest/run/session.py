@@ -26,8 +26,15 @@ from loadtest.reports.serving_metrics import benchmark_result, errors_by_kind
 from loadtest.reports.stage_report import stage_report
 from loadtest.reports.table import comparison, run_summary
 from loadtest.run.driver import LoadPlan, LoadRun, run_load
-from loadtest.run.plan_options import build_workload, default_count, slos_of, stages_of
+from loadtest.run.plan_options import (
+    build_workload,
+    default_count,
+    slos_of,
+    stages_of,
+    trace_window,
+)
 from loadtest.workloads.chats import Chain
+from loadtest.workloads.mooncake import ideal_reuse
 from loadtest.workloads.reuse_oracle import cacheable_tokens
 
 BLOCK = 16  # the block size the oracle counts in (vLLM's and the reference backend's default)
@@ -131,6 +138,8 @@ def run_loadtest(args: argparse.Namespace) -> int:
         stages = stages_of(args)
         count = default_count(args, stages)
         chains = build_workload(args, count)
+        if args.workload == "trace" and args.num_requests is None:
+            count = len(chains)  # the whole window
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         plan = LoadPlan(
             url=args.url,
@@ -161,6 +170,12 @@ def run_loadtest(args: argparse.Namespace) -> int:
         workload=args.workload,
         slos=slos,
     )
+    if args.workload == "trace":  # what an infinite cache could have served of what was sent
+        replayed = trace_window(args)
+        sent = sorted((r for r in run.records if r.index >= 0), key=lambda r: r.start)
+        extras = document["kvgate"]
+        assert isinstance(extras, dict)
+        extras["trace_ideal_reuse"] = ideal_reuse(replayed[r.index] for r in sent)
     print(run_summary(document))
     for path in write_outputs(document, args.out, not args.no_plots):
         print(f"wrote {path}")

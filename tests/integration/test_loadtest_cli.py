@@ -228,3 +228,29 @@ def _alive(pid: int) -> bool:
         else "X"
     )
     return state != "Z"
+
+
+def test_a_trace_replays_at_its_own_times_and_reports_its_ideal_reuse(
+    start_backend, run_kvgate, tmp_path: Path
+) -> None:
+    rows = [
+        {"timestamp": 0, "input_length": 2048, "output_length": 3, "hash_ids": [1, 2, 3, 4]},
+        {"timestamp": 200, "input_length": 2048, "output_length": 3, "hash_ids": [1, 2, 3, 5]},
+        {"timestamp": 400, "input_length": 1024, "output_length": 3, "hash_ids": [6, 7]},
+        {"timestamp": 600, "input_length": 2048, "output_length": 3, "hash_ids": [1, 2, 3, 5]},
+    ]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    url = start_backend("--cost", "zero")
+    out = tmp_path / "trace"
+    done = _with(run_kvgate)(
+        "--url", url, "--workload", "trace", "--trace", str(trace), "--trace-block-tokens", "64",
+        "--time-scale", "0.5", "--tokenize-url", url, "--out", str(out), "--no-plots",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    extras = json.loads((out / "results.json").read_text())["kvgate"]
+    assert extras["trace_ideal_reuse"] == pytest.approx(7 / 14)  # 3 + 4 of 14 blocks
+    assert len(extras["records"]) == 4 and extras["captured_reuse"] > 0.9
+    starts = sorted(r["start"] for r in extras["records"])
+    assert starts[-1] - starts[0] == pytest.approx(0.3, abs=0.1)  # 600 ms at half the time
+    assert "ideal reuse" in done.stdout

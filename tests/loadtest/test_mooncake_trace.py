@@ -5,6 +5,7 @@ them then."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import itertools
 import json
 from pathlib import Path
@@ -14,7 +15,7 @@ from aiohttp import web
 
 from loadtest.reports.stage_report import Stage
 from loadtest.run.driver import LoadPlan, run_load
-from loadtest.workloads.mooncake import Replay, ideal_reuse, load_trace, trace_chains
+from loadtest.workloads.mooncake import Replay, ideal_reuse, load_trace, trace_chains, window
 from loadtest.workloads.sharegpt import DatasetError
 
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "synthetic_trace.jsonl"
@@ -33,9 +34,10 @@ ROWS = [
 ]
 
 
-def test_shared_block_ids_are_shared_text_and_times_are_sped_up(tmp_path: Path) -> None:
+def test_shared_block_ids_are_shared_text_and_times_are_scaled(tmp_path: Path) -> None:
     requests = load_trace(_write(tmp_path, ROWS))
-    chains = trace_chains(requests, Replay(block_tokens=64, speedup=10.0, max_output=32))
+    replay = Replay(block_tokens=64, time_scale=0.1, max_output=32)
+    chains = trace_chains(window(requests, replay), replay)
     prompts = [c[0].messages[0]["content"] for c in chains]
     assert [len(p) for p in prompts] == [128, 163, 75]  # input lengths x 64/512, rounded up
     assert prompts[1].startswith(prompts[0])  # ids 1, 2 in both
@@ -43,8 +45,29 @@ def test_shared_block_ids_are_shared_text_and_times_are_sped_up(tmp_path: Path) 
     assert [c[0].at for c in chains] == [0.0, 0.05, 0.2]
     assert [c[0].max_tokens for c in chains] == [32, 5, 1]
     assert ideal_reuse(requests) == pytest.approx(2 / 7)
-    window = trace_chains(requests, Replay(skip=1, limit=1))
-    assert len(window) == 1 and window[0][0].at == 0.0
+    halved = trace_chains(requests, Replay(output_scale=0.5))
+    assert [c[0].max_tokens for c in halved] == [50, 2, 1]
+
+
+@pytest.mark.parametrize(
+    ("replay", "kept"),
+    [
+        (Replay(skip=1, limit=1), [1]),
+        (Replay(start=0.5), [1, 2]),  # from 0.5 s into the trace
+        (Replay(start=0.2, duration=1.0), [1]),
+        (Replay(every=2), [0, 1]),  # the conversations starting with block 1 (not 4)
+    ],
+)
+def test_a_window_picks_what_is_replayed(tmp_path: Path, replay: Replay, kept: list[int]) -> None:
+    requests = load_trace(_write(tmp_path, ROWS))
+    assert window(requests, replay) == [requests[i] for i in kept]
+
+
+def test_a_gzipped_trace_reads_the_same(tmp_path: Path) -> None:
+    plain = _write(tmp_path, ROWS)
+    packed = tmp_path / "trace.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert load_trace(packed) == load_trace(plain)
 
 
 @pytest.mark.parametrize(
@@ -89,7 +112,7 @@ async def test_the_driver_sends_a_trace_at_its_own_times(tmp_path: Path) -> None
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        chains = trace_chains(load_trace(_write(tmp_path, ROWS)), Replay(speedup=5.0))
+        chains = trace_chains(load_trace(_write(tmp_path, ROWS)), Replay(time_scale=0.2))
         plan = LoadPlan(f"http://127.0.0.1:{port}", "m", chains, [Stage(rate=1000.0)])
         run = await run_load(plan)
     finally:
