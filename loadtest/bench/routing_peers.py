@@ -1,7 +1,8 @@
 """The routers ``make bench-routing`` compares, each started in front of the same backends.
 
 kvgate's gateway with its embedded picker (the default profile: approximate prefix, sticky
-until overloaded; the same weights with precise prefix from the backends' KV events;
+until overloaded; precise prefix from the backends' KV events, as the shipped
+``policies/examples/precise.yaml`` configures it;
 least-in-flight, blind to caches; ``candidate``: the profile in ``KVGATE_BENCH_EPP``, an
 ``epp:`` section to try against the rest, the default when unset), and the real peer
 packages, installed into a venv of their own (``~/.cache/kvgate/router-peers``):
@@ -20,6 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from loadtest.harness.processes import external_process, free_port, gateway_process
 from policies.schema import DEFAULT_EPP_PLUGINS, DEFAULT_EPP_PROFILES
@@ -108,11 +111,21 @@ def default_profile_with(prefix_params: dict[str, object]) -> str:
     return "epp: " + json.dumps({"plugins": plugins, "profiles": profiles})
 
 
+PRECISE_EXAMPLE = Path(__file__).resolve().parents[2] / "policies" / "examples" / "precise.yaml"
+
+
+def precise_profile() -> str:
+    """The ``epp:`` section of the shipped precise example (``policies/examples/precise.yaml``),
+    whose block size is the simulated backends' (16)."""
+    epp = yaml.safe_load(PRECISE_EXAMPLE.read_text())["epp"]
+    return "epp: " + json.dumps(epp)
+
+
 def kvgate_policy(
     peer: Peer, backends: list[Backend], model: str, adapters: tuple[str, ...] = ()
 ) -> str:
     if peer.policy == "precise":
-        epp = default_profile_with({"mode": "precise", "block_size_tokens": 16})
+        epp = precise_profile()
     elif peer.policy == "candidate":
         epp = os.environ.get("KVGATE_BENCH_EPP", "")
     else:
