@@ -11,7 +11,9 @@ streamed chat completions of ``--output-tokens`` tokens. Workloads
 ``multi-turn`` (six-turn conversations resending their history) and ``lora-mix`` (the
 shared-prefix workload, each system prompt's requests for one of 8 LoRA adapters drawn from a
 Zipf distribution; every backend serves all 8 with 2 resident at once, and swapping one in
-costs a step 20 ms).
+costs a step 20 ms), and ``trace`` (a window of the Mooncake-format production trace in
+``../shared/data/traces/``, at its own times sped up 8x, 512-token blocks replayed as 32
+tokens, on caches of 4,096 blocks: ``loadtest.workloads.mooncake``).
 
 Per run: TTFT p50/p90/p99 and output tokens/s from the client, TTFT p90 per stage, each
 backend's share of the requests and its prefix-cache hit rate (from ``/metrics`` before and
@@ -37,6 +39,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from loadtest.bench.pd_transfer import metric_sum
@@ -60,17 +63,27 @@ from loadtest.run.session import BLOCK, sent_prompts, workload_tokens
 from loadtest.workloads.arrivals import parse_stages
 from loadtest.workloads.chats import Chain, multi_turn, shared_prefix
 from loadtest.workloads.lora_mix import with_adapters
+from loadtest.workloads.mooncake import Replay, load_trace, trace_chains, window
 from loadtest.workloads.reuse_oracle import cacheable_per_prompt
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "kvgate-sim"
 NUM_BLOCKS = 560  # per backend: 4 prompts of 100 blocks each fill ~70% of it
-WORKLOADS = ("shared-prefix", "multi-turn", "lora-mix")
+WORKLOADS = ("shared-prefix", "multi-turn", "lora-mix", "trace")
+TRACE = ROOT.parent / "shared" / "data" / "traces" / "synthetic_trace.jsonl"
+# the trace: a window of at most TRACE_REQUESTS from its TRACE_START-th request (the next window
+# each round), 512-token blocks as 32 tokens, 8x its clock, on caches of TRACE_NUM_BLOCKS
+TRACE_START, TRACE_REQUESTS, TRACE_NUM_BLOCKS = 2000, 512, 4096
+TRACE_REPLAY = Replay(block_tokens=32, time_scale=1 / 8, max_output=32)
 ADAPTERS = tuple(f"lora-{i}" for i in range(8))
 MAX_LORAS = 2  # resident per backend
 
 
 def workload(name: str, backends: int, requests: int, seed: int) -> list[Chain]:
+    if name == "trace":
+        count = min(requests, TRACE_REQUESTS)
+        replay = replace(TRACE_REPLAY, skip=TRACE_START + seed * count, limit=count)
+        return trace_chains(window(load_trace(TRACE), replay), replay)
     if name == "multi-turn":
         return multi_turn(math.ceil(requests / 6), 6, 600, 120, seed)
     groups = 4 * backends
@@ -78,6 +91,12 @@ def workload(name: str, backends: int, requests: int, seed: int) -> list[Chain]:
     if name == "lora-mix":
         return with_adapters(chains, list(ADAPTERS), 1.0, seed, by_group=True)
     return chains
+
+
+def blocks_of(chains: list[Chain]) -> int:
+    """KV blocks per backend: the trace's longer prompts need more."""
+    timed = chains and chains[0] and chains[0][0].at is not None
+    return TRACE_NUM_BLOCKS if timed else NUM_BLOCKS
 
 
 def adapters_of(name: str) -> tuple[str, ...]:
@@ -93,11 +112,15 @@ def backend_args(adapters: tuple[str, ...]) -> tuple[str, ...]:
 
 
 @contextmanager
-def fresh_backends(count: int, adapters: tuple[str, ...] = ()) -> Iterator[list[Backend]]:
+def fresh_backends(
+    count: int, adapters: tuple[str, ...] = (), num_blocks: int = NUM_BLOCKS
+) -> Iterator[list[Backend]]:
     backends = [Backend(free_port(), free_port()) for _ in range(count)]
+    longest = str(min(num_blocks * 16, 32_768))  # the trace's longest prompts take 12k tokens
     with ExitStack() as stack:
         for b in backends:
-            args = ("--cost", "default", "--num-blocks", str(NUM_BLOCKS), *backend_args(adapters))
+            args = ["--cost", "default", "--num-blocks", str(num_blocks), "--max-model-len"]
+            args += [longest, *backend_args(adapters)]
             stack.enter_context(
                 backend_process(b.port, *args, "--kv-events-port", str(b.kv_events_port))
             )
@@ -115,7 +138,7 @@ def one_run(
     stages = [Stage(rate=r, duration=s) for r, s in parse_stages(args.stages)]
     with (
         tempfile.TemporaryDirectory() as tmp,
-        fresh_backends(args.backends, adapters) as backends,
+        fresh_backends(args.backends, adapters, blocks_of(chains)) as backends,
         running_peer(peer, backends, MODEL, Path(tmp), bin_dir, adapters) as (url, pid),
     ):
         time.sleep(0.5)  # subscriptions and health checks settle
@@ -203,6 +226,9 @@ def main() -> int:
     for number in range(args.rounds):
         order = peers if number % 2 == 0 else list(reversed(peers))
         for name in args.workload or WORKLOADS:
+            if name == "trace" and not TRACE.exists():
+                print(f"no trace at {TRACE}: the trace workload is left out")
+                continue
             chains = workload(name, args.backends, requests, number)
             adapters = adapters_of(name)
             tokens = asyncio.run(tokenized(chains, adapters))
