@@ -12,7 +12,7 @@ streamed chat completions of ``--output-tokens`` tokens. Workloads
 shared-prefix workload, each system prompt's requests for one of 8 LoRA adapters drawn from a
 Zipf distribution; every backend serves all 8 with 2 resident at once, and swapping one in
 costs a step 20 ms), and ``trace`` (a window of the Mooncake-format production trace in
-``../shared/data/traces/``, at its own times sped up 8x, 512-token blocks replayed as 32
+``../shared/data/traces/``, at its own times sped up 20x, 512-token blocks replayed as 32
 tokens, on caches of 4,096 blocks: ``loadtest.workloads.mooncake``).
 
 Per run: TTFT p50/p90/p99 and output tokens/s from the client, TTFT p90 per stage, each
@@ -72,9 +72,9 @@ NUM_BLOCKS = 560  # per backend: 4 prompts of 100 blocks each fill ~70% of it
 WORKLOADS = ("shared-prefix", "multi-turn", "lora-mix", "trace")
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "synthetic_trace.jsonl"
 # the trace: a window of at most TRACE_REQUESTS from its TRACE_START-th request (the next window
-# each round), 512-token blocks as 32 tokens, 8x its clock, on caches of TRACE_NUM_BLOCKS
+# each round), 512-token blocks as 32 tokens, 20x its clock, on caches of TRACE_NUM_BLOCKS
 TRACE_START, TRACE_REQUESTS, TRACE_NUM_BLOCKS = 2000, 512, 4096
-TRACE_REPLAY = Replay(block_tokens=32, time_scale=1 / 8, max_output=32)
+TRACE_REPLAY = Replay(block_tokens=32, time_scale=1 / 20, max_output=32)
 ADAPTERS = tuple(f"lora-{i}" for i in range(8))
 MAX_LORAS = 2  # resident per backend
 
