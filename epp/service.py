@@ -29,6 +29,7 @@ from epp.routing_text import routing_text
 from epp.saturation import SaturationDetector
 from epp.scraper import MetricsScraper
 from epp.shared_picks import SharedPicks
+from epp.stored_responses import StoredResponses
 from epp.upstream_tls import upstream_tls
 from kvgate.wire.output_limit import requested_output_tokens
 from policies.schema import Policy
@@ -82,6 +83,7 @@ class EppService:
         self.scraper.on_error = lambda e: self.metrics.scrape_errors.labels(e.address).inc()
         self.scraper.on_scrape = self._scraped
         self.scraper.tls = upstream_tls(policy)
+        self.responses = StoredResponses(self.scraper.tls)
         # sibling workers' picks (gateway --workers N): indexes tagged by their parameters
         self._index_by_tag = {
             zlib.crc32(repr(params).encode()): index
@@ -154,6 +156,7 @@ class EppService:
         if self.exchange is not None:
             self.exchange.stop()
         await self.scraper.stop()
+        self.responses.close()
         for index in self.handle.indexes.values():
             await index.stop()
 

@@ -37,11 +37,11 @@ from gateway.metric_batch import FLUSH_INTERVAL
 from gateway.metrics import GatewayMetrics, LimiterCollector, QueueCollector
 from gateway.reload import RELOADER, Reloader, capacity_gate
 from gateway.remote_jwks import jwks_urls
-from gateway.response_homes import ResponseHomes
 from gateway.routing.shadow import ShadowMirror
 from gateway.runtime import RuntimeHolder, RuntimeParts, build_runtime
 from gateway.slo.tracker import SloTracker
 from gateway.tracing import make_tracer
+from kvgate.response_homes import ResponseHomes
 from kvgate.wire.http.client import ConnectionPool
 from policies.schema import Policy
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from importlib import import_module
 
 from gateway.errors import BadRequest, BodyTooLarge, UnsupportedEncoding
+from kvgate.wire.openai_errors import body_too_large
 
 Decoder = Callable[[bytes, int], bytes]  # (data, limit) -> decoded; raises on bad data
 
@@ -24,7 +25,7 @@ def _zlib(wbits: int) -> Decoder:
         decompressor = zlib.decompressobj(wbits)
         out = decompressor.decompress(data, limit + 1)
         if len(out) > limit:
-            raise BodyTooLarge(f"the decoded request body exceeds {limit} bytes")
+            raise BodyTooLarge(body_too_large(limit))
         if not decompressor.eof:
             raise zlib.error("truncated stream")
         return out
@@ -50,7 +51,7 @@ def _brotli() -> Decoder | None:
         decompressor = brotli.Decompressor()
         out: bytes = decompressor.process(data, output_buffer_limit=limit + 1)
         if len(out) > limit:
-            raise BodyTooLarge(f"the decoded request body exceeds {limit} bytes")
+            raise BodyTooLarge(body_too_large(limit))
         return out
 
     return decode
@@ -65,7 +66,7 @@ def _zstd() -> Decoder | None:
     def decode(data: bytes, limit: int) -> bytes:
         out: bytes = zstandard.ZstdDecompressor().decompressobj().decompress(data)
         if len(out) > limit:
-            raise BodyTooLarge(f"the decoded request body exceeds {limit} bytes")
+            raise BodyTooLarge(body_too_large(limit))
         return out
 
     return decode

@@ -14,10 +14,10 @@ from opentelemetry.trace import Tracer
 from gateway.admission import AdmissionQueue
 from gateway.canary.canaries import Canaries
 from gateway.metrics import GatewayMetrics
-from gateway.response_homes import ResponseHomes
 from gateway.routing.shadow import ShadowMirror
 from gateway.runtime import RuntimeHolder
 from gateway.slo.tracker import SloTracker
+from kvgate.response_homes import ResponseHomes
 from kvgate.wire.http.client import ConnectionPool
 
 RUNTIME = web.AppKey("runtime", RuntimeHolder)

@@ -41,12 +41,14 @@ from gateway.relay import body_response, read_body, relay_body, relay_stream
 from gateway.routing.selector import select
 from gateway.routing.shadow import Outcome, text_of
 from gateway.runtime import Runtime
-from gateway.stored_responses import continuing, created, id_in_body
+from gateway.stored_responses import continuing, created
 from gateway.stream_resume import StreamResume, asks_token_ids, stream_resume
 from gateway.upstream import client_request_headers, open_upstream
 from kvgate.wire.http.messages import AnyResponse, Request, Response
 from kvgate.wire.json_text import nested_deeper_than
-from kvgate.wire.responses_api import RESPONSES_PATH, input_messages
+from kvgate.wire.model_name import model_restorer
+from kvgate.wire.openai_errors import MODEL_REQUIRED, NOT_AN_OBJECT, invalid_json, unknown_model
+from kvgate.wire.responses_api import RESPONSES_PATH, id_in_body, input_messages
 from kvgate.wire.routing_headers import INFERENCE_OBJECTIVE
 from kvgate.wire.sse import ResponsesRelay, SSERelay
 from policies.schema import Pool, Route
@@ -79,9 +81,9 @@ def _read_body(
     try:
         body = orjson.loads(raw)
     except ValueError as exc:
-        raise BadRequest(f"invalid JSON body: {exc}") from exc
+        raise BadRequest(invalid_json(exc)) from exc
     if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
+        raise BadRequest(NOT_AN_OBJECT)
     # every later stage (routing text, the limiter's estimate) may recurse into the body; a
     # body with fewer brackets than the limit cannot nest deeper than it
     if raw.count(b"[") + raw.count(b"{") > max_depth and nested_deeper_than(body, max_depth):
@@ -102,13 +104,11 @@ async def proxy(
     raw, body, form = _read_body(request, listen.max_body_bytes, listen.max_json_depth, forms)
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise BadRequest("model is required and must be a string", param="model")
+        raise BadRequest(MODEL_REQUIRED, param="model")
     ctx.model = model
     route = policy.route_for(model)
     if route is None or (ctx.identity is not None and not ctx.identity.may_use(model)):
-        raise ModelNotFound(
-            f"The model `{model}` does not exist or you do not have access to it.", param="model"
-        )
+        raise ModelNotFound(unknown_model(model), param="model")
     if path in policy.passthrough_paths and path not in route.paths:
         raise NotFound(f"{path} is not enabled for the model `{model}` (its route's paths)")
     stream = body.get("stream")
@@ -273,10 +273,13 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
         upstream = attempt.response
         assert upstream is not None  # an open attempt has its response head
         idle = runtime.policy.timeouts.idle
+        restore = model_restorer(pool.model, ctx.model)
         try:
             if upstream.content_type == "text/event-stream":
                 relay, resume = _stream_relay(forward, pool, payload, headers, resumes)
-                streamed = await relay_stream(request, ctx, attempt, upstream, idle, relay, resume)
+                streamed = await relay_stream(
+                    request, ctx, attempt, upstream, idle, relay, resume, restore
+                )
                 if responses:
                     created(request, ctx, relay.response_id)
                 return streamed
@@ -287,7 +290,7 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
                 data = await read_body(ctx, attempt, upstream, idle)
             if responses and upstream.status == 200:
                 created(request, ctx, id_in_body(data))
-            return body_response(ctx, upstream, data)
+            return body_response(ctx, upstream, data, restore)
         finally:
             attempt.close(ctx.prompt_tokens if ctx.usage_known else None)
     finally:

@@ -29,6 +29,7 @@ from kvgate.wire.http.client import (
 )
 from kvgate.wire.http.messages import Request, Response, StreamResponse
 from kvgate.wire.http.server import SHUTDOWN_CUT
+from kvgate.wire.model_name import Restore
 from kvgate.wire.responses_api import chat_usage
 from kvgate.wire.sse import EventTooLarge, SSERelay, usage_of
 
@@ -49,12 +50,17 @@ async def read_body(
         raise _upstream_failed(ctx, exc) from exc
 
 
-def body_response(ctx: RequestContext, upstream: UpstreamResponse, data: bytes) -> Response:
-    """The client's response for a whole upstream body (its usage recorded)."""
+def body_response(
+    ctx: RequestContext, upstream: UpstreamResponse, data: bytes, restore: Restore | None = None
+) -> Response:
+    """The client's response for a whole upstream body (its usage recorded; the public model
+    name put back by ``restore``)."""
     ctx.ttft = time.perf_counter() - ctx.start
     ctx.status = upstream.status
     if upstream.status == 200 and upstream.content_type == "application/json":
         _record_usage(ctx, usage_of(data))
+    if restore is not None:
+        data = restore(data)
     block = response_headers(upstream.raw_headers, None, ctx.extra_headers)
     return Response(data, status=upstream.status, block=block)  # + x-request-id, by handle
 
@@ -67,19 +73,21 @@ async def relay_stream(
     idle: float,
     relay: SSERelay,
     resume: StreamResume | None = None,
+    restore: Restore | None = None,
 ) -> StreamResponse:
     """Relay the upstream's events as they complete (``relay``: how this API's stream is read
-    and ended); a stream that breaks off goes on from another endpoint where ``resume`` can
-    (its attempts are closed here), else ends with an error event."""
+    and ended; ``restore`` puts the public model name back in them); a stream that breaks off
+    goes on from another endpoint where ``resume`` can (its attempts are closed here), else
+    ends with an error event."""
     response = await _prepared(request, ctx, upstream, None)
     current = attempt
     try:
-        failure = await _relay_events(ctx, current, upstream, idle, relay, response)
+        failure = await _relay_events(ctx, current, upstream, idle, relay, response, restore)
         while failure and resume is not None:
             current.break_off()
             tail = resume.ending(relay)
             if tail is not None:  # the answer was whole: only its end was lost
-                await response.write(tail)
+                await response.write(tail if restore is None else restore(tail))
                 failure = ""
                 break
             following = await resume.reopen(relay, current.endpoint, failure)
@@ -89,7 +97,8 @@ async def relay_stream(
                 current.close()
             current, relay = following
             assert current.response is not None
-            failure = await _relay_events(ctx, current, current.response, idle, relay, response)
+            upstream = current.response
+            failure = await _relay_events(ctx, current, upstream, idle, relay, response, restore)
     finally:
         if relay.usage:
             _record_usage(ctx, relay.usage)
@@ -110,9 +119,10 @@ async def _relay_events(
     idle: float,
     relay: SSERelay,
     response: StreamResponse,
+    restore: Restore | None,
 ) -> str:
     """Relay one upstream's events until its last; why it broke off ("" when it did not)."""
-    forward = _Forward(ctx, attempt, relay, response)
+    forward = _Forward(ctx, attempt, relay, response, restore)
     try:
         while not await upstream.push(forward.take, idle):
             if forward.last is not None:  # the last event: the body's end goes with it
@@ -168,12 +178,18 @@ class _Forward:
     complete events it holds to the client; gives the task back (returns False) at the last
     event (``last``) and while the client's connection needs draining."""
 
-    __slots__ = ("attempt", "ctx", "last", "relay", "response", "started")
+    __slots__ = ("attempt", "ctx", "last", "relay", "response", "restore", "started")
 
     def __init__(
-        self, ctx: RequestContext, attempt: Attempt, relay: SSERelay, response: StreamResponse
+        self,
+        ctx: RequestContext,
+        attempt: Attempt,
+        relay: SSERelay,
+        response: StreamResponse,
+        restore: Restore | None,
     ) -> None:
         self.ctx = ctx
+        self.restore = restore
         self.attempt = attempt
         self.relay = relay
         self.response = response
@@ -184,6 +200,8 @@ class _Forward:
         out = self.relay.feed(chunk)
         if not out:
             return True
+        if self.restore is not None:
+            out = self.restore(out)
         if not self.started:
             self.started = True
             self.attempt.first_token()

@@ -14,9 +14,6 @@ anyone else it does not exist.
 from __future__ import annotations
 
 import asyncio
-import re
-
-import orjson
 
 from gateway.attempt import CONNECT_FAILED, TIMED_OUT, Attempt
 from gateway.context import RequestContext
@@ -25,18 +22,16 @@ from gateway.errors import MethodNotAllowed, NotFound
 from gateway.identity import Identity
 from gateway.keys import RESPONSE_HOMES, RUNTIME
 from gateway.relay import body_response, read_body, relay_stream
-from gateway.response_homes import Home
 from gateway.runtime import Runtime
 from gateway.upstream import RETRYABLE, as_gateway_error, client_request_headers, upstream_headers
+from kvgate.response_homes import Home
 from kvgate.wire.http.messages import AnyResponse, Request
-from kvgate.wire.responses_api import RESPONSES_PATH
+from kvgate.wire.model_name import model_restorer
+from kvgate.wire.openai_errors import response_not_found
+from kvgate.wire.responses_api import ACTIONS, RESPONSE_ID, addressed_response
+from kvgate.wire.responses_api import STORED_PREFIX as PREFIX
 from kvgate.wire.sse import ResponsesRelay
 from policies.schema import Policy
-
-PREFIX = RESPONSES_PATH + "/"
-RESPONSE_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
-# the requests about one response: path suffix -> methods
-ACTIONS = {"": ("GET", "DELETE"), "/cancel": ("POST",), "/input_items": ("GET",)}
 
 
 def route_name(path: str) -> str:
@@ -54,16 +49,6 @@ def created(request: Request, ctx: RequestContext, response_id: str) -> None:
     if response_id:
         home = Home(ctx.pool, ctx.endpoint, ctx.model, owner_of(ctx.identity))
         request.app[RESPONSE_HOMES].remember(response_id, home)
-
-
-def id_in_body(data: bytes) -> str:
-    """A whole response object's ``id`` ("" when there is none)."""
-    try:
-        parsed = orjson.loads(data)
-    except ValueError:
-        return ""
-    value = parsed.get("id") if isinstance(parsed, dict) else None
-    return value if isinstance(value, str) else ""
 
 
 def pools_for(policy: Policy, identity: Identity | None) -> dict[str, str]:
@@ -90,7 +75,7 @@ async def locate(
     if home is not None:
         owner = home.owner
         if owner is not None and owner != owner_of(ctx.identity):
-            raise NotFound(f"Response with id '{response_id}' not found.", param="response_id")
+            raise NotFound(response_not_found(response_id), param="response_id")
         if home.pool in pools and _endpoint(runtime, home.pool, home.endpoint) is not None:
             return home
     candidates = [(p, e) for p in pools for e in runtime.endpoints.get(p, ())]
@@ -137,10 +122,11 @@ def _endpoint(runtime: Runtime, pool: str, address: str) -> EndpointState | None
 async def by_id(request: Request, ctx: RequestContext) -> AnyResponse:
     """``/v1/responses/{id}`` (GET, DELETE), ``.../cancel`` (POST), ``.../input_items`` (GET):
     sent to the endpoint that holds the response, its answer relayed as it is."""
-    response_id, slash, action = request.path[len(PREFIX) :].partition("/")
-    methods = ACTIONS.get(slash + action)
-    if methods is None or not RESPONSE_ID.fullmatch(response_id):
+    addressed = addressed_response(request.path)
+    if addressed is None:
         raise NotFound(f"no route for {request.path}")
+    response_id, action = addressed
+    methods = ACTIONS[action]
     if request.method not in methods and not (request.method == "HEAD" and "GET" in methods):
         allow = ", ".join(methods)
         raise MethodNotAllowed(
@@ -150,7 +136,7 @@ async def by_id(request: Request, ctx: RequestContext) -> AnyResponse:
     home = await locate(request, ctx, response_id, pools_for(runtime.policy, ctx.identity))
     endpoint = None if home is None else _endpoint(runtime, home.pool, home.endpoint)
     if home is None or endpoint is None:
-        raise NotFound(f"Response with id '{response_id}' not found.", param="response_id")
+        raise NotFound(response_not_found(response_id), param="response_id")
     ctx.model, ctx.pool, ctx.endpoint = home.model, home.pool, home.endpoint
     response = await _send(request, ctx, runtime, endpoint)
     if request.method == "DELETE" and ctx.status == 200:
@@ -179,14 +165,16 @@ async def _send(
         raise error from exc
     attempt.answered(upstream)
     idle = runtime.policy.timeouts.idle
+    restore = model_restorer(pool.model, ctx.model)
     try:
         if upstream.content_type == "text/event-stream":
             ctx.stream = True
-            return await relay_stream(request, ctx, attempt, upstream, idle, ResponsesRelay())
+            relay = ResponsesRelay()
+            return await relay_stream(request, ctx, attempt, upstream, idle, relay, None, restore)
         data = upstream.read_now()
         if data is None:
             data = await read_body(ctx, attempt, upstream, idle)
-        return body_response(ctx, upstream, data)
+        return body_response(ctx, upstream, data, restore)
     finally:
         attempt.close()
 

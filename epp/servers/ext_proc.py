@@ -26,9 +26,25 @@ from google.protobuf import struct_pb2
 
 from epp.service import Dispatch, EppService
 from kvgate.wire.http.client import MAX_UPSTREAM_BODY
-from kvgate.wire.openai_errors import error_body, error_type_for
+from kvgate.wire.model_name import Restore, model_restorer
+from kvgate.wire.openai_errors import (
+    MODEL_REQUIRED,
+    NOT_AN_OBJECT,
+    body_too_large,
+    error_body,
+    error_type_for,
+    invalid_json,
+    response_not_found,
+    unknown_model,
+)
 from kvgate.wire.request_id import new_request_id
-from kvgate.wire.responses_api import RESPONSES_PATH, chat_usage, input_messages
+from kvgate.wire.responses_api import (
+    RESPONSES_PATH,
+    addressed_response,
+    chat_usage,
+    id_in_body,
+    input_messages,
+)
 from kvgate.wire.routing_headers import (
     DESTINATION,
     INFERENCE_OBJECTIVE,
@@ -57,9 +73,16 @@ REQUIRED_FIELD = {
 
 
 class PickError(Exception):
-    def __init__(self, status: int, message: str, code: str) -> None:
+    """A request answered by the picker itself: ``reason`` labels the rejection metric, the
+    body's ``code`` is the gateway's for the same error (None where it has none)."""
+
+    def __init__(
+        self, status: int, message: str, reason: str, *, code: str | None = "", param: str = ""
+    ) -> None:
         super().__init__(message)
-        self.status, self.message, self.code = status, message, code
+        self.status, self.message, self.reason = status, message, reason
+        self.code = reason if code == "" else code
+        self.param = param or None
 
 
 @dataclass
@@ -82,6 +105,11 @@ class StreamState:
     prefiller: str = ""  # a prefill/decode pool's prefill endpoint (the decode worker calls it)
     prefill_dispatch: Dispatch | None = None
     prompt_tokens: int | None = None  # the usage the endpoint answered with
+    pool: str = ""
+    creates_response: bool = False  # a Responses API create: its id is remembered
+    deletes_response: str = ""  # the stored response a DELETE is about
+    status: int = 0  # the response's
+    restore: Restore | None = None  # puts the public model name back in what is answered
 
 
 def _header_option(key: str, value: str) -> core.HeaderValueOption:
@@ -93,15 +121,19 @@ def _header_option(key: str, value: str) -> core.HeaderValueOption:
     )
 
 
-def immediate(status: int, message: str, code: str) -> ep.ProcessingResponse:
-    body = json.dumps(error_body(message, error_type_for(status), code=code))
+def immediate(
+    status: int, message: str, code: str | None, *, param: str | None = None, request_id: str = ""
+) -> ep.ProcessingResponse:
+    """The picker's own answer, as the gateway would give it (the request's id included)."""
+    body = json.dumps(error_body(message, error_type_for(status), param, code))
+    headers = [_header_option("content-type", "application/json")]
+    if request_id:
+        headers.append(_header_option("x-request-id", request_id))
     return ep.ProcessingResponse(
         immediate_response=ep.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=status),
             body=body.encode(),
-            headers=ep.HeaderMutation(
-                set_headers=[_header_option("content-type", "application/json")]
-            ),
+            headers=ep.HeaderMutation(set_headers=headers),
             details=f"inference error: {code}",
         )
     )
@@ -151,28 +183,24 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
                 state.subset = subset
             if kind == "request_headers":
                 state.headers = _read_headers(request.request_headers.headers)
-                if request.request_headers.end_of_stream:  # no body (e.g. GET): any endpoint
-                    for reply in self._route(state, has_body=False):
+                if self._declared_too_large(state):
+                    yield self._too_large(state)
+                elif request.request_headers.end_of_stream:  # no body (e.g. GET)
+                    async for reply in self._route(state, has_body=False):
                         yield reply
             elif kind == "request_body":
                 if state.routed:
                     continue  # refused already (413): Envoy ends the request
                 state.body += request.request_body.body
-                limit = self.service.policy.listen.max_body_bytes
-                if len(state.body) > limit:
-                    state.routed = True
-                    state.body = bytearray()
-                    self.service.metrics.rejections.labels("request_too_large").inc()
-                    yield immediate(
-                        413, f"request body is larger than {limit} bytes", "request_too_large"
-                    )
+                if len(state.body) > self.service.policy.listen.max_body_bytes:
+                    yield self._too_large(state)
                 elif request.request_body.end_of_stream:
-                    for reply in self._route(state, has_body=True):
+                    async for reply in self._route(state, has_body=True):
                         yield reply
             elif kind == "request_trailers":
                 # trailers end the body (HTTP/2, gRPC): route first, reply in Envoy's order
                 if not state.routed:
-                    for reply in self._route(state, has_body=bool(state.body)):
+                    async for reply in self._route(state, has_body=bool(state.body)):
                         yield reply
                 yield ep.ProcessingResponse(request_trailers=ep.TrailersResponse())
             elif kind == "response_headers":
@@ -183,14 +211,33 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
             elif kind == "response_trailers":
                 yield ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
 
-    def _route(self, state: StreamState, *, has_body: bool) -> Iterator[ep.ProcessingResponse]:
+    def _declared_too_large(self, state: StreamState) -> bool:
+        """Whether the request's ``content-length`` is over ``listen.max_body``: refused before
+        any of the body is sent."""
+        declared = state.headers.get("content-length", "")
+        return declared.isdigit() and int(declared) > self.service.policy.listen.max_body_bytes
+
+    def _too_large(self, state: StreamState) -> ep.ProcessingResponse:
+        state.routed = True
+        state.body = bytearray()
+        self.service.metrics.rejections.labels("request_too_large").inc()
+        limit = self.service.policy.listen.max_body_bytes
+        request_id = state.headers.get("x-request-id", "")
+        return immediate(413, body_too_large(limit), "request_too_large", request_id=request_id)
+
+    async def _route(
+        self, state: StreamState, *, has_body: bool
+    ) -> AsyncIterator[ep.ProcessingResponse]:
         state.routed = True
         try:
             body = self._parse(state) if has_body else {}
-            endpoint = self._pick(state, body, state.subset)
+            endpoint = await self._pick(state, body, state.subset)
         except PickError as exc:
-            self.service.metrics.rejections.labels(exc.code).inc()
-            yield immediate(exc.status, exc.message, exc.code)
+            self.service.metrics.rejections.labels(exc.reason).inc()
+            request_id = state.headers.get("x-request-id", "")
+            yield immediate(
+                exc.status, exc.message, exc.code, param=exc.param, request_id=request_id
+            )
             return
         state.endpoint = endpoint
         new_body = b""
@@ -225,40 +272,50 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
             dynamic_metadata=metadata,
         )
         if has_body:
-            yield from body_chunks(new_body, "request_body")
+            for reply in body_chunks(new_body, "request_body"):
+                yield reply
 
     def _parse(self, state: StreamState) -> dict[str, object]:
         try:
             body = orjson.loads(state.body)
         except ValueError as exc:
-            raise PickError(400, f"request body is not JSON: {exc}", "bad_request") from exc
+            raise PickError(400, invalid_json(exc), "bad_request", code=None) from exc
         if not isinstance(body, dict):
-            raise PickError(400, "request body must be a JSON object", "bad_request")
+            raise PickError(400, NOT_AN_OBJECT, "bad_request", code=None)
         model = body.get("model")
         if not isinstance(model, str) or not model:
-            raise PickError(400, "model not found in request body", "bad_request")
+            raise PickError(400, MODEL_REQUIRED, "bad_request", code=None, param="model")
         state.stream_requested = body.get("stream") is True
         path = state.headers.get(":path", "/v1/completions").split("?")[0]
         needed = next((f for suffix, f in REQUIRED_FIELD.items() if path.endswith(suffix)), None)
         if needed and not body.get(needed):
-            raise PickError(400, f"'{needed}' is required for {path}", "bad_request")
+            raise PickError(
+                400, f"'{needed}' is required for {path}", "bad_request", code=None, param=needed
+            )
         if path.endswith(RESPONSES_PATH):
             state.relay = ResponsesRelay()
+            state.creates_response = True
         return body
 
-    def _pick(self, state: StreamState, body: dict[str, object], subset: set[str] | None) -> str:
+    async def _pick(
+        self, state: StreamState, body: dict[str, object], subset: set[str] | None
+    ) -> str:
+        request_id = state.headers.get("x-request-id") or new_request_id()
+        state.headers["x-request-id"] = request_id
+        addressed = None if body else addressed_response(state.headers.get(":path", ""))
+        if addressed is not None:
+            return await self._pick_stored(state, addressed[0], subset)
         incoming = body.get("model") if body else None
         model = incoming if isinstance(incoming, str) else ""
         pool = (
             self.service.pool_for_model(model) if model else next(iter(self.service.policy.pools))
         )
         if pool is None:
-            raise PickError(404, f"The model `{model}` does not exist.", "model_not_found")
+            raise PickError(404, unknown_model(model), "model_not_found", param="model")
         rewrite = state.headers.get(REWRITE)
-        state.incoming_model = model
+        state.pool, state.incoming_model = pool, model
         state.target_model = rewrite or self.service.target_model(pool, model)
-        request_id = state.headers.get("x-request-id") or new_request_id()
-        state.headers["x-request-id"] = request_id
+        state.restore = model_restorer(state.target_model, model)
         candidates = self.service.candidates(pool, None, subset)
         if not candidates:
             raise PickError(
@@ -273,6 +330,12 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         scheduling = self.service.scheduling_request(
             pool, request_id, state.target_model, body, state.headers
         )
+        previous = body.get("previous_response_id") if state.creates_response else None
+        if isinstance(previous, str) and previous:  # where the conversation it continues is
+            home = await self.service.responses.home(previous, {pool: candidates})
+            if home is not None:
+                state.dispatch = self.service.dispatched(scheduling, home[1])
+                return home[1].address
         decision = self.service.pick(pool, scheduling, subset=subset)
         target = decision.result.target
         if target is None:
@@ -284,10 +347,36 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
             state.prefill_dispatch = self.service.dispatched(scheduling, decision.prefill)
         return target.address
 
+    async def _pick_stored(
+        self, state: StreamState, response_id: str, subset: set[str] | None
+    ) -> str:
+        """The endpoint holding the stored response a request is about (404 when none has
+        it)."""
+        pools = self.service.policy.pools
+        candidates = {pool: self.service.candidates(pool, None, subset) for pool in pools}
+        home = await self.service.responses.home(response_id, candidates)
+        if home is None:
+            message = response_not_found(response_id)
+            raise PickError(404, message, "not_found", param="response_id")
+        pool, endpoint, model = home
+        state.pool, state.incoming_model = pool, model
+        state.restore = model_restorer(self.service.target_model(pool, model), model)
+        if state.headers.get(":method") == "DELETE":
+            state.deletes_response = response_id
+        scheduling = self.service.scheduling_request(
+            pool, state.headers["x-request-id"], "", {}, state.headers
+        )
+        state.dispatch = self.service.dispatched(scheduling, endpoint)
+        return endpoint.address
+
     def _response_headers(
         self, state: StreamState, request: ep.ProcessingRequest
     ) -> ep.ProcessingResponse:
         headers = _read_headers(request.response_headers.headers)
+        status = headers.get(":status", "")
+        state.status = int(status) if status.isdigit() else 0
+        if state.deletes_response and state.status == 200:
+            self.service.responses.deleted(state.deletes_response)
         # streamed as the response says, or as the request asked when the response does not
         # say it is whole JSON (GIE reads the request's "stream" too)
         content_type = headers.get("content-type", "")
@@ -314,6 +403,8 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
                     state.usage_unreadable = True
             if body.end_of_stream and state.relay.usage:
                 self._count_usage(state, state.relay.usage)
+            if body.end_of_stream and isinstance(state.relay, ResponsesRelay):
+                self._created(state, state.relay.response_id)
             yield from body_chunks(
                 self._restore_model(state, body.body), "response_body", body.end_of_stream
             )
@@ -334,16 +425,17 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         usage = usage_of(data)
         if usage is not None:
             self._count_usage(state, usage)
+        self._created(state, id_in_body(data) if state.creates_response else "")
         yield from body_chunks(self._restore_model(state, data), "response_body")
 
+    def _created(self, state: StreamState, response_id: str) -> None:
+        """A Responses API create answered: where the new response lives is remembered."""
+        if state.creates_response and state.status == 200 and response_id:
+            responses = self.service.responses
+            responses.created(response_id, state.pool, state.endpoint, state.incoming_model)
+
     def _restore_model(self, state: StreamState, data: bytes) -> bytes:
-        if not state.incoming_model or state.target_model == state.incoming_model:
-            return data  # no body came in (a GET), or nothing was rewritten
-        for separator in (":", ": "):
-            old = f'"model"{separator}{json.dumps(state.target_model)}'.encode()
-            new = f'"model"{separator}{json.dumps(state.incoming_model)}'.encode()
-            data = data.replace(old, new)
-        return data
+        return data if state.restore is None else state.restore(data)
 
     def _count_usage(self, state: StreamState, usage: dict[str, object]) -> None:
         prompt, completion = chat_usage(usage)

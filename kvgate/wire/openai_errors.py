@@ -30,3 +30,25 @@ def responses_error_event(message: str, code: str) -> str:
     stream as ``sse_error_event`` ends a chat completion's."""
     data = json.dumps({"type": "error", "code": code, "message": message, "param": None})
     return f"event: error\ndata: {data}\n\n"
+
+
+# What either deployment (the gateway, or the picker behind Envoy) answers a bad request with:
+# a client moving between them sees the same status, message, param and code.
+NOT_AN_OBJECT = "the request body must be a JSON object"
+MODEL_REQUIRED = "model is required and must be a string"
+
+
+def invalid_json(exc: Exception) -> str:
+    return f"invalid JSON body: {exc}"
+
+
+def unknown_model(model: str) -> str:
+    return f"The model `{model}` does not exist or you do not have access to it."
+
+
+def body_too_large(limit: int) -> str:
+    return f"request body exceeds {limit} bytes"
+
+
+def response_not_found(response_id: str) -> str:
+    return f"Response with id '{response_id}' not found."

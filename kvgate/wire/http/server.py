@@ -49,6 +49,7 @@ from kvgate.wire.http.request_head import (
     method_of,
     origin_form,
 )
+from kvgate.wire.openai_errors import body_too_large
 
 log = logging.getLogger("kvgate.http")
 
@@ -335,9 +336,7 @@ class Connection(asyncio.Protocol):
         """Answer 413 now and close once it is written; later body bytes are discarded."""
         self._too_large = True
         self._body = []
-        response = self._server.error_response(
-            413, f"request body exceeds {self._server.max_body} bytes"
-        )
+        response = self._server.error_response(413, body_too_large(self._server.max_body))
         self._finish_with(response)
 
     def _reject(self, status: int, message: str) -> None:

@@ -1,0 +1,85 @@
+"""Stored responses behind ext_proc (``/v1/responses``): which endpoint holds each one.
+
+A backend keeps the responses it created in its own memory (vLLM, the bundled backend), so a
+request about one — ``GET``/``DELETE /v1/responses/{id}``, ``.../cancel``, ``.../input_items``, a
+create that continues it (``previous_response_id``) — must reach the endpoint that created it.
+The picker remembers where each response it saw created lives (bounded; the least recently used
+is forgotten first, as the gateway's). An id it does not know (another picker replica saw it
+created, or this one restarted) is looked up by asking the candidate endpoints at once
+(``GET /v1/responses/{id}``); the first that has it is remembered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+from epp.framework import Endpoint
+from kvgate.response_homes import Home, ResponseHomes
+from kvgate.wire.http.client import ConnectionPool
+from kvgate.wire.http.messages import header_block
+from kvgate.wire.responses_api import STORED_PREFIX
+
+LOOKUP_TIMEOUT = 2.0  # seconds an endpoint is given to say whether it holds a response
+
+
+class StoredResponses:
+    """Response id -> the endpoint holding it, remembered or looked up."""
+
+    def __init__(self, tls: dict[str, tuple[ssl.SSLContext, str]]) -> None:
+        self.homes = ResponseHomes()
+        self._tls = tls
+        self._client: ConnectionPool | None = None
+
+    def created(self, response_id: str, pool: str, endpoint: str, model: str) -> None:
+        if response_id:
+            self.homes.remember(response_id, Home(pool, endpoint, model, None))
+
+    def deleted(self, response_id: str) -> None:
+        self.homes.forget(response_id)
+
+    async def home(
+        self, response_id: str, candidates: dict[str, list[Endpoint]]
+    ) -> tuple[str, Endpoint, str] | None:
+        """(pool, endpoint, the public model it was created with: "" when not known) among
+        ``candidates`` (pool -> endpoints) that holds ``response_id``, or None when none of
+        them has it."""
+        known = self.homes.get(response_id)
+        if known is not None:
+            for endpoint in candidates.get(known.pool, ()):
+                if endpoint.address == known.endpoint:
+                    return known.pool, endpoint, known.model
+        asked = [(pool, e) for pool, endpoints in candidates.items() for e in endpoints]
+        found = await asyncio.gather(*(self._has(e.address, response_id) for _, e in asked))
+        for (pool, endpoint), has in zip(asked, found, strict=True):
+            if has:
+                model = known.model if known is not None else ""
+                self.homes.remember(response_id, Home(pool, endpoint.address, model, None))
+                return pool, endpoint, model
+        return None
+
+    async def _has(self, address: str, response_id: str) -> bool:
+        client = self._connect()
+        path = f"{STORED_PREFIX}{response_id}"
+        headers = header_block([("accept", "application/json")])
+        try:
+            response = await client.request(
+                address, "GET", path, headers, b"", first_byte=LOOKUP_TIMEOUT
+            )
+        except (TimeoutError, OSError):
+            return False
+        try:
+            return response.status == 200
+        finally:
+            response.close()
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def _connect(self) -> ConnectionPool:
+        if self._client is None:
+            self._client = ConnectionPool(connect_timeout=LOOKUP_TIMEOUT)
+            for address, (context, name) in self._tls.items():
+                self._client.use_tls(address, context, name)
+        return self._client
