@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -80,7 +81,7 @@ class EppMetrics:
             ["endpoint"],
             registry=r,
         )
-        self._scraped: dict[str, Counter] = {}
+        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
         self.event_lag = Histogram(
             "kvgate_epp_kv_event_lag_seconds",
             "Delay between a KV event batch and its handling.",
@@ -125,13 +126,19 @@ class EppMetrics:
             registry=r,
         )
 
+    def child(self, metric: Counter | Histogram, *values: str) -> Any:
+        """``metric.labels(*values)``, looked up once: for what is counted on every request
+        (prometheus_client's lookup takes a lock and builds a key each time)."""
+        key = (metric, values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
+
     def scraped(self, endpoint: str) -> None:
         """Count a successful scrape of ``endpoint`` (several a second each: its counter is
         looked up once)."""
-        counter = self._scraped.get(endpoint)
-        if counter is None:
-            counter = self._scraped[endpoint] = self.scrapes.labels(endpoint)
-        counter.inc()
+        self.child(self.scrapes, endpoint).inc()
 
     def shared_view(
         self, up: bool, counts: tuple[int, int, int], last: tuple[int, int, int]

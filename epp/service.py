@@ -211,13 +211,14 @@ class EppService:
         result = decision.result
         target = result.target
         if target is not None:
-            self.metrics.decisions.labels(pool, result.winner_by or "none").inc()
+            self.metrics.child(self.metrics.decisions, pool, result.winner_by or "none").inc()
             matched = request.prefix_match
             if matched and self.prefix is not None:
                 held = matched.get(target.address, 0)
                 if max(matched.values()) - held >= self.prefix.params.min_match_blocks:
-                    self.metrics.warm_diverted.labels(pool).inc()
-        self.metrics.pick_latency.labels(pool).observe(time.perf_counter() - started)
+                    self.metrics.child(self.metrics.warm_diverted, pool).inc()
+        elapsed = time.perf_counter() - started
+        self.metrics.child(self.metrics.pick_latency, pool).observe(elapsed)
         return decision
 
     def dispatched(self, request: SchedulingRequest, endpoint: Endpoint) -> Dispatch:

@@ -40,11 +40,11 @@ from gateway.request_context import (
     start_server_span,
 )
 from gateway.runtime import dead_pools
-from gateway.stored_responses import PREFIX as RESPONSE_PREFIX
 from gateway.stored_responses import by_id, route_name
 from kvgate.wire.http.messages import AnyResponse, Request, Response, header_line, json_response
 from kvgate.wire.http.server import SHUTDOWN_CUT
 from kvgate.wire.responses_api import RESPONSES_PATH
+from kvgate.wire.responses_api import STORED_PREFIX as RESPONSE_PREFIX
 from policies.schema import Observability
 
 RouteHandler = Callable[[Request, RequestContext], Awaitable[AnyResponse]]

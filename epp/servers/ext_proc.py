@@ -2,37 +2,42 @@
 
 Request path: headers are stored and answered only once the body has ended; then the EPP
 parses the body, picks an endpoint and replies, in order, with the header response
-(``x-gateway-destination-endpoint``, ``Content-Length``, the echoed headers; ``envoy.lb``
-dynamic metadata with the same endpoint) and the body — re-serialized with the target model —
-in ``streamed_response`` chunks of at most 62,000 bytes. Response path: usage is read from the
-body (SSE or JSON), the model name is restored, chunks are echoed. Errors are
-``ImmediateResponse``s with OpenAI-shaped bodies: 400 bad body, 404 unknown model, 429 shed or
-no endpoint left after filtering, 503 no candidates (including an empty subset hint).
+(``x-gateway-destination-endpoint``, ``Content-Length``, an ``x-request-id`` if the request had
+none; ``envoy.lb`` dynamic metadata with the same endpoint) and the body — re-serialized with
+the target model — in ``streamed_response`` chunks of at most 62,000 bytes. The request's other
+headers are left as they are (GIE echoes them back; Envoy keeps them either way, and each echoed
+header costs both sides). A request about a stored response goes where it lives. The response
+path is ``ext_proc_response``'s. Errors are ``ImmediateResponse``s with the gateway's bodies:
+400 bad body, 404 unknown model or stored response, 413 a body over ``listen.max_body`` (at its
+``content-length`` already), 429 shed or no endpoint left after filtering, 503 no candidates
+(including an empty subset hint).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 
 import orjson
-from envoy.config.core.v3 import base_pb2 as core
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
-from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
 
-from epp.service import Dispatch, EppService
-from kvgate.wire.http.client import MAX_UPSTREAM_BODY
-from kvgate.wire.model_name import Restore, model_restorer
+from epp.servers.ext_proc_messages import (
+    StreamState,
+    body_chunks,
+    header_option,
+    immediate,
+    lb_metadata,
+    read_headers,
+    subset_hint,
+)
+from epp.servers.ext_proc_response import ResponsePath
+from epp.service import EppService
+from kvgate.wire.model_name import model_restorer
 from kvgate.wire.openai_errors import (
     MODEL_REQUIRED,
     NOT_AN_OBJECT,
     body_too_large,
-    error_body,
-    error_type_for,
     invalid_json,
     response_not_found,
     unknown_model,
@@ -41,29 +46,20 @@ from kvgate.wire.request_id import new_request_id
 from kvgate.wire.responses_api import (
     RESPONSES_PATH,
     addressed_response,
-    chat_usage,
-    id_in_body,
     input_messages,
 )
 from kvgate.wire.routing_headers import (
     DESTINATION,
     INFERENCE_OBJECTIVE,
     PREFILLER_HEADERS,
-    SERVED,
-    SUBSET_KEY,
     is_client_routing,
 )
-from kvgate.wire.sse import EventTooLarge, ResponsesRelay, SSERelay, usage_of
+from kvgate.wire.sse import ResponsesRelay
 
 log = logging.getLogger("kvgate.epp")
 
-BODY_CHUNK = 62_000  # GIE's limit, a margin under Envoy's 64 KiB
-SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 OBJECTIVE = INFERENCE_OBJECTIVE
 FAIRNESS, REWRITE = ("x-gateway-inference-fairness-id", "x-gateway-model-name-rewrite")
-SYSTEM_OWNED = frozenset(
-    {DESTINATION, SERVED, SUBSET_KEY, OBJECTIVE, FAIRNESS, REWRITE, "content-length", "host"}
-)
 REQUIRED_FIELD = {
     "/chat/completions": "messages",
     "/completions": "prompt",
@@ -85,80 +81,12 @@ class PickError(Exception):
         self.param = param or None
 
 
-@dataclass
-class StreamState:
-    headers: dict[str, str] = field(default_factory=dict)
-    body: bytearray = field(default_factory=bytearray)
-    incoming_model: str = ""
-    target_model: str = ""
-    endpoint: str = ""
-    served: str = ""
-    routed: bool = False  # the request-headers reply has been sent
-    stream_requested: bool = False  # the body says "stream": true
-    streaming: bool = False
-    subset: set[str] | None = None
-    response_body: bytearray = field(default_factory=bytearray)
-    relay: SSERelay = field(default_factory=lambda: SSERelay(strip_usage=False))
-    usage_unreadable: bool = False  # the stream broke the SSE framing: no usage read from it
-    passing_through: bool = False  # a whole body too large to hold: passed on as it comes
-    dispatch: Dispatch | None = None  # the pick, finished when the stream ends
-    prefiller: str = ""  # a prefill/decode pool's prefill endpoint (the decode worker calls it)
-    prefill_dispatch: Dispatch | None = None
-    prompt_tokens: int | None = None  # the usage the endpoint answered with
-    pool: str = ""
-    creates_response: bool = False  # a Responses API create: its id is remembered
-    deletes_response: str = ""  # the stored response a DELETE is about
-    status: int = 0  # the response's
-    restore: Restore | None = None  # puts the public model name back in what is answered
-
-
-def _header_option(key: str, value: str) -> core.HeaderValueOption:
-    """A header set on the request, replacing any value the client sent (Envoy's default
-    action would append to it)."""
-    return core.HeaderValueOption(
-        header=core.HeaderValue(key=key, raw_value=value.encode()),
-        append_action=core.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
-    )
-
-
-def immediate(
-    status: int, message: str, code: str | None, *, param: str | None = None, request_id: str = ""
-) -> ep.ProcessingResponse:
-    """The picker's own answer, as the gateway would give it (the request's id included)."""
-    body = json.dumps(error_body(message, error_type_for(status), param, code))
-    headers = [_header_option("content-type", "application/json")]
-    if request_id:
-        headers.append(_header_option("x-request-id", request_id))
-    return ep.ProcessingResponse(
-        immediate_response=ep.ImmediateResponse(
-            status=http_status_pb2.HttpStatus(code=status),
-            body=body.encode(),
-            headers=ep.HeaderMutation(set_headers=headers),
-            details=f"inference error: {code}",
-        )
-    )
-
-
-def body_chunks(
-    data: bytes, phase: str, end_of_stream: bool = True
-) -> Iterator[ep.ProcessingResponse]:
-    """``data`` as streamed body replies of at most BODY_CHUNK bytes; EoS on the last one."""
-    pieces = [data[i : i + BODY_CHUNK] for i in range(0, len(data), BODY_CHUNK)] or [b""]
-    for index, piece in enumerate(pieces):
-        last = end_of_stream and index == len(pieces) - 1
-        mutation = ep.BodyMutation(
-            streamed_response=ep.StreamedBodyResponse(body=piece, end_of_stream=last)
-        )
-        yield ep.ProcessingResponse(
-            **{phase: ep.BodyResponse(response=ep.CommonResponse(body_mutation=mutation))}
-        )
-
-
 class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     """Envoy's ext_proc service (FULL_DUPLEX_STREAMED), picking with an ``EppService``."""
 
     def __init__(self, service: EppService) -> None:
         self.service = service
+        self.responses = ResponsePath(service)
 
     async def Process(
         self, requests: AsyncIterator[ep.ProcessingRequest], context: object
@@ -178,11 +106,9 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
     ) -> AsyncIterator[ep.ProcessingResponse]:
         async for request in requests:
             kind = request.WhichOneof("request")
-            subset = _subset(request)
-            if subset is not None:
-                state.subset = subset
             if kind == "request_headers":
-                state.headers = _read_headers(request.request_headers.headers)
+                state.subset = subset_hint(request)
+                state.headers = read_headers(request.request_headers.headers)
                 if self._declared_too_large(state):
                     yield self._too_large(state)
                 elif request.request_headers.end_of_stream:  # no body (e.g. GET)
@@ -204,9 +130,9 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
                         yield reply
                 yield ep.ProcessingResponse(request_trailers=ep.TrailersResponse())
             elif kind == "response_headers":
-                yield self._response_headers(state, request)
+                yield self.responses.headers(state, request)
             elif kind == "response_body":
-                for reply in self._response_body(state, request.response_body):
+                for reply in self.responses.body(state, request.response_body):
                     yield reply
             elif kind == "response_trailers":
                 yield ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
@@ -246,20 +172,15 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         elif has_body:
             body["model"] = state.target_model
             new_body = orjson.dumps(body)
-        set_headers = [_header_option(DESTINATION, endpoint)]
+        set_headers = [header_option(DESTINATION, endpoint)]
         if state.prefiller:  # llm-d's flow: the decode worker runs the prefill hop itself
-            set_headers += [_header_option(name, state.prefiller) for name in PREFILLER_HEADERS]
+            set_headers += [header_option(name, state.prefiller) for name in PREFILLER_HEADERS]
         if has_body:
-            set_headers.append(_header_option("Content-Length", str(len(new_body))))
-        set_headers += [
-            _header_option(k, v)
-            for k, v in state.headers.items()
-            if not k.startswith(":") and k not in SYSTEM_OWNED and not is_client_routing(k)
-        ]
+            set_headers.append(header_option("Content-Length", str(len(new_body))))
+        if state.new_request_id:  # the request's own headers stay as they are: not echoed
+            set_headers.append(header_option("x-request-id", state.headers["x-request-id"]))
         kept = {DESTINATION, *(PREFILLER_HEADERS if state.prefiller else ())}  # set above
         removed = [k for k in state.headers if is_client_routing(k) and k not in kept]
-        metadata = struct_pb2.Struct()
-        metadata.update({"envoy.lb": {DESTINATION: endpoint}})
         yield ep.ProcessingResponse(
             request_headers=ep.HeadersResponse(
                 response=ep.CommonResponse(
@@ -269,7 +190,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
                     ),
                 )
             ),
-            dynamic_metadata=metadata,
+            dynamic_metadata=lb_metadata(endpoint),
         )
         if has_body:
             for reply in body_chunks(new_body, "request_body"):
@@ -300,8 +221,10 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
     async def _pick(
         self, state: StreamState, body: dict[str, object], subset: set[str] | None
     ) -> str:
-        request_id = state.headers.get("x-request-id") or new_request_id()
-        state.headers["x-request-id"] = request_id
+        request_id = state.headers.get("x-request-id", "")
+        if not request_id:
+            request_id = state.headers["x-request-id"] = new_request_id()
+            state.new_request_id = True
         addressed = None if body else addressed_response(state.headers.get(":path", ""))
         if addressed is not None:
             return await self._pick_stored(state, addressed[0], subset)
@@ -368,93 +291,3 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         )
         state.dispatch = self.service.dispatched(scheduling, endpoint)
         return endpoint.address
-
-    def _response_headers(
-        self, state: StreamState, request: ep.ProcessingRequest
-    ) -> ep.ProcessingResponse:
-        headers = _read_headers(request.response_headers.headers)
-        status = headers.get(":status", "")
-        state.status = int(status) if status.isdigit() else 0
-        if state.deletes_response and state.status == 200:
-            self.service.responses.deleted(state.deletes_response)
-        # streamed as the response says, or as the request asked when the response does not
-        # say it is whole JSON (GIE reads the request's "stream" too)
-        content_type = headers.get("content-type", "")
-        state.streaming = "text/event-stream" in content_type or (
-            state.stream_requested and "json" not in content_type
-        )
-        served = request.metadata_context.filter_metadata.get("envoy.lb")
-        if served is not None and SERVED in served.fields:
-            state.served = served.fields[SERVED].string_value
-        return ep.ProcessingResponse(
-            response_headers=ep.HeadersResponse(response=ep.CommonResponse())
-        )
-
-    def _response_body(
-        self, state: StreamState, body: ep.HttpBody
-    ) -> Iterator[ep.ProcessingResponse]:
-        if state.streaming:
-            if body.body and state.dispatch is not None:  # the first token is on its way back
-                self.service.prefilled(state.dispatch)
-            if not state.usage_unreadable:
-                try:
-                    state.relay.feed(body.body)
-                except EventTooLarge:  # not SSE: passed on as it is, its usage not counted
-                    state.usage_unreadable = True
-            if body.end_of_stream and state.relay.usage:
-                self._count_usage(state, state.relay.usage)
-            if body.end_of_stream and isinstance(state.relay, ResponsesRelay):
-                self._created(state, state.relay.response_id)
-            yield from body_chunks(
-                self._restore_model(state, body.body), "response_body", body.end_of_stream
-            )
-            return
-        if state.passing_through:
-            yield from body_chunks(body.body, "response_body", body.end_of_stream)
-            return
-        state.response_body += body.body
-        if len(state.response_body) > MAX_UPSTREAM_BODY and not body.end_of_stream:
-            # too large to hold whole: passed on as it comes, its usage and model name as sent
-            data, state.response_body = bytes(state.response_body), bytearray()
-            state.passing_through = True
-            yield from body_chunks(data, "response_body", end_of_stream=False)
-            return
-        if not body.end_of_stream:
-            return
-        data = bytes(state.response_body)
-        usage = usage_of(data)
-        if usage is not None:
-            self._count_usage(state, usage)
-        self._created(state, id_in_body(data) if state.creates_response else "")
-        yield from body_chunks(self._restore_model(state, data), "response_body")
-
-    def _created(self, state: StreamState, response_id: str) -> None:
-        """A Responses API create answered: where the new response lives is remembered."""
-        if state.creates_response and state.status == 200 and response_id:
-            responses = self.service.responses
-            responses.created(response_id, state.pool, state.endpoint, state.incoming_model)
-
-    def _restore_model(self, state: StreamState, data: bytes) -> bytes:
-        return data if state.restore is None else state.restore(data)
-
-    def _count_usage(self, state: StreamState, usage: dict[str, object]) -> None:
-        prompt, completion = chat_usage(usage)
-        for value, direction in ((prompt, "prompt"), (completion, "completion")):
-            if isinstance(value, int):
-                self.service.metrics.tokens.labels(direction).inc(value)
-        if isinstance(prompt, int):
-            state.prompt_tokens = prompt
-
-
-def _read_headers(header_map: core.HeaderMap) -> dict[str, str]:
-    return {
-        h.key.lower(): (h.raw_value.decode() if h.raw_value else h.value)
-        for h in header_map.headers
-    }
-
-
-def _subset(request: ep.ProcessingRequest) -> set[str] | None:
-    hint = request.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
-    if hint is None or SUBSET_KEY not in hint.fields:
-        return None
-    return {v.string_value.rsplit(":", 1)[0] for v in hint.fields[SUBSET_KEY].list_value.values}

@@ -23,7 +23,7 @@ from google.protobuf import struct_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from epp.server import MAX_MESSAGE
-from epp.servers.ext_proc import body_chunks
+from epp.servers.ext_proc_messages import body_chunks
 
 
 class NullProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
-from epp.servers import ext_proc
+from epp.servers import ext_proc_response
 from epp.servers.ext_proc import ExternalProcessor
 from epp.service import EppService
 from loadtest.client.envoy_messages import body_messages, headers_message
@@ -53,7 +53,7 @@ async def test_a_body_within_the_limit_is_routed() -> None:
 async def test_a_whole_response_too_large_to_hold_is_passed_on_as_it_comes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(ext_proc, "MAX_UPSTREAM_BODY", 100_000)
+    monkeypatch.setattr(ext_proc_response, "MAX_UPSTREAM_BODY", 100_000)
     processor = ExternalProcessor(EppService(load_policy_text(POLICY)))
     answer = b'{"choices": [], "pad": "' + b"x" * 300_000 + b'"}'
     pieces = [answer[i : i + 50_000] for i in range(0, len(answer), 50_000)]
