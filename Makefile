@@ -103,7 +103,7 @@ format: $(STAMP)
 bench: $(STAMP) wrk
 	$(BIN)/python -m loadtest.bench.backend
 
-bench-proxy: $(STAMP) wrk nginx compiled
+bench-proxy: $(STAMP) wrk nginx envoy compiled
 	$(BIN)/python -m loadtest.bench.proxy
 
 # kvgate loadtest against vllm bench serve (from the vLLM tier's venv) on one workload.

@@ -10,6 +10,9 @@ delay) behind four fronts:
   processing modes, every message echoed, the endpoints in turn): the least any Python picker
   costs;
 - ``envoy + kvgate epp``: the same with kvgate's picker (the default profile; ``--workers``);
+- ``envoy + kvgate epp, no response body``: the same with Envoy sending the picker the
+  response's headers only (the shipped file's lighter variant: no usage counted, no model name
+  restored);
 - ``kvgate gateway``: the picker embedded in the gateway, no Envoy.
 
 For each, in interleaved rounds (the order turns each round): wrk at 16 connections on
@@ -40,7 +43,8 @@ from loadtest.workloads.fixed import CHAT
 
 CONNECTIONS = 16
 STREAM_EVENTS = 64
-FRONTS = ("envoy", "envoy + floor", "envoy + kvgate epp", "kvgate gateway")
+NO_BODY = "envoy + kvgate epp, no response body"
+FRONTS = ("envoy", "envoy + floor", "envoy + kvgate epp", NO_BODY, "kvgate gateway")
 STREAM = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
 
 
@@ -131,7 +135,8 @@ def front(
             stack.enter_context(epp)
             assert epp.proc is not None
             picker_pid = epp.proc.pid
-        base = stack.enter_context(picker_envoy(binary, grpc_port, directory))
+        envoy = picker_envoy(binary, grpc_port, directory, response_body=name != NO_BODY)
+        base = stack.enter_context(envoy)
         pids = {"envoy": base.pid, "picker": picker_pid}
         yield f"{base}/v1/chat/completions", pids
 

