@@ -1,4 +1,4 @@
-"""The ``kvgate`` command's shared options (issue 15, CLI and logs): ``--version``, logging
+"""The ``kvgate`` command's shared options (CLI and logs): ``--version``, logging
 level and JSON format for every command, defaults in ``--help``, ``keys hash``, and the
 warning for an open listener."""
 

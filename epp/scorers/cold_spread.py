@@ -12,7 +12,7 @@ holds gets 0.5 everywhere: the prefix scorer decides it.
 Once the caches are scraped, fill that differs by less than a quarter of a cache says nothing:
 caches that are all full differ by a few blocks from moment to moment (an engine that is busy
 holds fewer finished blocks), and scaling that noise to the full 0-1 range sent every new
-conversation to the busiest engine (precise mode on multi-turn, issue 19). Among caches alike
+conversation to the busiest engine (precise mode on multi-turn). Among caches alike
 in fill, the new prompt content each endpoint was sent lately decides (``among_full: placed``,
 ``epp.placement``): a new conversation's later turns will follow it, so this spreads the
 conversations, where full caches no longer can. ``among_full: fill`` scores the small

@@ -1,4 +1,4 @@
-"""`make bench-pd`: prefill/decode disaggregation measured in one run (issue 17).
+"""`make bench-pd`: prefill/decode disaggregation measured in one run.
 
 Part one (``pd_transfer``): KV transfer throughput between two worker processes on loopback,
 beside a raw loopback TCP stream's throughput (the physical floor here), rounds interleaved.

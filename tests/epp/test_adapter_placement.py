@@ -1,4 +1,4 @@
-"""A new prefix of a LoRA adapter goes where the adapter fits (issue 19, LoRA mix): an endpoint
+"""A new prefix of a LoRA adapter goes where the adapter fits (LoRA mix): an endpoint
 that serves the adapter already, or one that serves fewer adapters than it holds at once."""
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def test_load_balance_filter(counts: tuple[int, ...], params: Params, kept: list
         # caches of 32 blocks (8 of 16 tokens): 8, 4 and 0 held differ by a quarter or more
         (8, "placed", {A: 0.0, B: 0.5, C: 1.0}),
         # caches of 4,000 blocks hold 8, 4 and 0: no real difference in room, which a min-max
-        # scaling would blow up to 0 against 1 (issue 19: every new conversation went to the
+        # scaling would blow up to 0 against 1 (every new conversation went to the
         # busiest engine); below a quarter of a cache it counts in proportion ...
         (1000, "fill", {A: 0.0, B: 0.004, C: 0.008}),
         # ... or by the new content placed on each lately: A 300 tokens, B 100, C 200
@@ -145,7 +145,7 @@ def test_cold_spread_without_a_prefix_index_is_neutral() -> None:
 def test_a_pick_that_passes_over_a_warm_endpoint_is_counted(
     prefix_weight: int, active_weight: int, diverted: float
 ) -> None:
-    """Issue 19: cold misses the scores chose (the warm endpoint passed the filters) are
+    """Cold misses the scores chose (the warm endpoint passed the filters) are
     counted, so a benchmark can report them as a share of decisions."""
     service = EppService(
         load_policy_text(f"""

@@ -1,4 +1,4 @@
-"""Multipart form bodies (issue 15, ``/v1/audio/*``): text fields read, files left alone, the
+"""Multipart form bodies (``/v1/audio/*``): text fields read, files left alone, the
 model field rewritten in place, broken bodies refused with a clear error."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The Redis limiter's parts, as units: the loop-aware deadline, the store's health, the fallback
-buckets seeded from Redis's last levels, and the usage owed to Redis (issue 14, items 4 and 8)."""
+buckets seeded from Redis's last levels, and the usage owed to Redis."""
 
 from __future__ import annotations
 

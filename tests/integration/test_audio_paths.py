@@ -1,5 +1,4 @@
-"""Multipart ``/v1/audio/*`` through the gateway with the official ``openai`` client (issue 15,
-OpenAI paths): routed on the form's model, authenticated, the pool's model name written into
+"""Multipart ``/v1/audio/*`` through the gateway with the official ``openai`` client: routed on the form's model, authenticated, the pool's model name written into
 the form, the file passed byte for byte, streams relayed, broken forms refused.
 
 The upstream is a small aiohttp server that answers with what it received: no engine here can

@@ -1,4 +1,4 @@
-"""Real clients through a real gateway (issue 15, HTTP edge cases): curl's own
+"""Real clients through a real gateway (HTTP edge cases): curl's own
 ``Expect: 100-continue`` on large bodies, h2c upgrades from ``curl --http2`` and Java's
 ``HttpClient``, ``Date``, and ``X-Forwarded-For``/``-Proto`` with the client address in the
 access log. The upstream is an aiohttp app on loopback that records the headers it gets."""

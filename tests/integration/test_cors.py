@@ -1,4 +1,4 @@
-"""CORS (issue 15, item 4): a browser's preflight is answered before authentication, and the
+"""CORS: a browser's preflight is answered before authentication, and the
 allowed origin's responses (whole, streamed, errors) carry what lets the page read them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Nothing hangs when backends die (issue 14, item 2): a pool whose endpoints are all
+"""Nothing hangs when backends die: a pool whose endpoints are all
 unreachable answers at once (and its fallbacks serve) instead of queueing its requests until
 their class's ``max_wait``; ``/readyz`` names the routes with no live endpoint."""
 

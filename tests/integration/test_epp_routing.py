@@ -190,7 +190,7 @@ async def test_precise_mode_spreads_distinct_chats_that_share_only_the_template(
 ) -> None:
     """18 chats whose only common part is the chat template's opening block, sent one at a
     time to 6 idle backends: that sliver (which every backend that served anything holds)
-    must not pull them all onto the first backends used (issue 19, defect 1)."""
+    must not pull them all onto the first backends used."""
     with ExitStack() as stack:
         url, backends = await precise_gateway(stack, start_gateway, 6)
         before = [value(f"http://{b}", "vllm:prompt_tokens_total") for b in backends]

@@ -1,4 +1,4 @@
-"""``kvgate epp --workers 2`` (issue 15): two picker processes share the gRPC and metrics
+"""``kvgate epp --workers 2``: two picker processes share the gRPC and metrics
 ports, a prefix placed by one worker is warm for the other, /metrics adds up both (the index
 size is one index's: the workers share their picks), and a port that is taken stops the start
 with one line."""

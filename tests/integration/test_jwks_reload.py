@@ -1,4 +1,4 @@
-"""JWKS files are watched with the policy (issue 14, item 7): a key removed from the file stops
+"""JWKS files are watched with the policy: a key removed from the file stops
 validating within the watch interval, with no change to the policy file."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``jwks_url`` (issue 14, item 7): the issuer's keys are fetched before the gateway serves and
+"""``jwks_url``: the issuer's keys are fetched before the gateway serves and
 fetched again when a token names a key id the set lacks (a rotation), at most once per
 ``MIN_REFRESH_GAP`` however many such tokens arrive; the fetch never blocks requests."""
 

@@ -1,4 +1,4 @@
-"""The Redis limiter with a real redis-server (issue 14, items 4 and 8): a busy event loop is
+"""The Redis limiter with a real redis-server: a busy event loop is
 not an outage, the first requests after start are not refused, a restarted Redis is found
 again with fresh connections, and through an outage under load nothing hangs, no usage is
 lost, and two replicas' admissions converge back on the shared limit."""

@@ -1,4 +1,4 @@
-"""The limiter's store state follows real outcomes, not the clock (issue 14, item 15): /readyz
+"""The limiter's store state follows real outcomes, not the clock: /readyz
 and the limiter's metrics say "down" while Redis is down, and "ok" once a call succeeds."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``/metrics`` on the data listener (issue 14, item 13): it names every endpoint and model, so
+"""``/metrics`` on the data listener: it names every endpoint and model, so
 by default only loopback clients read it; a bearer of ``observability.metrics.token`` may, and
 anyone with ``public: true``. The non-loopback client is this machine's own outward address."""
 

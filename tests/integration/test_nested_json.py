@@ -1,4 +1,4 @@
-"""Deeply nested JSON gets a clear 400, never a 500 with a traceback (issue 14, item 5): the
+"""Deeply nested JSON gets a clear 400, never a 500 with a traceback: the
 gateway bounds nesting where it reads the body (``listen.max_json_depth``)."""
 
 from __future__ import annotations

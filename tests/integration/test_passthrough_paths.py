@@ -1,4 +1,4 @@
-"""Extra upstream paths per route (issue 15, OpenAI paths): ``routes[].paths`` passes e.g.
+"""Extra upstream paths per route (OpenAI paths): ``routes[].paths`` passes e.g.
 ``/tokenize`` through to the model's pool unchanged — authenticated, and counted in the
 gateway's metrics like the OpenAI paths; a path another route lists is refused for this one."""
 

@@ -1,4 +1,4 @@
-"""Hot reload keeps every limit (issue 14, item 3): requests admitted before a reload still
+"""Hot reload keeps every limit: requests admitted before a reload still
 count against ``max_concurrency`` after it, and a changed limit applies to them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""No client can trip the breakers (issue 14, item 1): request bodies are decoded as their
+"""No client can trip the breakers: request bodies are decoded as their
 ``Content-Encoding`` says (or refused), never forwarded with a header that no longer matches;
 a 5xx that a second endpoint also returns for the same request is the request's fault."""
 

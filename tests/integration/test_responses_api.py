@@ -1,4 +1,4 @@
-"""``/v1/responses`` through the gateway with the official ``openai`` client (issue 15, OpenAI
+"""``/v1/responses`` through the gateway with the official ``openai`` client (OpenAI
 paths): created whole and streamed; retrieved, listed, continued and deleted by id on the
 backend that stored it, whichever of two it is; hidden from another tenant; found by a gateway
 that never relayed it; a stream cut before its terminal event ends with an error event."""

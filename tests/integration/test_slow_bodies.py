@@ -1,4 +1,4 @@
-"""Bodies cannot hold the gateway (issue 14, item 6): a large body is authenticated from its
+"""Bodies cannot hold the gateway: a large body is authenticated from its
 head before it is read (401 without reading it), and a body trickled past
 ``listen.body_timeout`` gets 408."""
 

@@ -1,4 +1,4 @@
-"""TLS on every hop (issue 15), with certificates the tests make and real TLS servers on
+"""TLS on every hop, with certificates the tests make and real TLS servers on
 loopback: clients to the gateway (and mutual TLS, and a rotated certificate), the gateway and
 its embedded picker to https:// backends, and the picker's gRPC port."""
 

@@ -1,4 +1,4 @@
-"""A request that can never fit its token limit is refused once, at once (issue 14, item 14):
+"""A request that can never fit its token limit is refused once, at once:
 the official client does not retry it for minutes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Responses API as every part reads it (issue 15, OpenAI paths): input as chat messages,
+"""The Responses API as every part reads it (OpenAI paths): input as chat messages,
 usage in chat terms, and a response stream's end, usage and id."""
 
 from __future__ import annotations
