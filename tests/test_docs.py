@@ -52,3 +52,19 @@ def test_the_readmes_policy_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEAM_A_KEY_SHA256", "a" * 64)
     loaded = load_policy_text(policy)
     assert set(loaded.pools) == {"chat", "small"} and len(policy.splitlines()) <= 10
+
+
+def test_no_issue_numbers_in_user_docs_or_code() -> None:
+    """Docs and docstrings say what is, not which ticket brought it (the benchmarks' history
+    page aside: it dates its runs)."""
+    issue = re.compile(r"\bissue \d+", re.I)
+    sources = [p for p in PAGES if p.name != "benchmarks.md"]
+    for package in ("kvgate", "gateway", "epp", "backends", "policies", "loadtest", "tests"):
+        sources += sorted((ROOT / package).rglob("*.py"))
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in sources
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if issue.search(line) and path.name != "test_docs.py"
+    ]
+    assert not found, found
