@@ -110,7 +110,7 @@ listen: {{host: 127.0.0.1, port: {port}, workers: {workers}{listen_tls}}}
 pools: {{mocks: {{endpoints: [{endpoints}]}}}}
 routes: [{{model: mock, pool: mocks}}]
 observability: {{access_log: "off"}}
-epp: {{picker: least-in-flight}}  # the mocks serve no /metrics: measure the bare proxy
+epp: {{picker: least-in-flight}}  # the bare proxy
 """)
     return str(path)
 
