@@ -49,21 +49,29 @@ class ResponsePath:
         return self._whole_body_chunk(state, body)
 
     def _stream_chunk(self, state: StreamState, body: ep.HttpBody) -> list[ep.ProcessingResponse]:
+        """One chunk of a stream, echoed as it came; where the model name is restored, as the
+        complete events it ends (a name Envoy's chunks cut in two is still found)."""
         chunk, end = body.body, body.end_of_stream
         if chunk and state.dispatch is not None:  # the first token is on its way back
             self.service.prefilled(state.dispatch)
+        out = chunk
         if not state.usage_unreadable:
+            relay = state.relay
             try:
-                state.relay.feed(chunk)
+                events = relay.feed(chunk)
+                if state.restore is not None:
+                    out = events + relay.pending if end else events
             except EventTooLarge:  # not SSE: passed on as it is, its usage not counted
                 state.usage_unreadable = True
+                if state.restore is not None:
+                    out = relay.pending  # what was held back, this chunk included
         if end:
             if state.relay.usage:
                 self._count_usage(state, state.relay.usage)
             if isinstance(state.relay, ResponsesRelay):
                 self._created(state, state.relay.response_id)
         restore = state.restore
-        return body_chunks(chunk if restore is None else restore(chunk), "response_body", end)
+        return body_chunks(out if restore is None else restore(out), "response_body", end)
 
     def _whole_body_chunk(
         self, state: StreamState, body: ep.HttpBody

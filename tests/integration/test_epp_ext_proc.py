@@ -334,3 +334,42 @@ def test_a_request_without_an_id_gets_one(epp: tuple[str, int]) -> None:
     headers = {k: v for k, v in REQUEST_HEADERS.items() if k != "x-request-id"}
     first, *_ = exchange(target, [headers_message(headers), *body_msgs(chat_body())])
     assert set_headers(first)["x-request-id"]
+
+
+def test_a_model_name_split_across_chunks_is_restored_and_nothing_is_lost(
+    epp: tuple[str, int],
+) -> None:
+    """A renamed route's stream: events are echoed whole, so a model name that Envoy's chunks
+    cut in two is still put back, and every other byte arrives as sent."""
+    events = (
+        b'data: {"model":"upstream-model","choices":[{"delta":{"content":"hi"}}]}\n\n'
+        b'data: {"model":"upstream-model","choices":[{"delta":{"content":" there"}}]}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    cut = events.index(b"upstream-model", 20) + 5  # inside the second event's model name
+    stream_headers = ep.ProcessingRequest(
+        response_headers=ep.HttpHeaders(
+            headers=core.HeaderMap(
+                headers=[
+                    core.HeaderValue(key=":status", raw_value=b"200"),
+                    core.HeaderValue(key="content-type", raw_value=b"text/event-stream"),
+                ]
+            )
+        )
+    )
+    replies = exchange(
+        epp[0],
+        [
+            headers_message(REQUEST_HEADERS),
+            *body_msgs(chat_body(), pieces=1),
+            stream_headers,
+            ep.ProcessingRequest(response_body=ep.HttpBody(body=events[:cut])),
+            ep.ProcessingRequest(response_body=ep.HttpBody(body=events[cut:], end_of_stream=True)),
+        ],
+    )
+    out = b"".join(
+        r.response_body.response.body_mutation.streamed_response.body
+        for r in replies
+        if r.WhichOneof("response") == "response_body"
+    )
+    assert out == events.replace(b"upstream-model", b"public-model")
