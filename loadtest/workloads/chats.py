@@ -13,7 +13,7 @@ another; chains run side by side).
 
 Answers in the history are fixed text, not what the backend said: every router sees exactly
 the same prompts, so the prompts are known before the run (the oracle in
-``loadtest.bench.routing_oracle`` needs them).
+``bench.routing_oracle`` needs them).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Prompts from a JSON-lines file in ``vllm bench serve``'s ``custom`` dataset format: one
 ``{"prompt": ..., "output_tokens": N}`` object a line (``output_tokens`` optional). kvgate's
 load tester and vLLM's read the same file, which is how the two are cross-checked
-(``loadtest.bench.crosscheck``); the order of the file is kept."""
+(``bench.crosscheck``); the order of the file is kept."""
 
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 from envoy.config.core.v3 import base_pb2 as core
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
+from bench.envoy_messages import body_messages, headers_message
 from epp.servers.ext_proc import ExternalProcessor
 from epp.service import EppService
 from kvgate.wire.sse import MAX_EVENT_BYTES
-from loadtest.client.envoy_messages import body_messages, headers_message
 from policies.loader import load_policy_text
 
 POLICY = "pools: {p: {endpoints: [127.0.0.2:9, 127.0.0.3:9]}}\nroutes: [{model: m, pool: p}]\n"

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import orjson
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
+from bench.envoy_messages import body_messages, headers_message
 from epp.filters.saturation import SaturationFilter
 from epp.metrics import EppMetrics
 from epp.servers.ext_proc import ExternalProcessor
@@ -16,7 +17,6 @@ from gateway.metrics import GatewayMetrics
 from gateway.reload import capacity_gate
 from gateway.runtime import Runtime, RuntimeParts, build_runtime
 from kvgate.wire.http.client import ConnectionPool
-from loadtest.client.envoy_messages import body_messages, headers_message
 from policies.loader import load_policy_text
 from tests.epp.builders import make_request
 

@@ -15,8 +15,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.envoy_messages import body_messages, headers_message
 from kvgate.api import epp_pb2, epp_pb2_grpc
-from loadtest.client.envoy_messages import body_messages, headers_message
 from loadtest.harness.processes import epp_process, free_port
 
 ENDPOINTS = ["127.0.0.2:{p}", "127.0.0.3:{p}"]  # loopback addresses nothing listens on

@@ -15,8 +15,8 @@ from pathlib import Path
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
+from bench.envoy_messages import body_messages, headers_message
 from epp.service import EppService
-from loadtest.client.envoy_messages import body_messages, headers_message
 from loadtest.harness.processes import epp_process, free_port
 from policies.loader import load_policy_text
 from tests.integration.metrics_util import scrape

@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 import aiohttp
 
+from bench.limiter import drive
+from bench.limiter import policy as bench_policy
 from gateway.identity import Identity
 from gateway.limits.limiter import Limiter
-from loadtest.bench.limiter import drive
-from loadtest.bench.limiter import policy as bench_policy
 from loadtest.harness.processes import KvgateProcess
 from loadtest.harness.redis_server import RedisServer
 from policies.schema import LimitRule, Limits, LimitStore

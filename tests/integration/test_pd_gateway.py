@@ -17,7 +17,7 @@ import openai
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
-from loadtest.client.envoy_messages import body_messages, headers_message
+from bench.envoy_messages import body_messages, headers_message
 from loadtest.harness.processes import KvgateProcess, backend_process, epp_process, free_port
 from tests.integration.metrics_util import scrape
 

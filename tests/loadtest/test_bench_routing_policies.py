@@ -4,7 +4,7 @@ load-balance filter's place."""
 
 from __future__ import annotations
 
-from loadtest.bench.routing_peers import PEERS, Backend, kvgate_policy
+from bench.routing_peers import PEERS, Backend, kvgate_policy
 from policies.loader import load_policy_text
 
 BACKENDS = [Backend(9000, 9001), Backend(9002, 9003)]

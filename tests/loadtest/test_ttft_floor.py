@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from backends.runners.sim_runner import CostModel
-from loadtest.bench.ttft_floor import idle_ttft_ms
+from bench.ttft_floor import idle_ttft_ms
 from loadtest.workloads.reuse_oracle import cacheable_per_prompt, cacheable_tokens
 
 COST = CostModel(step_s=0.004, prefill_token_s=0.001, decode_seq_s=0.0, kv_read_token_s=0.0001)

@@ -18,13 +18,13 @@ import openai
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
+from bench.envoy_messages import body_messages, headers_message
 from epp.framework import Endpoint
 from epp.indexes.precise import PreciseIndex, block_keys
 from epp.kv_events import KVEventSubscriber
 from epp.metrics_parser import VLLM, parse_metrics
 from epp.scraper import filtered_path
 from epp.tokenize import make_tokenizer, request_token_ids
-from loadtest.client.envoy_messages import body_messages, headers_message
 from loadtest.client.sse import stream_request
 from loadtest.harness.processes import epp_process, free_port, gateway_process
 from loadtest.harness.vllm import VllmServer

@@ -6,7 +6,7 @@ naming the next of ``ENDPOINT``s in turn in ``envoy.lb`` metadata, then the body
 streamed chunks; the response's headers, body chunks and trailers echoed) without parsing or
 picking anything.
 
-``python -m loadtest.bench.null_ext_proc PORT [ENDPOINT ...]``
+``python -m bench.null_ext_proc PORT [ENDPOINT ...]``
 """
 
 from __future__ import annotations

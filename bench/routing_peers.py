@@ -8,7 +8,7 @@ least-in-flight, blind to caches; ``candidate``: the profile in ``KVGATE_BENCH_E
 packages, installed into a venv of their own (``~/.cache/kvgate/router-peers``):
 sglang-router 0.3.2 (``round_robin``, ``cache_aware``) and vllm-router 0.1.17
 (``cache_aware``, ``consistent_hash``, which keys ``X-Session-ID``); and the floor of a Python
-router's CPU per request, ``loadtest.bench.floor_proxy`` (round robin, bytes passed through).
+router's CPU per request, ``bench.floor_proxy`` (round robin, bytes passed through).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Backend:
 @dataclass(frozen=True)
 class Peer:
     name: str
-    router: str  # kvgate | sglang | vllm-router | floor (loadtest.bench.floor_proxy)
+    router: str  # kvgate | sglang | vllm-router | floor (bench.floor_proxy)
     policy: str  # kvgate: default | precise | least-in-flight; a peer's --policy otherwise
     workers: int = 1  # kvgate: gateway worker processes on one port
     compiled: bool = False  # kvgate: run the mypyc build (`make compiled`), as production does
@@ -67,7 +67,7 @@ PEERS = (
 )
 
 
-COMPILED = Path(__file__).resolve().parents[2] / "build" / "compiled"
+COMPILED = Path(__file__).resolve().parents[1] / "build" / "compiled"
 
 
 def compiled_tree() -> Path | None:
@@ -111,7 +111,7 @@ def default_profile_with(prefix_params: dict[str, object]) -> str:
     return "epp: " + json.dumps({"plugins": plugins, "profiles": profiles})
 
 
-PRECISE_EXAMPLE = Path(__file__).resolve().parents[2] / "policies" / "examples" / "precise.yaml"
+PRECISE_EXAMPLE = Path(__file__).resolve().parents[1] / "policies" / "examples" / "precise.yaml"
 
 
 def precise_profile() -> str:
@@ -181,7 +181,7 @@ def running_peer(
     health = f"http://127.0.0.1:{port}/health"  # the relay passes it to a backend
     if peer.router == "floor":
         upstreams = ",".join(str(b.port) for b in backends)
-        argv = [sys.executable, "-m", "loadtest.bench.floor_proxy", str(port), upstreams]
+        argv = [sys.executable, "-m", "bench.floor_proxy", str(port), upstreams]
         with external_process(argv, health, log=log) as proc:
             yield f"http://127.0.0.1:{port}", proc.pid
         return

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import aiohttp
 
-from loadtest.bench.pd_transfer import metric_sum
+from bench.pd_transfer import metric_sum
 from loadtest.client.sse import StreamResult, stream_request
 from loadtest.harness.processes import KvgateProcess, backend_process, free_port, gateway_process
 

@@ -5,7 +5,7 @@ round-robin over the upstreams, the JSON body parsed once (as any router must to
 ``model``), the upstream's bytes passed through untouched. No auth, limits, metrics, retries,
 timeouts, picking or usage accounting, and no error handling: a benchmark peer only.
 
-``python -m loadtest.bench.floor_proxy PORT UPSTREAM_PORT[,UPSTREAM_PORT...]``
+``python -m bench.floor_proxy PORT UPSTREAM_PORT[,UPSTREAM_PORT...]``
 """
 
 from __future__ import annotations

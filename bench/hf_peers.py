@@ -1,6 +1,6 @@
 """HF transformers as the engine benchmark's baselines, run in a child process of their own.
 
-``python -m loadtest.bench.hf_peers MODEL MODE PROMPTS.json OUTPUT_TOKENS`` prints one JSON
+``python -m bench.hf_peers MODEL MODE PROMPTS.json OUTPUT_TOKENS`` prints one JSON
 line: output tokens, seconds, tokens/s. Modes: ``sequential`` (``generate`` one request at a
 time), ``static8`` (left-padded static batches of 8), ``continuous`` (transformers' own
 continuous batching, ``generate_batch``, sized for this CPU and run under ``torch.no_grad``:

@@ -8,7 +8,7 @@ Each scenario starts from an empty Redis and fresh gateways; "outage" kills Redi
 restarts it empty. A limit admits at most its burst (one minute's worth) plus its refill over the
 run; the table shows what was admitted against that, as a ratio.
 
-    python -m loadtest.bench.limiter [--duration 20] [--outage 5] [--hogs 2] [--rounds 1]
+    python -m bench.limiter [--duration 20] [--outage 5] [--hogs 2] [--rounds 1]
         [--tree OTHER_CHECKOUT]
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import aiohttp
 
-from loadtest.bench.pd_transfer import metric_sum
+from bench.pd_transfer import metric_sum
 from loadtest.harness.processes import KvgateProcess, backend_process, free_port, gateway_process
 from loadtest.harness.redis_server import RedisServer
 

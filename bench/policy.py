@@ -67,7 +67,7 @@ def main() -> int:
         return 2
     directory = Path(tempfile.mkdtemp(prefix="kvgate-bench-policy-"))
     ups, redis_port = [free_port(), free_port()], free_port()
-    mock = [sys.executable, "-m", "loadtest.bench.mock_upstream", "--port"]
+    mock = [sys.executable, "-m", "bench.mock_upstream", "--port"]
     redis = subprocess.Popen(
         ["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,

@@ -118,7 +118,7 @@ def measure(mode: str, args: argparse.Namespace) -> dict[str, float]:
     ports = json.dumps([free_port() for _ in range(PUBLISHERS)])
     common = ["--batches", str(args.batches), "--rate", str(args.rate)]
     common += ["--run-blocks", str(args.run_blocks)]
-    module = [sys.executable, "-m", "loadtest.bench.kv_events"]
+    module = [sys.executable, "-m", "bench.kv_events"]
     with subprocess.Popen(
         [*module, "--subscribe", mode, "--ports", ports, *common],
         stdout=subprocess.PIPE,

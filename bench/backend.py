@@ -1,4 +1,4 @@
-"""Benchmark one simulated backend process: `make bench` (or `python -m loadtest.bench.backend`).
+"""Benchmark one simulated backend process: `make bench` (or `python -m bench.backend`).
 
 1. Server ceiling: zero-cost model, streamed completions of 16 tokens at rising concurrency;
    requests/s, p50/p99 latency and the backend's CPU time per request.

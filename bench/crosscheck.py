@@ -29,7 +29,7 @@ from loadtest.harness.processes import backend_process, free_port
 from loadtest.workloads.chats import shared_prefix
 from loadtest.workloads.custom_jsonl import write_custom
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 MODEL = "kvgate-sim"
 KEYS = (
     ("TTFT p50 ms", "median_ttft_ms"),

@@ -5,7 +5,7 @@ In-process: ``EppService.pick`` (the embedded default: parse, hash, score, pick,
 prefixes. Over ext_proc: a ``kvgate epp`` process driven by a gRPC client the way Envoy drives
 it (headers, the body in 62,000-byte chunks, then the replies), one stream per request; the
 round trip includes the Python client's own gRPC cost. The same client first drives a
-do-nothing ext_proc server with the same gRPC settings (``loadtest.bench.null_ext_proc``): its round
+do-nothing ext_proc server with the same gRPC settings (``bench.null_ext_proc``): its round
 trip is the floor of a Python gRPC ext_proc hop, and round trip minus floor is what the EPP's
 own work adds. Both servers run side by side and are measured in turn, round after round (the
 order alternating), so each ratio compares two measurements taken moments apart. Picks/s: 16
@@ -32,11 +32,11 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
+from bench.envoy_messages import body_messages, headers_message
+from bench.metrics_parse import compare as compare_parsers
+from bench.scrape_cost import main as print_scrape_costs
 from epp.framework import SchedulingRequest
 from epp.service import EppService
-from loadtest.bench.metrics_parse import compare as compare_parsers
-from loadtest.bench.scrape_cost import main as print_scrape_costs
-from loadtest.client.envoy_messages import body_messages, headers_message
 from loadtest.harness.proc_stats import cpu_seconds
 from loadtest.harness.processes import epp_process, free_port
 from loadtest.reports.stats import percentile
@@ -155,7 +155,7 @@ def wait_grpc(target: str, timeout: float = 20.0) -> None:
 def null_ext_proc() -> Iterator[tuple[str, int]]:
     """The do-nothing ext_proc server: its target and pid."""
     port = free_port()
-    argv = [sys.executable, "-m", "loadtest.bench.null_ext_proc", str(port)]
+    argv = [sys.executable, "-m", "bench.null_ext_proc", str(port)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_grpc(f"127.0.0.1:{port}")

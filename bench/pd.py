@@ -31,7 +31,7 @@ from pathlib import Path
 
 import aiohttp
 
-from loadtest.bench.pd_transfer import (
+from bench.pd_transfer import (
     Moved,
     grpc_stream_bytes_per_s,
     into_decode_worker,
@@ -42,7 +42,7 @@ from loadtest.bench.pd_transfer import (
 )
 from loadtest.harness.processes import backend_process, free_port, gateway_process
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 MODEL = "kvgate-small"
 KEY = "bench-pd"
 TORCH = ("--runner", "torch", "--preset", "small", "--kv-cache-memory", "768MiB")

@@ -42,8 +42,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from loadtest.bench.pd_transfer import metric_sum
-from loadtest.bench.routing_peers import (
+from bench.pd_transfer import metric_sum
+from bench.routing_peers import (
     PEERS,
     Backend,
     Peer,
@@ -51,8 +51,8 @@ from loadtest.bench.routing_peers import (
     peer_bin,
     running_peer,
 )
-from loadtest.bench.routing_report import plot_stages, report
-from loadtest.bench.ttft_floor import idle_ttft_p90_ms
+from bench.routing_report import plot_stages, report
+from bench.ttft_floor import idle_ttft_p90_ms
 from loadtest.client.backend_metrics import deltas, scrape_all
 from loadtest.harness.proc_stats import cpu_seconds
 from loadtest.harness.processes import backend_process, free_port
@@ -66,7 +66,7 @@ from loadtest.workloads.lora_mix import with_adapters
 from loadtest.workloads.mooncake import Replay, load_trace, trace_chains, window
 from loadtest.workloads.reuse_oracle import cacheable_per_prompt
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 MODEL = "kvgate-sim"
 NUM_BLOCKS = 560  # per backend: 4 prompts of 100 blocks each fill ~70% of it
 WORKLOADS = ("shared-prefix", "multi-turn", "lora-mix", "trace")

@@ -12,7 +12,7 @@ the same run, after one untimed warm-up round each (same size), in interleaved r
 and in each round, each in a process of its own, HF ``generate`` one request at a time and in
 static batches of 8 and HF's continuous batching (``generate_batch``); then a bare matmul loop (the
 physical limit), and the same workload computed by the least eager torch can do (the
-plain-torch ceiling, ``loadtest.bench.torch_floor``). Then TTFT over a shared 1,024-token
+plain-torch ceiling, ``bench.torch_floor``). Then TTFT over a shared 1,024-token
 prefix, cold against cached, on both servers, and kvgate's RSS over ``--rss-requests`` short
 requests. Figures go to stdout as Markdown and to ``build/bench-engine.json``.
 """
@@ -29,13 +29,13 @@ import time
 import uuid
 from pathlib import Path
 
-from loadtest.bench.engine_load import make_prompts, run_round, shared_prefix_ttft
-from loadtest.bench.engine_report import report
+from bench.engine_load import make_prompts, run_round, shared_prefix_ttft
+from bench.engine_report import report
 from loadtest.harness.proc_stats import rss_mb
 from loadtest.harness.processes import KvgateProcess, backend_process, free_port
 from loadtest.harness.vllm import VllmServer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate"))
 MODEL_NAME = "bench-llama"
 VOCAB = 1024
@@ -104,7 +104,7 @@ def hf_round(
     prompts_file.write_text(json.dumps(prompts))
     return {
         f"hf_{mode}": child_json(
-            ["loadtest.bench.hf_peers", str(model), mode, str(prompts_file), str(output_tokens)]
+            ["bench.hf_peers", str(model), mode, str(prompts_file), str(output_tokens)]
         )
         for mode in HF_MODES
     }
@@ -255,9 +255,9 @@ def main() -> int:
     prompts_file = ROOT / "build" / "bench-engine-prompts.json"  # round 0's, for the ceiling
     prompts_file.parent.mkdir(exist_ok=True)
     prompts_file.write_text(json.dumps(make_prompts(args.requests, 32, 512, VOCAB, seed=0)))
-    results["matmul_floor"] = child_json(["loadtest.bench.matmul_floor", "256", "768"])
+    results["matmul_floor"] = child_json(["bench.matmul_floor", "256", "768"])
     results["torch_floor"] = child_json(
-        ["loadtest.bench.torch_floor", str(model), str(prompts_file), str(args.output_tokens)]
+        ["bench.torch_floor", str(model), str(prompts_file), str(args.output_tokens)]
     )
     report(results)
     out = ROOT / "build" / "bench-engine.json"

@@ -5,7 +5,7 @@ layers cost and what the gateway's per-request work costs.
 The handler parses the body, sends it round robin to the upstreams and returns the answer;
 no auth, routing, admission, picking, retries, metrics or usage. A benchmark peer only.
 
-``python -m loadtest.bench.layers_proxy PORT UPSTREAM_PORT[,UPSTREAM_PORT...]``
+``python -m bench.layers_proxy PORT UPSTREAM_PORT[,UPSTREAM_PORT...]``
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Instructions per request on the gateway's request path: `make bench-instructions`.
 
-Runs ``loadtest.bench.inprocess`` (the real gateway, transports in memory) under valgrind's
+Runs ``bench.inprocess`` (the real gateway, transports in memory) under valgrind's
 callgrind twice, with ``--requests`` and three times as many, and reports the difference
 divided by the extra requests: start-up and warm-up cancel out, and the count is the same from
 run to run (within about 2%: the garbage collector runs at slightly different moments), where
@@ -25,17 +25,21 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 _COLLECTED = re.compile(r"Collected : (\d+)")
 
 
-HARNESS = Path("loadtest/bench/inprocess.py")
-OLD_HARNESS = Path("loadtest/inprocess.py")  # where checkouts before the loadtest split keep it
+# where the in-process harness is: here, then where older checkouts keep it
+HARNESSES = (
+    Path("bench/inprocess.py"),
+    Path("loadtest/bench/inprocess.py"),
+    Path("loadtest/inprocess.py"),
+)
 
 
 def harness_module(checkout: Path) -> str:
     """The in-process harness's module name in ``checkout``."""
-    path = HARNESS if (checkout / HARNESS).exists() else OLD_HARNESS
+    path = next((p for p in HARNESSES if (checkout / p).exists()), HARNESSES[-1])
     return ".".join(path.with_suffix("").parts)
 
 
@@ -87,9 +91,10 @@ def worktree(ref: str, directory: Path, own_harness: bool) -> Path:
         check=True,
         capture_output=True,
     )
-    if not own_harness:
-        (path / HARNESS).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / HARNESS, path / HARNESS)
+    if not own_harness:  # this tree's harness, with the mock upstream it imports
+        (path / "bench").mkdir(exist_ok=True)
+        for name in ("__init__.py", "inprocess.py", "mock_upstream.py"):
+            shutil.copy(ROOT / "bench" / name, path / "bench" / name)
     return path
 
 
@@ -109,7 +114,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--against", metavar="REF", help="also measure this git revision")
     parser.add_argument(
-        "--ref-harness", action="store_true", help="run REF with its own loadtest.bench.inprocess"
+        "--ref-harness", action="store_true", help="run REF with its own bench.inprocess"
     )
     parser.add_argument(
         "--slos", action="store_true", help="SLOs on the route (this checkout's rows only)"

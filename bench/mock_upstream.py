@@ -1,6 +1,6 @@
 """A fast OpenAI-compatible mock upstream for proxy benchmarks (no model, no delay).
 
-``python -m loadtest.bench.mock_upstream --port P``: chat and completion requests answer at once,
+``python -m bench.mock_upstream --port P``: chat and completion requests answer at once,
 non-streaming with a fixed JSON body, streaming with 16 content chunks (``KVGATE_MOCK_CHUNKS``),
 a usage chunk when asked and ``data: [DONE]`` — the same shape as the mock the peers were
 measured against.

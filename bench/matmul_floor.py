@@ -1,6 +1,6 @@
 """The physical limit of the engine benchmark: fp32 matmul GFLOP/s of bare torch on this box.
 
-``python -m loadtest.bench.matmul_floor`` prints one JSON line: the GFLOP/s of a large square
+``python -m bench.matmul_floor`` prints one JSON line: the GFLOP/s of a large square
 matmul (the machine's peak as torch reaches it) and of the decode-shaped matmuls of the
 benchmark's model at batch 16 (``[16, hidden] x [hidden, out]``), each the best of a few runs,
 through torch's plain matmul and through oneDNN's packed weights (the engine's projections,

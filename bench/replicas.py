@@ -1,7 +1,7 @@
 """`make bench-replicas`: K gateway replicas behind a real Envoy doing round-robin, as production
 runs them, against one replica; then the same under faults.
 
-Each run starts fresh processes (``loadtest.bench.replica_stack``): ``--backends`` simulated
+Each run starts fresh processes (``bench.replica_stack``): ``--backends`` simulated
 backends (cost model ``default``: 50 µs per uncached prompt token; ``--num-blocks`` each, so the
 workload's prefixes fill about 70% of the caches), K ``kvgate gateway`` processes (separate, as
 on K hosts), Envoy in front, and a redis-server when the replicas share their picks
@@ -17,7 +17,7 @@ same three in precise mode (the backends' KV events), and K=3 blind to caches (l
 Faults (``--fault``, on K=3 sharing its picks; at 40% of the run): ``replica`` SIGKILLs one
 gateway, ``redis`` stops Redis, ``engine`` SIGKILLs one backend. ``--greedy-streams N``: then an
 engine killed under N greedy streams on real (torch) models, every joined answer compared with
-the uninterrupted one (``loadtest.bench.engine_failover``).
+the uninterrupted one (``bench.engine_failover``).
 
 Per setup, pooled over the interleaved rounds: failed requests, TTFT p50/p90, cached prompt
 share (cached ÷ prompt tokens, from the answers' usage), captured reuse (cached tokens ÷ what an
@@ -40,9 +40,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from loadtest.bench.engine_failover import failover
-from loadtest.bench.engine_failover import report as report_failover
-from loadtest.bench.replica_stack import MODEL, Setup, Stack, running_stack
+from bench.engine_failover import failover
+from bench.engine_failover import report as report_failover
+from bench.replica_stack import MODEL, Setup, Stack, running_stack
 from loadtest.harness.envoy import envoy_binary
 from loadtest.harness.processes import backend_process, free_port
 from loadtest.reports.records import RequestRecord
@@ -54,7 +54,7 @@ from loadtest.workloads.chats import Chain, multi_turn, shared_prefix
 from loadtest.workloads.mooncake import Replay, load_trace, trace_chains, window
 from loadtest.workloads.reuse_oracle import cacheable_per_prompt
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SETUPS = (
     Setup("K=1 approximate", 1),
     Setup("K=3 approximate, not shared", 3),

@@ -1,7 +1,7 @@
 """The plain-torch ceiling of the engine benchmark: its workload computed by the least eager
 torch can do, with none of an engine's work.
 
-``python -m loadtest.bench.torch_floor MODEL_DIR PROMPTS_JSON OUTPUT_TOKENS [BATCH]`` loads the
+``python -m bench.torch_floor MODEL_DIR PROMPTS_JSON OUTPUT_TOKENS [BATCH]`` loads the
 model with kvgate's own loader and projections (the same fused weights, on oneDNN's packed
 layout where the engine uses it), then times, each the best of a few repeats:
 
