@@ -15,12 +15,12 @@ import asyncio
 import ssl
 
 from epp.framework import Endpoint
-from kvgate.response_homes import Home, ResponseHomes
+from kvgate.response_homes import Home, ResponseHomes, holds
 from kvgate.wire.http.client import ConnectionPool
 from kvgate.wire.http.messages import header_block
-from kvgate.wire.responses_api import STORED_PREFIX
 
 LOOKUP_TIMEOUT = 2.0  # seconds an endpoint is given to say whether it holds a response
+ACCEPT_JSON = header_block([("accept", "application/json")])
 
 
 class StoredResponses:
@@ -59,19 +59,7 @@ class StoredResponses:
         return None
 
     async def _has(self, address: str, response_id: str) -> bool:
-        client = self._connect()
-        path = f"{STORED_PREFIX}{response_id}"
-        headers = header_block([("accept", "application/json")])
-        try:
-            response = await client.request(
-                address, "GET", path, headers, b"", first_byte=LOOKUP_TIMEOUT
-            )
-        except (TimeoutError, OSError):
-            return False
-        try:
-            return response.status == 200
-        finally:
-            response.close()
+        return await holds(self._connect(), address, response_id, ACCEPT_JSON, LOOKUP_TIMEOUT)
 
     def close(self) -> None:
         if self._client is not None:

@@ -24,7 +24,7 @@ from gateway.keys import RESPONSE_HOMES, RUNTIME
 from gateway.relay import body_response, read_body, relay_stream
 from gateway.runtime import Runtime
 from gateway.upstream import RETRYABLE, as_gateway_error, client_request_headers, upstream_headers
-from kvgate.response_homes import Home
+from kvgate.response_homes import Home, holds
 from kvgate.wire.http.messages import AnyResponse, Request
 from kvgate.wire.model_name import model_restorer
 from kvgate.wire.openai_errors import response_not_found
@@ -95,21 +95,7 @@ async def _has(
 ) -> bool:
     call = runtime.calls[pool]
     headers = upstream_headers([], ctx.request_id, runtime.policy.pools[pool])
-    try:
-        response = await call.pool.request(
-            endpoint.address,
-            "GET",
-            f"{PREFIX}{response_id}",
-            headers,
-            b"",
-            first_byte=call.timeouts.first_byte,
-        )
-    except RETRYABLE:
-        return False
-    try:
-        return response.status == 200
-    finally:
-        response.close()
+    return await holds(call.pool, endpoint.address, response_id, headers, call.timeouts.first_byte)
 
 
 def _endpoint(runtime: Runtime, pool: str, address: str) -> EndpointState | None:

@@ -1,10 +1,15 @@
 """Where each stored response lives (``/v1/responses``): response id -> pool, endpoint, public
-model and creator, bounded (the least recently used is forgotten first)."""
+model and creator, bounded (the least recently used is forgotten first); and whether an
+endpoint holds one, asked of the endpoint itself. The gateway and the picker behind Envoy both
+use them."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+
+from kvgate.wire.http.client import ConnectionPool, UpstreamConnectionError
+from kvgate.wire.responses_api import STORED_PREFIX
 
 REMEMBERED = 100_000  # ids kept: about 20 MB
 
@@ -43,3 +48,20 @@ class ResponseHomes:
 
     def forget(self, response_id: str) -> None:
         self._homes.pop(response_id, None)
+
+
+async def holds(
+    client: ConnectionPool, address: str, response_id: str, headers: bytes, first_byte: float
+) -> bool:
+    """Whether the endpoint at ``address`` holds ``response_id`` (its ``GET`` answers 200); an
+    endpoint that cannot be reached, or does not answer within ``first_byte`` seconds, does
+    not."""
+    path = f"{STORED_PREFIX}{response_id}"
+    try:
+        response = await client.request(address, "GET", path, headers, b"", first_byte=first_byte)
+    except (UpstreamConnectionError, TimeoutError):
+        return False
+    try:
+        return response.status == 200
+    finally:
+        response.close()
