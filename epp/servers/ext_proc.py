@@ -146,10 +146,19 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
     def _too_large(self, state: StreamState) -> ep.ProcessingResponse:
         state.routed = True
         state.body = bytearray()
-        self.service.metrics.rejections.labels("request_too_large").inc()
         limit = self.service.policy.listen.max_body_bytes
-        request_id = state.headers.get("x-request-id", "")
-        return immediate(413, body_too_large(limit), "request_too_large", request_id=request_id)
+        return self._refused(state, PickError(413, body_too_large(limit), "request_too_large"))
+
+    def _refused(self, state: StreamState, error: PickError) -> ep.ProcessingResponse:
+        """The picker's own answer to a request it refuses, counted by its reason."""
+        self.service.metrics.rejections.labels(error.reason).inc()
+        return immediate(
+            error.status,
+            error.message,
+            error.code,
+            param=error.param,
+            request_id=state.headers.get("x-request-id", ""),
+        )
 
     async def _route(
         self, state: StreamState, *, has_body: bool
@@ -159,11 +168,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
             body = self._parse(state) if has_body else {}
             endpoint = await self._pick(state, body, state.subset)
         except PickError as exc:
-            self.service.metrics.rejections.labels(exc.reason).inc()
-            request_id = state.headers.get("x-request-id", "")
-            yield immediate(
-                exc.status, exc.message, exc.code, param=exc.param, request_id=request_id
-            )
+            yield self._refused(state, exc)
             return
         state.endpoint = endpoint
         new_body = b""

@@ -162,15 +162,9 @@ def test_subset_hint_is_honoured(epp: tuple[str, int]) -> None:
         assert set_headers(replies[0])["x-gateway-destination-endpoint"].startswith("127.0.0.3:")
 
 
-def test_response_path_reads_usage_and_restores_the_model(epp: tuple[str, int]) -> None:
-    target, metrics_port = epp
-    events = [
-        b'data: {"model":"upstream-model","choices":[{"delta":{"content":"hi"}}]}\n\n',
-        b'data: {"model":"upstream-model","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3}}\n\ndata: [DONE]\n\n',
-    ]
-    served = struct_pb2.Struct()
-    served.update({"x-gateway-destination-endpoint-served": "127.0.0.2:1"})
-    response_headers = ep.ProcessingRequest(
+def stream_headers() -> ep.ProcessingRequest:
+    """An endpoint's response headers for a 200 stream."""
+    return ep.ProcessingRequest(
         response_headers=ep.HttpHeaders(
             headers=core.HeaderMap(
                 headers=[
@@ -180,6 +174,17 @@ def test_response_path_reads_usage_and_restores_the_model(epp: tuple[str, int]) 
             )
         )
     )
+
+
+def test_response_path_reads_usage_and_restores_the_model(epp: tuple[str, int]) -> None:
+    target, metrics_port = epp
+    events = [
+        b'data: {"model":"upstream-model","choices":[{"delta":{"content":"hi"}}]}\n\n',
+        b'data: {"model":"upstream-model","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3}}\n\ndata: [DONE]\n\n',
+    ]
+    served = struct_pb2.Struct()
+    served.update({"x-gateway-destination-endpoint-served": "127.0.0.2:1"})
+    response_headers = stream_headers()
     response_headers.metadata_context.filter_metadata["envoy.lb"].CopyFrom(served)
     messages = [
         headers_message(REQUEST_HEADERS),
@@ -347,22 +352,12 @@ def test_a_model_name_split_across_chunks_is_restored_and_nothing_is_lost(
         b"data: [DONE]\n\n"
     )
     cut = events.index(b"upstream-model", 20) + 5  # inside the second event's model name
-    stream_headers = ep.ProcessingRequest(
-        response_headers=ep.HttpHeaders(
-            headers=core.HeaderMap(
-                headers=[
-                    core.HeaderValue(key=":status", raw_value=b"200"),
-                    core.HeaderValue(key="content-type", raw_value=b"text/event-stream"),
-                ]
-            )
-        )
-    )
     replies = exchange(
         epp[0],
         [
             headers_message(REQUEST_HEADERS),
             *body_msgs(chat_body(), pieces=1),
-            stream_headers,
+            stream_headers(),
             ep.ProcessingRequest(response_body=ep.HttpBody(body=events[:cut])),
             ep.ProcessingRequest(response_body=ep.HttpBody(body=events[cut:], end_of_stream=True)),
         ],
