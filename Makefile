@@ -124,8 +124,8 @@ bench-limiter: $(STAMP) redis
 bench-engine: $(STAMP)
 	$(BIN)/python -m bench.engine
 
-# kvgate's picker against sglang-router and vllm-router (their own venv, made on first use) on
-# six simulated backends: docs/benchmarks.md, "Routing".
+# kvgate's picker against sglang-router, vllm-router and Dynamo (their own venvs, made on first
+# use) on simulated backends: docs/benchmarks.md, "Routing".
 bench-routing: $(STAMP) compiled
 	$(BIN)/python -m bench.routing
 

@@ -1,5 +1,5 @@
-"""`make bench-routing`: kvgate's picker against sglang-router and vllm-router on the same
-backends and the same seeded workloads (issues 16 and 19's measure).
+"""`make bench-routing`: kvgate's picker against sglang-router, vllm-router and Dynamo's KV
+router on the same backends and the same seeded workloads.
 
 Each run starts ``--backends`` fresh simulated backends (``kvgate backend``, cost model
 ``default``: prefill 50 µs per uncached token, so a cache miss costs real time; caches cold),
@@ -42,6 +42,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+from bench.dynamo_peer import dynamo_python
 from bench.pd_transfer import metric_sum
 from bench.routing_peers import (
     PEERS,
@@ -139,15 +140,16 @@ def one_run(
     with (
         tempfile.TemporaryDirectory() as tmp,
         fresh_backends(args.backends, adapters, blocks_of(chains)) as backends,
-        running_peer(peer, backends, MODEL, Path(tmp), bin_dir, adapters) as (url, pid),
+        running_peer(peer, backends, MODEL, Path(tmp), bin_dir, adapters) as (url, pid, relays),
     ):
         time.sleep(0.5)  # subscriptions and health checks settle
         urls = [b.url for b in backends]
         before = asyncio.run(scrape_all(urls))
-        cpu_before = cpu_seconds(pid)
+        cpu_before, relay_before = cpu_seconds(pid), sum(map(cpu_seconds, relays))
         plan = LoadPlan(url, MODEL, chains, stages, args.output_tokens, seed=args.seed)
         run = asyncio.run(run_load(plan))
         cpu = cpu_seconds(pid) - cpu_before
+        relay_cpu = sum(map(cpu_seconds, relays)) - relay_before
         counters = deltas(before, asyncio.run(scrape_all(urls)), urls)
         own = own_counters(url) if peer.router == "kvgate" else {}
     result = benchmark_result(run.records, run.duration)
@@ -170,6 +172,7 @@ def one_run(
         "hit_rate": float(counters["prefix_cache_hit_rate"] or 0.0),  # type: ignore[arg-type]
         "captured_reuse": sum(r.cached_tokens for r in ok) / oracle if oracle else 0.0,
         "cpu_ms_per_request": cpu * 1000 / len(ok) if ok else math.nan,
+        "relay_cpu_ms_per_request": relay_cpu * 1000 / len(ok) if ok and relays else math.nan,
         "cold_misses": own.get("warm_diverted", math.nan) / own["picks"] if own else math.nan,
         "scrapes_per_request": own["scrapes"] / len(ok) if own and ok else math.nan,
         "ttft_floor_p90_ms": idle_ttft_p90_ms(prompts, cached),
@@ -221,7 +224,12 @@ def main() -> int:
     bin_dir, why = peer_bin()
     if bin_dir is None:
         print(f"peer routers unavailable ({why}): kvgate only")
-        peers = [p for p in peers if p.router in ("kvgate", "floor")]
+        peers = [p for p in peers if p.router in ("kvgate", "floor", "dynamo")]
+    if any(p.router == "dynamo" for p in peers):
+        python, why = dynamo_python()
+        if python is None:
+            print(f"Dynamo unavailable ({why}): left out")
+            peers = [p for p in peers if p.router != "dynamo"]
     results: dict[str, dict[str, list[dict[str, float]]]] = {}
     for number in range(args.rounds):
         order = peers if number % 2 == 0 else list(reversed(peers))
@@ -233,6 +241,8 @@ def main() -> int:
             adapters = adapters_of(name)
             tokens = asyncio.run(tokenized(chains, adapters))
             for peer in order:
+                if adapters and peer.router == "dynamo":
+                    continue  # each adapter would need a model card in Dynamo's discovery
                 row = one_run(peer, chains, tokens, args, bin_dir, adapters)
                 results.setdefault(name, {}).setdefault(peer.name, []).append(row)
                 print(

@@ -7,8 +7,10 @@ least-in-flight, blind to caches; ``candidate``: the profile in ``KVGATE_BENCH_E
 ``epp:`` section to try against the rest, the default when unset), and the real peer
 packages, installed into a venv of their own (``~/.cache/kvgate/router-peers``):
 sglang-router 0.3.2 (``round_robin``, ``cache_aware``) and vllm-router 0.1.17
-(``cache_aware``, ``consistent_hash``, which keys ``X-Session-ID``); and the floor of a Python
-router's CPU per request, ``bench.floor_proxy`` (round robin, bytes passed through).
+(``cache_aware``, ``consistent_hash``, which keys ``X-Session-ID``); NVIDIA Dynamo 1.6.1's KV
+router (``--router-mode kv``, from the engines' KV events) through one relay worker per engine
+(``bench.dynamo_peer``; the relays' CPU is reported apart from the router's); and the floor of a
+Python router's CPU per request, ``bench.floor_proxy`` (round robin, bytes passed through).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from bench.dynamo_peer import dynamo_python, running_dynamo
 from loadtest.harness.processes import external_process, free_port, gateway_process
 from policies.schema import DEFAULT_EPP_PLUGINS, DEFAULT_EPP_PROFILES
 
@@ -45,7 +48,7 @@ class Backend:
 @dataclass(frozen=True)
 class Peer:
     name: str
-    router: str  # kvgate | sglang | vllm-router | floor (bench.floor_proxy)
+    router: str  # kvgate | sglang | vllm-router | dynamo | floor (bench.floor_proxy)
     policy: str  # kvgate: default | precise | least-in-flight; a peer's --policy otherwise
     workers: int = 1  # kvgate: gateway worker processes on one port
     compiled: bool = False  # kvgate: run the mypyc build (`make compiled`), as production does
@@ -62,6 +65,8 @@ PEERS = (
     Peer("sglang-router cache_aware", "sglang", "cache_aware"),
     Peer("vllm-router cache_aware", "vllm-router", "cache_aware"),
     Peer("vllm-router consistent_hash", "vllm-router", "consistent_hash"),
+    Peer("dynamo kv router", "dynamo", "kv"),
+    Peer("dynamo kv router (approximate)", "dynamo", "approximate"),
     # the least a Python relay costs on this work: its CPU per request is kvgate's floor
     Peer("python relay floor (round robin)", "floor", "round_robin"),
 )
@@ -155,9 +160,11 @@ def running_peer(
     workdir: Path,
     bin_dir: Path | None,
     adapters: tuple[str, ...] = (),
-) -> Iterator[tuple[str, int]]:
-    """``peer`` started in front of ``backends``; yields its base URL and process id (whose
-    tree is the router: a gateway's workers are its children)."""
+) -> Iterator[tuple[str, int, list[int]]]:
+    """``peer`` started in front of ``backends``; yields its base URL, its process id (whose
+    tree is the router: a gateway's workers are its children) and the process ids of what it
+    needs beside it to reach the backends (Dynamo's relay workers), whose CPU is not the
+    router's."""
     port = free_port()
     if peer.router == "kvgate":
         policy = workdir / f"policy-{port}.yaml"
@@ -175,7 +182,15 @@ def running_peer(
         )
         with gateway:
             assert gateway.proc is not None
-            yield f"http://127.0.0.1:{port}", gateway.proc.pid
+            yield f"http://127.0.0.1:{port}", gateway.proc.pid, []
+        return
+    if peer.router == "dynamo":
+        python, why = dynamo_python()
+        if python is None:
+            raise RuntimeError(why)
+        engines = [(b.url, b.kv_events_port) for b in backends]
+        with running_dynamo(python, engines, model, workdir, peer.policy) as running:
+            yield running
         return
     log = workdir / f"{peer.router}.log"
     health = f"http://127.0.0.1:{port}/health"  # the relay passes it to a backend
@@ -183,7 +198,7 @@ def running_peer(
         upstreams = ",".join(str(b.port) for b in backends)
         argv = [sys.executable, "-m", "bench.floor_proxy", str(port), upstreams]
         with external_process(argv, health, log=log) as proc:
-            yield f"http://127.0.0.1:{port}", proc.pid
+            yield f"http://127.0.0.1:{port}", proc.pid, []
         return
     if bin_dir is None:
         raise RuntimeError("the peer routers are not installed")
@@ -198,4 +213,4 @@ def running_peer(
         argv += ["--log-level", "warning", *metrics]
     env = {"HF_HUB_OFFLINE": "1"}  # sglang-router looks for a tokenizer otherwise
     with external_process(argv, health, env=env, log=log) as proc:
-        yield f"http://127.0.0.1:{port}", proc.pid
+        yield f"http://127.0.0.1:{port}", proc.pid, []

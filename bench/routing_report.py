@@ -21,6 +21,7 @@ COLUMNS = (
     ("min share", "min_share", "{:.2f}"),
     ("max share", "max_share", "{:.2f}"),
     ("CPU ms/req", "cpu_ms_per_request", "{:.2f}"),
+    ("relay CPU ms/req", "relay_cpu_ms_per_request", "{:.1f}"),  # Dynamo's workers
     ("errors", "errors", "{:.0f}"),
     ("cold misses", "cold_misses", "{:.1%}"),  # kvgate only: warm endpoint passed over
     ("scrapes/req", "scrapes_per_request", "{:.1f}"),  # kvgate only: its /metrics polls

@@ -96,20 +96,21 @@ def wait_http_ok(
 @contextmanager
 def external_process(
     argv: list[str],
-    health: str,
+    health: str | None,
     env: dict[str, str] | None = None,
     log: Path | None = None,
     tls: ssl.SSLContext | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Another program (a peer) as a child process, ready once ``health`` answers 200
-    (``tls``: how an https:// health URL is verified); terminated on exit. Its output goes to
-    ``log`` (default: nowhere)."""
+    (``tls``: how an https:// health URL is verified; None: at once); terminated on exit. Its
+    output goes to ``log`` (default: nowhere)."""
     out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
     proc = subprocess.Popen(
         argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
     )
     try:
-        wait_http_ok(health, 30, proc, tls)
+        if health is not None:
+            wait_http_ok(health, 30, proc, tls)
         yield proc
     finally:
         proc.terminate()
