@@ -1,8 +1,8 @@
 """The routers ``make bench-routing`` compares, each started in front of the same backends.
 
 kvgate's gateway with its embedded picker (the default profile: approximate prefix, sticky
-until overloaded; precise prefix from the backends' KV events, as the shipped
-``policies/examples/precise.yaml`` configures it;
+until the backlog outweighs a miss; the same with precise prefix from the backends' KV events,
+as the shipped ``policies/examples/precise.yaml`` configures it;
 least-in-flight, blind to caches; ``candidate``: the profile in ``KVGATE_BENCH_EPP``, an
 ``epp:`` section to try against the rest, the default when unset), and the real peer
 packages, installed into a venv of their own (``~/.cache/kvgate/router-peers``):

@@ -187,7 +187,7 @@ class ProfileSpec:
 
 
 DEFAULT_EPP_PLUGINS = (
-    PluginSpec("balance", "load-balance-filter"),
+    PluginSpec("backlog", "token-backlog-scorer"),
     PluginSpec("prefix", "prefix-cache-scorer"),
     PluginSpec("spread", "cold-spread-scorer"),
     PluginSpec("active", "active-request-scorer"),
@@ -195,22 +195,23 @@ DEFAULT_EPP_PLUGINS = (
     PluginSpec("session", "session-affinity-scorer"),
     PluginSpec("pick", "max-score-picker"),
 )
-# Sticky until overloaded: a request goes where its prefix is cached (prefix x3) unless that
-# endpoint has clearly more requests in flight than the least loaded (the balance filter: 8
-# more and twice as many); a new prefix goes where the caches hold least and its LoRA adapter
-# fits (spread x2); the picker's own in-flight count breaks ties (active x1); a conversation's
-# next turn goes where its last turn went (session x2: its history is cached there even when the
-# prefix index has let go of it), unless the balance filter took that endpoint out. Neither
-# GIE's queue x2 and KV x2
-# beside prefix x3 nor a saturation filter in the profile is kept: under load each diverted
-# warm requests often enough that the misses added load and affinity collapsed
+# Sticky until the backlog outweighs a miss: a request goes where its prefix is cached (prefix
+# x3) until the tokens of work queued there, plus what it would compute there, exceed the cost
+# of computing its whole prompt elsewhere (backlog x3, in the request's own tokens: at the prefix
+# scorer's weight, a backlog of one whole prompt more cancels the cache's pull); a new prefix
+# goes where the caches hold least and its LoRA adapter fits (spread x2); the picker's own
+# in-flight count breaks ties (active x1); a conversation's next turn goes where its last turn
+# went (session x2: its history is cached there even when the prefix index has let go of it).
+# Neither GIE's queue x2 and KV x2 beside prefix x3, nor a saturation filter, nor a filter on
+# in-flight counts (8 more than the least loaded and twice as many) is kept: under load each
+# diverted warm requests often enough that the misses added load and affinity collapsed
 # (docs/benchmarks.md, "Routing"). Saturation still gates admission (requests wait while every
 # endpoint is saturated) and ext_proc's shedding.
 DEFAULT_EPP_PROFILES = (
     ProfileSpec(
         "default",
         (
-            ProfileRef("balance"),
+            ProfileRef("backlog", 3),
             ProfileRef("prefix", 3),
             ProfileRef("spread", 2),
             ProfileRef("active", 1),

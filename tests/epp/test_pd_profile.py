@@ -49,10 +49,15 @@ def scraped(service: EppService, prefill_queue: int = 0) -> EppService:
 def test_long_uncached_prompt_gets_a_prefill_endpoint() -> None:
     service = scraped(EppService(load_policy_text(POLICY)))
     long_prompt = "a distinct long prompt " * 40  # ~230 tokens at 4 chars per token
-    decode, prefill = pick_pd(service, request(long_prompt, "r1"))
+    first = request(long_prompt, "r1")
+    decision = service.pick("pd", first)
+    decode, prefill = decision.result, decision.prefill
     assert decode.target is not None and decode.target.role == "decode"
     assert prefill is not None and prefill.role == "prefill"
-    # the same prompt again: the decode endpoint now holds it, nothing long is left to compute
+    for endpoint in decision.chosen:
+        service.finished(service.dispatched(first, endpoint))
+    # the same prompt again, the first answer over: the decode endpoint holds it, nothing long
+    # is left to compute
     again, prefill_again = pick_pd(service, request(long_prompt + " more", "r2"))
     assert again.target is decode.target and prefill_again is None
 

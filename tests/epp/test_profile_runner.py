@@ -117,8 +117,15 @@ def test_plugin_params_are_validated(
 def test_default_profile_puts_cache_affinity_first() -> None:
     profile = build_profile(Epp())
     weights = {ws.scorer.name: ws.weight for ws in profile.scorers}
-    assert weights == {"prefix": 3, "spread": 2, "active": 1, "lora": 1, "session": 2}
-    assert [f.name for f in profile.filters] == ["balance"]
+    assert weights == {
+        "backlog": 3,
+        "prefix": 3,
+        "spread": 2,
+        "active": 1,
+        "lora": 1,
+        "session": 2,
+    }
+    assert not profile.filters
     assert profile.picker.name == "pick"
 
 

@@ -1,6 +1,5 @@
 """The policies ``make bench-routing`` gives kvgate load, and precise mode is the shipped
-example's: the default profile with a precise index and the token-backlog scorer in the
-load-balance filter's place."""
+example's: the default profile with a precise index."""
 
 from __future__ import annotations
 
@@ -10,20 +9,16 @@ from policies.loader import load_policy_text
 BACKENDS = [Backend(9000, 9001), Backend(9002, 9003)]
 
 
-def test_precise_is_the_default_profile_with_a_precise_index_and_the_backlog_scorer() -> None:
+def test_precise_is_the_default_profile_with_a_precise_index() -> None:
     by_name = {p.policy: p for p in PEERS if p.router == "kvgate"}
     default = load_policy_text(kvgate_policy(by_name["default"], BACKENDS, "m")).epp
     precise = load_policy_text(kvgate_policy(by_name["precise"], BACKENDS, "m")).epp
     plugins = {p.name: p for p in precise.plugins}
     assert plugins["prefix"].params == {"mode": "precise", "block_size_tokens": 16}
-    swapped = {"load-balance-filter": "token-backlog-scorer"}
-    assert sorted(p.type for p in precise.plugins) == sorted(
-        swapped.get(p.type, p.type) for p in default.plugins
-    )
-    weights = {r.ref: r.weight for r in precise.profiles[0].plugins}
-    assert weights == {
-        r.ref: r.weight for r in default.profiles[0].plugins if r.ref != "balance"
-    } | {"backlog": None}
+    assert [(p.name, p.type) for p in precise.plugins] == [
+        (p.name, p.type) for p in default.plugins
+    ]
+    assert precise.profiles == default.profiles
 
 
 def test_a_lora_mix_routes_every_adapter_to_the_pool_that_serves_it() -> None:
