@@ -34,7 +34,8 @@ from gateway.error_responses import http_error
 from gateway.keys import UPSTREAMS
 from gateway.routes import handle
 from kvgate.wire.http import messages
-from kvgate.wire.http.client import ConnectionPool, UpstreamConnection, UpstreamResponse
+from kvgate.wire.http.client import UpstreamConnection, UpstreamResponse
+from kvgate.wire.http.connection_pool import ConnectionPool
 from kvgate.wire.http.messages import Request, Response
 from kvgate.wire.http.server import Connection, Handler, HttpServer
 from loadtest.workloads.fixed import CHAT

@@ -16,7 +16,7 @@ import uvloop
 
 from epp.metrics_parser import VLLM, parse_metrics
 from epp.scraper import WHOLE, fetch_metrics, filtered_path
-from kvgate.wire.http.client import ConnectionPool
+from kvgate.wire.http.connection_pool import ConnectionPool
 from loadtest.harness.proc_stats import cpu_seconds
 from loadtest.harness.processes import backend_process, free_port
 

@@ -57,7 +57,8 @@ from epp.doorbell import Doorbell
 from epp.framework import Endpoint, EndpointMetrics
 from epp.metrics_parser import VLLM, MetricNames, parse_metrics
 from epp.tasks import cancel_all
-from kvgate.wire.http.client import ConnectionPool, UpstreamConnectionError
+from kvgate.wire.http.client import UpstreamConnectionError
+from kvgate.wire.http.connection_pool import ConnectionPool
 from policies.schema import Saturation
 
 log = logging.getLogger("kvgate.epp")

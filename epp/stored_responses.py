@@ -16,7 +16,7 @@ import ssl
 
 from epp.framework import Endpoint
 from kvgate.response_homes import Home, ResponseHomes, holds
-from kvgate.wire.http.client import ConnectionPool
+from kvgate.wire.http.connection_pool import ConnectionPool
 from kvgate.wire.http.messages import header_block
 
 LOOKUP_TIMEOUT = 2.0  # seconds an endpoint is given to say whether it holds a response

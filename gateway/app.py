@@ -42,7 +42,7 @@ from gateway.runtime import RuntimeHolder, RuntimeParts, build_runtime
 from gateway.slo.tracker import SloTracker
 from gateway.tracing import make_tracer
 from kvgate.response_homes import ResponseHomes
-from kvgate.wire.http.client import ConnectionPool
+from kvgate.wire.http.connection_pool import ConnectionPool
 from policies.schema import Policy
 
 

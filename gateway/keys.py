@@ -18,7 +18,7 @@ from gateway.routing.shadow import ShadowMirror
 from gateway.runtime import RuntimeHolder
 from gateway.slo.tracker import SloTracker
 from kvgate.response_homes import ResponseHomes
-from kvgate.wire.http.client import ConnectionPool
+from kvgate.wire.http.connection_pool import ConnectionPool
 
 RUNTIME = web.AppKey("runtime", RuntimeHolder)
 HTTP_SESSION = web.AppKey("http_session", ClientSession)  # off the request path: shadows

@@ -31,7 +31,7 @@ from gateway.limits.limiter import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.remote_jwks import RemoteKeySets
 from gateway.upstream import UpstreamCall
-from kvgate.wire.http.client import ConnectionPool
+from kvgate.wire.http.connection_pool import ConnectionPool
 from policies.schema import Policy
 
 

@@ -23,7 +23,8 @@ from gateway.endpoint_picker import EndpointPicker, EndpointState, PickRequest, 
 from gateway.errors import GatewayError, NoEndpoint, UpstreamError, UpstreamTimeout
 from gateway.forwarded import ClientAddress, forwarded_chain
 from gateway.metrics import GatewayMetrics
-from kvgate.wire.http.client import ConnectionPool, UpstreamConnectionError, UpstreamResponse
+from kvgate.wire.http.client import UpstreamConnectionError, UpstreamResponse
+from kvgate.wire.http.connection_pool import ConnectionPool
 from kvgate.wire.http.messages import Request, header_block, header_line
 from kvgate.wire.routing_headers import CLIENT_ROUTING, CLIENT_ROUTING_PREFIX
 from policies.schema import Pool, Retries, Timeouts

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from kvgate.wire.http.client import ConnectionPool, UpstreamConnectionError
+from kvgate.wire.http.client import UpstreamConnectionError
+from kvgate.wire.http.connection_pool import ConnectionPool
 from kvgate.wire.responses_api import STORED_PREFIX
 
 REMEMBERED = 100_000  # ids kept: about 20 MB

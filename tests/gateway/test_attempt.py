@@ -20,7 +20,7 @@ from gateway.endpoint_picker import EndpointState, PickRequest, Ranking
 from gateway.metrics import GatewayMetrics
 from gateway.runtime import Runtime, RuntimeParts, build_runtime
 from gateway.upstream import open_upstream
-from kvgate.wire.http.client import ConnectionPool
+from kvgate.wire.http.connection_pool import ConnectionPool
 from loadtest.harness.processes import free_port
 from policies.loader import load_policy_text
 from tests.http_servers import started

@@ -10,11 +10,11 @@ import pytest
 
 from kvgate.wire.http.client import (
     MAX_UPSTREAM_HEAD,
-    ConnectionPool,
     UpstreamBodyTooLarge,
     UpstreamConnectionError,
     UpstreamResponse,
 )
+from kvgate.wire.http.connection_pool import ConnectionPool
 from tests.http_servers import Upstream, started
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"

@@ -10,7 +10,7 @@ from gateway.disaggregation import run_prefill
 from gateway.metrics import GatewayMetrics
 from gateway.runtime import Runtime, RuntimeParts, build_runtime
 from kvgate.wire.disaggregation import prefill_body
-from kvgate.wire.http.client import ConnectionPool
+from kvgate.wire.http.connection_pool import ConnectionPool
 from loadtest.harness.processes import free_port
 from policies.loader import load_policy_text
 from tests.backends.pd.servers import ServerFactory, start_worker

@@ -5,7 +5,7 @@ from __future__ import annotations
 from epp.metrics import EppMetrics
 from gateway.metrics import GatewayMetrics
 from gateway.runtime import RuntimeParts, build_runtime
-from kvgate.wire.http.client import ConnectionPool
+from kvgate.wire.http.connection_pool import ConnectionPool
 from policies.loader import load_policy_text
 
 BEFORE = """

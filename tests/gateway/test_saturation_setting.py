@@ -16,7 +16,7 @@ from epp.servers.ext_proc import ExternalProcessor
 from gateway.metrics import GatewayMetrics
 from gateway.reload import capacity_gate
 from gateway.runtime import Runtime, RuntimeParts, build_runtime
-from kvgate.wire.http.client import ConnectionPool
+from kvgate.wire.http.connection_pool import ConnectionPool
 from policies.loader import load_policy_text
 from tests.epp.builders import make_request
 
