@@ -17,6 +17,12 @@ class EppMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
+        self._declare_picks(r)
+        self._declare_sources(r)
+
+    def _declare_picks(self, r: CollectorRegistry) -> None:
+        """What the picker decides: picks, refusals, the prefix index, work in flight."""
         self.pick_latency = Histogram(
             "kvgate_epp_pick_duration_seconds",
             "Time to schedule one request.",
@@ -70,6 +76,10 @@ class EppMetrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+
+    def _declare_sources(self, r: CollectorRegistry) -> None:
+        """Where its view comes from: scrapes, KV events, the picks replicas share, tokens
+        seen in responses."""
         self.scrape_errors = Counter(
             "kvgate_epp_scrape_errors", "Failed metric scrapes.", ["endpoint"], registry=r
         )
@@ -81,7 +91,6 @@ class EppMetrics:
             ["endpoint"],
             registry=r,
         )
-        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
         self.event_lag = Histogram(
             "kvgate_epp_kv_event_lag_seconds",
             "Delay between a KV event batch and its handling.",

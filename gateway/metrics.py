@@ -57,6 +57,35 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self._declare_traffic(r)
+        self._declare_upstream(r)
+        self._declare_policy(r)
+        self._children: dict[tuple[object, ...], Any] = {}
+        # the per-request updates: each finished request is added up at once (FinishedRequests)
+        # and the sums go into batches (gateway.metric_batch) and on into prometheus_client
+        # when flushed, twice a second and before every scrape
+        self._finished = FinishedRequests()
+        self.requests_batch = BatchedCounter(self.requests)
+        self.latency_batch = BatchedHistogram(self.latency, LATENCY_BUCKETS)
+        self.ttft_batch = BatchedHistogram(self.ttft, LATENCY_BUCKETS)
+        self.tpot_batch = BatchedHistogram(self.tpot, TPOT_BUCKETS)
+        self.tokens_batch = BatchedCounter(self.tokens)
+        self.queue_wait_batch = BatchedHistogram(self.queue_wait, LATENCY_BUCKETS)
+        self._batches = (
+            self.requests_batch,
+            self.latency_batch,
+            self.ttft_batch,
+            self.tpot_batch,
+            self.tokens_batch,
+            self.queue_wait_batch,
+        )
+        # requests in flight per pool, read when flushing (set by the application)
+        self.in_flight_source: Callable[[], dict[str, int]] | None = None
+        # given each flush's finished requests (the SLO tracker; set by the application)
+        self.finished_sink: Callable[[dict[TotalsKey, RequestTotals]], None] | None = None
+
+    def _declare_traffic(self, r: CollectorRegistry) -> None:
+        """What requests do: answers, latencies, tokens, requests in flight."""
         self.requests = Counter(
             "kvgate_requests",
             "Requests answered, by route, model and status.",
@@ -97,6 +126,17 @@ class GatewayMetrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.build_info = Gauge(
+            "kvgate_build_info",
+            "Always 1: kvgate's version, and whether the request path runs compiled (mypyc).",
+            ["version", "compiled"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.build_info.labels(version(), str(request_path_compiled()).lower()).set(1)
+
+    def _declare_upstream(self, r: CollectorRegistry) -> None:
+        """What happens upstream: errors, retries, resumed streams, prefill hops, breakers."""
         self.upstream_errors = Counter(
             "kvgate_upstream_errors",
             "Failed upstream attempts by endpoint and kind.",
@@ -121,15 +161,6 @@ class GatewayMetrics:
             ["pool", "outcome"],
             registry=r,
         )
-
-        self.build_info = Gauge(
-            "kvgate_build_info",
-            "Always 1: kvgate's version, and whether the request path runs compiled (mypyc).",
-            ["version", "compiled"],
-            registry=r,
-            multiprocess_mode="max",
-        )
-        self.build_info.labels(version(), str(request_path_compiled()).lower()).set(1)
         self.breaker_state = Gauge(
             "kvgate_breaker_state",
             "Circuit breaker per endpoint: 0 closed, 1 half-open, 2 open.",
@@ -149,6 +180,9 @@ class GatewayMetrics:
             ["pool"],
             registry=r,
         )
+
+    def _declare_policy(self, r: CollectorRegistry) -> None:
+        """What the policy decides: admission queues, A/B tests, shadows, fallbacks, reloads."""
         self.queue_wait = Histogram(
             "kvgate_queue_wait_seconds",
             "Time requests waited in the admission queue.",
@@ -193,29 +227,6 @@ class GatewayMetrics:
             ["result"],
             registry=r,
         )
-        self._children: dict[tuple[object, ...], Any] = {}
-        # the per-request updates: each finished request is added up at once (FinishedRequests)
-        # and the sums go into batches (gateway.metric_batch) and on into prometheus_client
-        # when flushed, twice a second and before every scrape
-        self._finished = FinishedRequests()
-        self.requests_batch = BatchedCounter(self.requests)
-        self.latency_batch = BatchedHistogram(self.latency, LATENCY_BUCKETS)
-        self.ttft_batch = BatchedHistogram(self.ttft, LATENCY_BUCKETS)
-        self.tpot_batch = BatchedHistogram(self.tpot, TPOT_BUCKETS)
-        self.tokens_batch = BatchedCounter(self.tokens)
-        self.queue_wait_batch = BatchedHistogram(self.queue_wait, LATENCY_BUCKETS)
-        self._batches = (
-            self.requests_batch,
-            self.latency_batch,
-            self.ttft_batch,
-            self.tpot_batch,
-            self.tokens_batch,
-            self.queue_wait_batch,
-        )
-        # requests in flight per pool, read when flushing (set by the application)
-        self.in_flight_source: Callable[[], dict[str, int]] | None = None
-        # given each flush's finished requests (the SLO tracker; set by the application)
-        self.finished_sink: Callable[[dict[TotalsKey, RequestTotals]], None] | None = None
 
     def finished(self, ctx: RequestContext) -> None:
         """Count a finished request (its route, model, status, timings, tokens, queue wait)."""
