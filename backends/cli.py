@@ -44,6 +44,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--model",
         help="served model name (default: kvgate-sim, the --model-path, or kvgate-PRESET)",
     )
+    _torch_options(p)
+    _engine_options(p)
+    _kv_event_options(p)
+    _sim_options(p)
+    pd_worker.add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def _torch_options(p: argparse.ArgumentParser) -> None:
     torch_group = p.add_argument_group("torch runner")
     torch_group.add_argument(
         "--model-path", help="local HF model folder (config.json, *.safetensors)"
@@ -70,6 +79,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     torch_group.add_argument(
         "--tokenizer", help="tokenizer folder (default: the model folder's, else bytes)"
     )
+
+
+def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-blocks", type=int, default=4096, help="KV-cache blocks")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -86,6 +98,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--lora-modules", nargs="*", default=[], metavar="NAME=PATH", help="adapters at start-up"
     )
+
+
+def _kv_event_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kv-events-port", type=int, help="publish KV events (ZMQ PUB bound on --host:PORT)"
     )
@@ -103,6 +118,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--kv-events-topic", help="ZMQ topic (default kv@HOST:PORT@MODEL, llm-d's convention)"
     )
+
+
+def _sim_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cost",
         default="default",
@@ -111,8 +129,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated tokens")
     p.add_argument("--default-max-tokens", type=int, default=256, help="chat default max_tokens")
-    pd_worker.add_arguments(p)
-    p.set_defaults(func=run)
 
 
 def build_state(args: argparse.Namespace) -> ServerState:

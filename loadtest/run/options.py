@@ -18,6 +18,13 @@ WORKLOADS = (
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
+    _target_options(parser)
+    _workload_options(parser)
+    _trace_options(parser)
+    _load_and_output_options(parser)
+
+
+def _target_options(parser: argparse.ArgumentParser) -> None:
     target = parser.add_argument_group("target")
     target.add_argument("--url", help="the server's base URL, e.g. http://127.0.0.1:8080")
     target.add_argument("--model", default="kvgate-sim", help="the model field of each request")
@@ -35,6 +42,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="a server with POST /tokenize (a backend) to compute the captured-reuse oracle",
     )
+
+
+def _workload_options(parser: argparse.ArgumentParser) -> None:
     work = parser.add_argument_group("workload")
     work.add_argument("--workload", choices=WORKLOADS, default="shared-prefix")
     work.add_argument("--seed", type=int, default=0, help="of the prompts and the arrivals")
@@ -61,6 +71,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     work.add_argument(
         "--dataset", type=Path, help="sharegpt: the JSON file; custom: vLLM's JSON-lines file"
     )
+    work.add_argument("--sharegpt-turns", choices=("first", "all"), default="first")
+    work.add_argument("--lora-adapters", help="comma-separated adapters drawn per conversation")
+    work.add_argument("--lora-zipf", type=float, default=1.0, help="the Zipf exponent")
+
+
+def _trace_options(parser: argparse.ArgumentParser) -> None:
     trace = parser.add_argument_group("trace workload (Mooncake's format)")
     trace.add_argument("--trace", type=Path, help="the trace: JSON lines, or .gz")
     trace.add_argument(
@@ -77,9 +93,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     trace.add_argument(
         "--trace-every", type=int, default=1, help="every k-th conversation (first block)"
     )
-    work.add_argument("--sharegpt-turns", choices=("first", "all"), default="first")
-    work.add_argument("--lora-adapters", help="comma-separated adapters drawn per conversation")
-    work.add_argument("--lora-zipf", type=float, default=1.0, help="the Zipf exponent")
+
+
+def _load_and_output_options(parser: argparse.ArgumentParser) -> None:
     load = parser.add_argument_group("load")
     shape = load.add_mutually_exclusive_group()
     shape.add_argument("--rate", type=float, help="requests/s, Poisson (open loop)")
