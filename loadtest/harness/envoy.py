@@ -150,10 +150,6 @@ def _argv(binary: Path, config: Path, port: int) -> list[str]:
 
 def round_robin_config(port: int, admin_port: int, upstreams: list[int]) -> dict[str, object]:
     """Envoy's bootstrap: a listener on ``port`` balancing over 127.0.0.1:``upstreams``."""
-    endpoints = [
-        {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p}}}}
-        for p in upstreams
-    ]
     route = {
         "cluster": "replicas",
         "timeout": "0s",  # streams last as long as their answers
@@ -173,7 +169,34 @@ def round_robin_config(port: int, admin_port: int, upstreams: list[int]) -> dict
         },
         "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}],
     }
-    cluster = {
+    listener = {
+        "name": "front",
+        "address": _address(port),
+        "filter_chains": [
+            {
+                "filters": [
+                    {
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "typed_config": manager,
+                    }
+                ]
+            }
+        ],
+    }
+    return {
+        "admin": {"address": _address(admin_port)},
+        "static_resources": {"listeners": [listener], "clusters": [_replicas(upstreams)]},
+    }
+
+
+def _address(port: int) -> dict[str, object]:
+    return {"socket_address": {"address": "127.0.0.1", "port_value": port}}
+
+
+def _replicas(upstreams: list[int]) -> dict[str, object]:
+    """The cluster of ``upstreams``: health-checked, failing ones ejected, no panic routing."""
+    endpoints = [{"endpoint": {"address": _address(p)}} for p in upstreams]
+    return {
         "name": "replicas",
         "type": "STATIC",
         "lb_policy": "ROUND_ROBIN",
@@ -196,30 +219,6 @@ def round_robin_config(port: int, admin_port: int, upstreams: list[int]) -> dict
             "max_ejection_percent": 100,
         },
         "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
-    }
-    return {
-        "admin": {
-            "address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}
-        },
-        "static_resources": {
-            "listeners": [
-                {
-                    "name": "front",
-                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
-                    "filter_chains": [
-                        {
-                            "filters": [
-                                {
-                                    "name": "envoy.filters.network.http_connection_manager",
-                                    "typed_config": manager,
-                                }
-                            ]
-                        }
-                    ],
-                }
-            ],
-            "clusters": [cluster],
-        },
     }
 
 
