@@ -60,17 +60,7 @@ async def serve(
     ``reuse_port``, other workers share both ports (else a port in use is an error)."""
     service = EppService(policy)
     await service.start()
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE),
-            ("grpc.max_send_message_length", MAX_MESSAGE),
-            ("grpc.so_reuseport", 1 if reuse_port else 0),  # grpc's own default is 1
-        ]
-    )
-    ep_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(service), server)
-    epp_pb2_grpc.add_EndpointPickerServicer_to_server(PickApi(service), server)  # type: ignore[no-untyped-call]
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    server, health_servicer = _grpc_server(service, reuse_port)
     if tls is None:
         server.add_insecure_port(f"{host}:{grpc_port}")
     else:
@@ -78,26 +68,7 @@ async def serve(
     await server.start()
     for name in HEALTH_NAMES:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-
-    async def metrics(request: web.Request) -> web.Response:
-        service.update_gauges()
-        return web.Response(
-            body=exposition(service.metrics.registry),
-            headers={"Content-Type": CONTENT_TYPE_LATEST},
-        )
-
-    async def readyz(request: web.Request) -> web.Response:
-        """Ready while serving; with ``epp.replicas``, ``view`` says whether the picks are
-        shared with the other replicas or, the store unreachable, local only."""
-        body = {"status": "ready"}
-        if service.shared is not None:
-            body["view"] = "shared" if service.shared.shared else "local only"
-        return web.json_response(body)
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/readyz", readyz)
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(_http_app(service), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, metrics_port, reuse_port=reuse_port).start()
     log.info(
@@ -118,3 +89,45 @@ async def serve(
     await server.stop(grace=5)
     await runner.cleanup()
     await service.stop()
+
+
+def _grpc_server(
+    service: EppService, reuse_port: bool
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+    """The gRPC server of ``service``: ext_proc, the Pick API and gRPC health."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ("grpc.max_send_message_length", MAX_MESSAGE),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),  # grpc's own default is 1
+        ]
+    )
+    ep_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(service), server)
+    epp_pb2_grpc.add_EndpointPickerServicer_to_server(PickApi(service), server)  # type: ignore[no-untyped-call]
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    return server, health_servicer
+
+
+def _http_app(service: EppService) -> web.Application:
+    """``/metrics`` and ``/readyz`` of ``service``."""
+
+    async def metrics(request: web.Request) -> web.Response:
+        service.update_gauges()
+        return web.Response(
+            body=exposition(service.metrics.registry),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
+        )
+
+    async def readyz(request: web.Request) -> web.Response:
+        """Ready while serving; with ``epp.replicas``, ``view`` says whether the picks are
+        shared with the other replicas or, the store unreachable, local only."""
+        body = {"status": "ready"}
+        if service.shared is not None:
+            body["view"] = "shared" if service.shared.shared else "local only"
+        return web.json_response(body)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/readyz", readyz)
+    return app
