@@ -13,57 +13,36 @@ from policies.tls_section import load_client_tls
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$|^\[[0-9a-fA-F:]+\]:[0-9]{1,5}$")
 
 
+POOL_KEYS = {
+    "model",
+    "engine",
+    "endpoints",
+    "api_key",
+    "adapters",
+    "kv_events",
+    "pd",
+    "max_concurrency",
+    "max_model_len",
+    "metrics",
+    "tls",
+    "token_ids",
+}
+
+
 def load_pools(top: Fields, base_dir: Path) -> dict[str, Pool]:
     pools: dict[str, Pool] = {}
     if not top.has("pools"):
         top.error("pools", "is required: at least one pool of endpoints")
     for path, name, value in top.entries("pools"):
-        f = Fields(
-            top.source,
-            value,
-            path,
-            {
-                "model",
-                "engine",
-                "endpoints",
-                "api_key",
-                "adapters",
-                "kv_events",
-                "pd",
-                "max_concurrency",
-                "max_model_len",
-                "metrics",
-                "tls",
-                "token_ids",
-            },
-        )
+        f = Fields(top.source, value, path, POOL_KEYS)
         kv_events = f.sub("kv_events", {"port", "bind", "replay_port"})
-        bind = kv_events.opt_str("bind")
-        if bind is not None and not bind.startswith(("tcp://", "ipc://", "inproc://")):
-            f.error(
-                f"{path}.kv_events.bind", f"must be a ZMQ address like tcp://*:5557; got {bind!r}"
-            )
-        if bind is not None and kv_events.has("port"):
-            f.error(
-                f"{path}.kv_events",
-                "set port (the EPP connects) or bind (engines connect), not both",
-            )
+        bind = _kv_events_bind(f, path, kv_events)
         names = f.sub("metrics", set(METRIC_OVERRIDES))
         metric_names = {key: names.text(key) for key in METRIC_OVERRIDES if names.has(key)}
         pd = f.sub("pd", {"min_uncached_tokens", "max_prefill_in_flight"})
-        endpoints: list[EndpointSpec] = []
-        for item_path, item in f.items("endpoints", required=True):
-            endpoint = _endpoint(f, item_path, item)
-            if endpoint is not None:
-                endpoints.append(endpoint)
-        if f.has("endpoints") and not endpoints and isinstance(f.raw("endpoints"), list):
-            f.error(f"{path}.endpoints", "must list at least one endpoint")
-        addresses = [e.address for e in endpoints]
-        for address in {a for a in addresses if addresses.count(a) > 1}:
-            f.error(f"{path}.endpoints", f"endpoint {address} is listed twice")
         pools[name] = Pool(
             name=name,
-            endpoints=tuple(endpoints),
+            endpoints=_endpoints(f, path),
             model=f.opt_str("model"),
             engine=f.text("engine", "vllm", choices=ENGINES),
             api_key=f.opt_str("api_key"),
@@ -80,6 +59,33 @@ def load_pools(top: Fields, base_dir: Path) -> dict[str, Pool]:
             token_ids=f.flag("token_ids", False) if f.has("token_ids") else None,
         )
     return pools
+
+
+def _kv_events_bind(f: Fields, path: str, kv_events: Fields) -> str | None:
+    """Where the picker binds for engines to send their KV events to (or None: it connects)."""
+    bind = kv_events.opt_str("bind")
+    if bind is not None and not bind.startswith(("tcp://", "ipc://", "inproc://")):
+        f.error(f"{path}.kv_events.bind", f"must be a ZMQ address like tcp://*:5557; got {bind!r}")
+    if bind is not None and kv_events.has("port"):
+        f.error(
+            f"{path}.kv_events", "set port (the EPP connects) or bind (engines connect), not both"
+        )
+    return bind
+
+
+def _endpoints(f: Fields, path: str) -> tuple[EndpointSpec, ...]:
+    """The pool's endpoints: at least one, none listed twice."""
+    endpoints: list[EndpointSpec] = []
+    for item_path, item in f.items("endpoints", required=True):
+        endpoint = _endpoint(f, item_path, item)
+        if endpoint is not None:
+            endpoints.append(endpoint)
+    if f.has("endpoints") and not endpoints and isinstance(f.raw("endpoints"), list):
+        f.error(f"{path}.endpoints", "must list at least one endpoint")
+    addresses = [e.address for e in endpoints]
+    for address in {a for a in addresses if addresses.count(a) > 1}:
+        f.error(f"{path}.endpoints", f"endpoint {address} is listed twice")
+    return tuple(endpoints)
 
 
 def _endpoint(parent: Fields, path: str, item: object) -> EndpointSpec | None:
