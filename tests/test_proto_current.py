@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[1]
 PROTOS = sorted((ROOT / "proto").rglob("*.proto"))
 
 
