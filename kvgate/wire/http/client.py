@@ -17,15 +17,12 @@ import asyncio
 import socket
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 import httptools
 from mypy_extensions import mypyc_attr
 
 from kvgate.wire.http.messages import header_size
-
-if TYPE_CHECKING:
-    from kvgate.wire.http.connection_pool import ConnectionPool
 
 _HIGH_WATER = 256 * 1024
 MAX_UPSTREAM_HEAD = 64 * 1024  # bytes of status line + headers an upstream may send
@@ -112,11 +109,27 @@ class UpstreamResponse:
         self._conn.release()
 
 
+class Pool(Protocol):
+    """What a connection tells the pool that owns it (``connection_pool.ConnectionPool``)."""
+
+    def watch(self, conn: UpstreamConnection, deadline: float) -> None:
+        """Fail ``conn``'s response head unless it is in by ``deadline`` (loop time)."""
+
+    def unwatch(self, conn: UpstreamConnection) -> None:
+        """``conn``'s head is in, or it is gone: no deadline."""
+
+    def put_back(self, conn: UpstreamConnection) -> None:
+        """``conn`` is idle and kept alive: reuse it."""
+
+    def forget(self, conn: UpstreamConnection) -> None:
+        """``conn`` is closed: never reuse it."""
+
+
 class UpstreamConnection(asyncio.Protocol):
     """One kept-alive HTTP/1.1 connection to an upstream, owned by its ``ConnectionPool``
     (a harness may make one over its own transport and ``put_back`` it as idle)."""
 
-    def __init__(self, pool: ConnectionPool, key: str) -> None:
+    def __init__(self, pool: Pool, key: str) -> None:
         self.pool = pool
         self.key = key
         self.transport: asyncio.Transport | None = None
