@@ -1,26 +1,32 @@
 """The admin API, on its own listener: policy version, breakers, queues, limiter, SLOs, canaries,
 reload.
 
-Every request needs ``Authorization: Bearer <listen.admin.token>`` (compared in constant time).
-With ``--workers N`` each worker answers for itself (the port is shared); a file change reloads
-every worker, ``POST /admin/reload`` the one that answered.
+Every request needs ``Authorization: Bearer <key>``, one of ``listen.admin``'s keys
+(``gateway.admin_access``): any role reads; canary actions need ``operator``, a reload
+``admin``; each of those, allowed or denied, is a line of the audit log. With ``--workers N``
+each worker answers for itself (the port is shared); a file change reloads every worker,
+``POST /admin/reload`` the one that answered.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
+import uuid
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from gateway.admin_access import AuditLog, Caller, caller_of
 from gateway.canary.controller import ACTIONS
-from gateway.keys import ADMISSION, CANARIES, RUNTIME, SLOS
+from gateway.keys import ADMISSION, CANARIES, METRICS, RUNTIME, SLOS
 from gateway.reload import RELOADER
 from kvgate.wire.openai_errors import error_body
+from policies.admin_section import Admin
 
 GATEWAY = web.AppKey("gateway", web.Application)
+AUDIT = web.AppKey("audit", AuditLog)
+CALLER = "kvgate.admin.caller"  # the request's Caller, set by the guard
 
 
 def _gateway(request: web.Request) -> web.Application:
@@ -96,7 +102,8 @@ async def canaries(request: web.Request) -> web.Response:
 
 async def canary_action(request: web.Request) -> web.Response:
     """``POST /admin/canaries/{model}/{action}``: pause, resume, promote (one step), rollback,
-    restart (from the first step). Saved at once; the other workers adopt it within a tick."""
+    restart (from the first step); needs ``operator``. Saved at once; the other workers adopt
+    it within a tick."""
     model, action = request.match_info["model"], request.match_info["action"]
     if action not in ACTIONS:
         body = error_body(
@@ -105,9 +112,16 @@ async def canary_action(request: web.Request) -> web.Response:
             code="unknown_action",
         )
         return web.json_response(body, status=400)
+    audited = f"canary.{action}"
+    if (denied := await _denied(request, "operator", audited, model)) is not None:
+        return denied
+    canaries = _gateway(request)[CANARIES]
+    controller = canaries.controllers.get(model)
+    before = controller.summary() if controller is not None else None
     try:
-        summary = await asyncio.to_thread(_gateway(request)[CANARIES].act, model, action)
+        summary = await asyncio.to_thread(canaries.act, model, action)
     except KeyError:
+        await _audit(request, audited, "not_found", model)
         body = error_body(
             f"the route {model!r} has no automatic canary",
             "invalid_request_error",
@@ -115,39 +129,78 @@ async def canary_action(request: web.Request) -> web.Response:
         )
         return web.json_response(body, status=404)
     except OSError as exc:  # the state store is unreachable: nothing was changed
+        await _audit(request, audited, "error", model, before)
         body = error_body(
             f"canary state not saved: {exc}", "server_error", code="state_unavailable"
         )
         return web.json_response(body, status=503)
+    await _audit(request, audited, "applied", model, before, summary)
     return web.json_response(summary)
 
 
 async def reload(request: web.Request) -> web.Response:
+    """``POST /admin/reload``: read the policy again; needs ``admin``."""
+    if (denied := await _denied(request, "admin", "reload")) is not None:
+        return denied
     gateway = _gateway(request)
+    before = gateway[RUNTIME].version
     applied, errors = await gateway[RELOADER].reload()
-    body = {"applied": applied, "errors": errors, "version": gateway[RUNTIME].version}
+    after = gateway[RUNTIME].version
+    body = {"applied": applied, "errors": errors, "version": after}
+    result = "applied" if applied else "rejected"
+    await _audit(request, "reload", result, "", before, {"version": after, "errors": errors})
     return web.json_response(body, status=200 if applied else 422)
 
 
-def _guard(token: str) -> Middleware:
-    expected = f"Bearer {token}".encode()
+async def _denied(
+    request: web.Request, role: str, action: str, target: str = ""
+) -> web.Response | None:
+    """A 403 (audited) unless the caller's role is at least ``role``."""
+    caller: Caller = request[CALLER]
+    if caller.may(role):
+        return None
+    await _audit(request, action, "denied", target)
+    message = f"{action} needs the {role} role; the key {caller.name!r} is {caller.role}"
+    body = error_body(message, "permission_error", code="insufficient_role")
+    return web.json_response(body, status=403)
 
+
+async def _audit(
+    request: web.Request,
+    action: str,
+    result: str,
+    target: str = "",
+    before: object = None,
+    after: object = None,
+) -> None:
+    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+    caller = request.get(CALLER)
+    await request.app[AUDIT].record(
+        caller, action, result, target=target, before=before, after=after, request_id=request_id
+    )
+
+
+def _guard(admin: Admin) -> Middleware:
     @web.middleware
     async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
-        given = request.headers.get("Authorization", "").encode()
-        if not token or not hmac.compare_digest(given, expected):
+        caller = caller_of(admin, request.headers.get("Authorization", ""))
+        if caller is None:
+            if request.method == "POST":  # an attempted change: on the record
+                await _audit(request, request.path.removeprefix("/admin/"), "unauthenticated")
             body = error_body(
                 "admin token required", "authentication_error", code="invalid_admin_token"
             )
             return web.json_response(body, status=401)
+        request[CALLER] = caller
         return await handler(request)
 
     return impl
 
 
-def create_admin_app(gateway: web.Application, token: str) -> web.Application:
-    app = web.Application(middlewares=[_guard(token)])
+def create_admin_app(gateway: web.Application, admin: Admin) -> web.Application:
+    app = web.Application(middlewares=[_guard(admin)])
     app[GATEWAY] = gateway
+    app[AUDIT] = AuditLog(admin.audit_log, gateway[METRICS].admin_actions)
     app.router.add_get("/admin/policy", policy)
     app.router.add_get("/admin/breakers", breakers)
     app.router.add_get("/admin/queues", queues)
@@ -160,11 +213,11 @@ def create_admin_app(gateway: web.Application, token: str) -> web.Application:
 
 
 async def serve_admin(
-    gateway: web.Application, host: str, port: int, token: str, reuse_port: bool
+    gateway: web.Application, admin: Admin, reuse_port: bool
 ) -> AsyncIterator[None]:
     """Run the admin listener for as long as the gateway app lives (a cleanup context body)."""
-    runner = web.AppRunner(create_admin_app(gateway, token), access_log=None)
+    runner = web.AppRunner(create_admin_app(gateway, admin), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port, reuse_port=reuse_port).start()
+    await web.TCPSite(runner, admin.host, admin.port, reuse_port=reuse_port).start()
     yield
     await runner.cleanup()

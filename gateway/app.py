@@ -143,9 +143,7 @@ def create_app(
         if admin is None:
             yield
             return
-        async for _ in serve_admin(
-            app, admin.host, admin.port, admin.token, reuse_port=policy.listen.workers > 1
-        ):
+        async for _ in serve_admin(app, admin, reuse_port=policy.listen.workers > 1):
             yield
 
     app.cleanup_ctx.append(metrics_flusher)

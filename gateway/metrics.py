@@ -221,6 +221,13 @@ class GatewayMetrics:
             ["route", "reason"],
             registry=r,
         )
+        self.admin_actions = Counter(
+            "kvgate_admin_actions",
+            "State-changing admin API calls by action and result (applied, rejected, denied, "
+            "unauthenticated, not_found, error): the audit log's lines, counted.",
+            ["action", "result"],
+            registry=r,
+        )
         self.reloads = Counter(
             "kvgate_policy_reloads",
             "Policy reloads by result (applied, rejected).",

@@ -11,6 +11,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from policies.admin_section import load_admin
 from policies.auth_section import check_classes, load_auth, load_classes, load_tenants
 from policies.cors_section import load_cors
 from policies.epp_section import check_plugins, load_epp
@@ -23,7 +24,6 @@ from policies.plugin_catalog import PluginCatalog
 from policies.pools_section import load_pools
 from policies.routes_section import load_routes
 from policies.schema import (
-    Admin,
     Breakers,
     Listen,
     Observability,
@@ -169,17 +169,8 @@ def _listen(top: Fields, base_dir: Path) -> Listen:
             "tls",
         },
     )
-    admin = None
-    if f.has("admin"):
-        a = f.sub("admin", {"host", "port", "token"})
-        token = a.text("token", "")
-        if len(token) < 16:
-            a.error("listen.admin.token", "is required, at least 16 characters (use ${ENV_VAR})")
-        admin = Admin(
-            a.text("host", "127.0.0.1"), a.integer("port", 8081, low=0, high=65535), token
-        )
-        if admin.port and admin.port == f.integer("port", Listen().port, low=0, high=65535):
-            a.error("listen.admin.port", "must differ from listen.port")
+    port = f.integer("port", Listen().port, low=0, high=65535)
+    admin = load_admin(f, port) if f.has("admin") else None
     trusted = f.str_list("trusted_proxies") or ()
     for number, value in enumerate(trusted):
         try:
@@ -189,7 +180,7 @@ def _listen(top: Fields, base_dir: Path) -> Listen:
     d = Listen()
     return Listen(
         host=f.text("host", d.host),
-        port=f.integer("port", d.port, low=0, high=65535),
+        port=port,
         workers=f.integer("workers", d.workers, low=1, high=64),
         max_body_bytes=f.size("max_body", d.max_body_bytes),
         max_json_depth=f.integer("max_json_depth", d.max_json_depth, low=2, high=1000),

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from policies.admin_section import Admin
 from policies.canary_section import AutoCanary
 from policies.cors_section import Cors
 from policies.slo_section import Slos
@@ -33,15 +34,6 @@ JWT_ALGORITHMS = (
     "PS512",
     "EdDSA",
 )
-
-
-@dataclass(frozen=True)
-class Admin:
-    """The admin API: its own listener, loopback by default, guarded by its own token."""
-
-    host: str = "127.0.0.1"
-    port: int = 8081
-    token: str = ""  # required: requests need ``Authorization: Bearer <token>``
 
 
 @dataclass(frozen=True)

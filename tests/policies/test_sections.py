@@ -49,6 +49,29 @@ CASES = [
         with_base("listen: {admin: {port: 0, token: short}}"),
         ["listen.admin.token (line 5): is required, at least 16 characters (use ${ENV_VAR})"],
     ),
+    (
+        "listen.admin.keys",
+        with_base(
+            "listen: {admin: {port: 0, token: 0123456789abcdef, keys: ["
+            "{name: a, token: short, role: viewer}, {name: b, token: 0123456789abcdef, role: root}"
+            "]}}"
+        ),
+        [
+            "listen.admin.keys[0].token (line 5): is required, at least 16 characters (use"
+            " ${ENV_VAR})",
+            "listen.admin.keys[1].role (line 5): must be one of viewer, operator, admin; got"
+            " 'root'",
+            "listen.admin.keys (line 5): two keys share a token: each caller needs its own",
+        ],
+    ),
+    (
+        "listen.admin.keys names",
+        with_base(
+            "listen: {admin: {port: 0, token: 0123456789abcdef, keys: ["
+            "{name: admin, token: 0123456789abcdeX, role: viewer}]}}"
+        ),
+        ["listen.admin.keys (line 5): two keys share a name ('admin' is the token's)"],
+    ),
     # auth and tenants
     (
         "auth.allow_anonymous",
