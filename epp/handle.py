@@ -3,7 +3,8 @@
 Plugins get a ``PluginHandle`` when they are built and keep only what they need from it: the
 prefix index (one per distinct parameters, owned by the service, which starts it, feeds it and
 teaches it each dispatched pick) and the pool's saturation detector (the same thresholds the
-gateway's admission gate and ext_proc's shedding use).
+gateway's admission gate and ext_proc's shedding use), and where the picker runs (its zone and
+region, ``epp.zone`` and ``epp.region``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class PluginHandle:
     endpoints: list[Endpoint] = field(default_factory=list)  # whose KV events a precise index reads
     kv_event_hooks: KVEventHooks | None = None  # what a precise index reports to metrics
     indexes: dict[PrefixIndexParams, PrefixIndex] = field(default_factory=dict)
+    zone: str = ""  # where this picker runs ("": unknown)
+    region: str = ""
 
     def prefix_index(self, params: PrefixIndexParams) -> PrefixIndex:
         """The shared index for ``params`` (built the first time it is asked for).

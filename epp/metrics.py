@@ -19,6 +19,7 @@ class EppMetrics:
         r = self.registry
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
         self._declare_picks(r)
+        self._declare_index(r)
         self._declare_sources(r)
 
     def _declare_picks(self, r: CollectorRegistry) -> None:
@@ -44,12 +45,30 @@ class EppMetrics:
             ["pool"],
             registry=r,
         )
+        self.cross_zone_picks = Counter(
+            "kvgate_epp_cross_zone_picks",
+            "Picks of an endpoint labelled with another zone than the picker's (epp.zone).",
+            ["pool"],
+            registry=r,
+        )
         self.rejections = Counter(
             "kvgate_epp_rejections",
             "Requests the picker refused, by reason.",
             ["reason"],
             registry=r,
         )
+        self.tokens_in_flight = Gauge(
+            "kvgate_epp_tokens_in_flight",
+            "Tokens of work this picker sent to the endpoint that are not done: phase prefill, "
+            "prompt tokens not cached there whose first token has not come back; phase decode, "
+            "output tokens still owed (the requests' output limits).",
+            ["endpoint", "phase"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+
+    def _declare_index(self, r: CollectorRegistry) -> None:
+        """What the prefix index holds, and believes each cache holds."""
         self.index_blocks = Gauge(
             "kvgate_epp_prefix_index_blocks",
             "Prefix blocks the index holds, by endpoint.",
@@ -66,15 +85,6 @@ class EppMetrics:
             ["endpoint"],
             registry=r,
             multiprocess_mode="livemax",
-        )
-        self.tokens_in_flight = Gauge(
-            "kvgate_epp_tokens_in_flight",
-            "Tokens of work this picker sent to the endpoint that are not done: phase prefill, "
-            "prompt tokens not cached there whose first token has not come back; phase decode, "
-            "output tokens still owed (the requests' output limits).",
-            ["endpoint", "phase"],
-            registry=r,
-            multiprocess_mode="livesum",
         )
 
     def _declare_sources(self, r: CollectorRegistry) -> None:

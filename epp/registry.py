@@ -28,6 +28,7 @@ from epp.scorers.queue import QueueScorer
 from epp.scorers.running_requests import RunningRequestsScorer
 from epp.scorers.session_affinity import SessionAffinityScorer
 from epp.scorers.token_backlog import TokenBacklogScorer
+from epp.scorers.zone_affinity import ZoneAffinityScorer
 from policies.plugin_catalog import PluginKind
 
 Plugin = Filter | Scorer | Picker
@@ -114,6 +115,7 @@ BUILTINS: dict[str, PluginType] = {
     "lora-affinity-scorer": _plugin("scorer", LoraAffinityScorer),
     "session-affinity-scorer": _plugin("scorer", SessionAffinityScorer),
     "token-backlog-scorer": _shared("scorer", TokenBacklogScorer),
+    "zone-affinity-scorer": _shared("scorer", ZoneAffinityScorer),
     "max-score-picker": _plugin("picker", MaxScorePicker),
     "random-picker": _plugin("picker", RandomPicker),
     "saturation-filter": _shared("filter", SaturationFilter),

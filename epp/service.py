@@ -63,7 +63,11 @@ class EppService:
         self.metrics = metrics or EppMetrics()
         self.saturation = SaturationDetector(policy.epp.saturation)
         self.handle = PluginHandle(
-            self.saturation, self.datastore.all(), self.metrics.kv_event_hooks()
+            self.saturation,
+            self.datastore.all(),
+            self.metrics.kv_event_hooks(),
+            zone=policy.epp.zone,
+            region=policy.epp.region,
         )
         plugins = build_plugins(policy.epp, self.handle)
         self.scheduler = ProfileRunner(build_profile(policy.epp, plugins=plugins))
@@ -217,6 +221,9 @@ class EppService:
                 held = matched.get(target.address, 0)
                 if max(matched.values()) - held >= self.prefix.params.min_match_blocks:
                     self.metrics.child(self.metrics.warm_diverted, pool).inc()
+            zone = self.policy.epp.zone
+            if zone and target.labels.get("zone", zone) != zone:
+                self.metrics.child(self.metrics.cross_zone_picks, pool).inc()
         elapsed = time.perf_counter() - started
         self.metrics.child(self.metrics.pick_latency, pool).observe(elapsed)
         return decision

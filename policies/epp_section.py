@@ -35,6 +35,8 @@ def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
             "objectives",
             "config",
             "replicas",
+            "zone",
+            "region",
         },
     )
     picker = f.text("picker", "epp", choices=("epp", "least-in-flight"))
@@ -75,6 +77,8 @@ def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
         _objectives(f),
         _pick_open_timeout(f),
         _replicas(f),
+        f.opt_str("zone") or "",
+        f.opt_str("region") or "",
     )
 
 

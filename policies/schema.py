@@ -277,6 +277,9 @@ class Epp:
     # than the longest response the callers stream)
     pick_open_timeout: float = PICK_OPEN_TIMEOUT
     replicas: Replicas | None = None  # None: this picker learns from its own picks only
+    # where this picker runs: endpoints labelled with the same zone (region) are nearest
+    zone: str = ""
+    region: str = ""
 
     def priority_of(self, objective: str) -> int:
         """The priority of the named objective (0 when the policy does not list it)."""

@@ -1,0 +1,55 @@
+"""``zone-affinity-scorer``: the nearest endpoints first, while they have room.
+
+The picker knows where it runs (``epp.zone``, ``epp.region``) and each endpoint where it does
+(its ``labels``: ``zone``, ``region``). An endpoint with room scores 1 in the picker's zone,
+0.75 in its region, 0.5 anywhere else (one without a zone label counts as in the zone); a
+saturated one (the pool's saturation thresholds, as the saturation filter reads them) scores 0
+while any candidate has room. So a request stays in its zone until the zone is full, then
+spills to the nearest zone with room; when every endpoint is saturated, nearness alone decides.
+``kvgate_epp_cross_zone_picks_total`` counts the picks that left the zone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from epp.framework import Endpoint, SchedulingRequest
+from epp.handle import PluginHandle
+from epp.params import Parameterless
+from epp.saturation import SaturationDetector
+
+
+class ZoneAffinityScorer:
+    """Scores by nearness to the picker (1 its zone, 0.75 its region, 0.5 elsewhere), 0 when
+    saturated while another candidate is not."""
+
+    def __init__(self, name: str, zone: str, region: str, detector: SaturationDetector) -> None:
+        self.name = name
+        self.zone = zone
+        self.region = region
+        self.detector = detector
+
+    @classmethod
+    def parse_config(cls, name: str, raw: Mapping[str, object]) -> None:
+        Parameterless.parse_config(name, raw)
+
+    @classmethod
+    def from_config(
+        cls, name: str, raw: Mapping[str, object], handle: PluginHandle
+    ) -> ZoneAffinityScorer:
+        cls.parse_config(name, raw)
+        return cls(name, handle.zone, handle.region, handle.saturation)
+
+    def nearness(self, endpoint: Endpoint) -> float:
+        zone = endpoint.labels.get("zone")
+        if not self.zone or zone is None or zone == self.zone:
+            return 1.0
+        region = endpoint.labels.get("region")
+        return 0.75 if self.region and region == self.region else 0.5
+
+    def score(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> dict[str, float]:
+        room = {e.address for e in self.detector.unsaturated(endpoints, time.monotonic())}
+        return {
+            e.address: self.nearness(e) if not room or e.address in room else 0.0 for e in endpoints
+        }
