@@ -30,6 +30,9 @@ ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
     "VLLM_ENABLE_RESPONSES_API_STORE": "1",  # /v1/responses by id (kept in memory)
+    # its stats (vllm:lora_requests_info among them) each second, not each 10: a short answer
+    # on an adapter is seen running while it runs
+    "VLLM_LOG_STATS_INTERVAL": "1",
 }
 
 

@@ -162,8 +162,8 @@ def test_responses_through_the_gateway_reach_the_engine_that_stored_them(
 
 def test_the_epp_reads_real_metrics(vllm_servers: list[VllmServer]) -> None:
     metrics = parse_metrics(scrape(vllm_servers[0]))
-    # vLLM sets lora_requests_info when it logs its stats (VLLM_LOG_STATS_INTERVAL, 10 s), not
-    # at once: wait up to three intervals (it failed once in CI waiting for one)
+    # vLLM sets lora_requests_info when it logs its stats (VLLM_LOG_STATS_INTERVAL: the harness
+    # sets 1 s), not at once: wait up to 30 s (it failed once in CI waiting for one interval)
     for _ in range(120):
         if metrics.max_loras:
             break
