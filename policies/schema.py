@@ -189,8 +189,8 @@ DEFAULT_EPP_PLUGINS = (
 )
 # Sticky until the backlog outweighs a miss: a request goes where its prefix is cached (prefix
 # x3) until the tokens of work queued there, plus what it would compute there, exceed the cost
-# of computing its whole prompt elsewhere (backlog x3, in the request's own tokens: at the prefix
-# scorer's weight, a backlog of one whole prompt more cancels the cache's pull); a new prefix
+# of computing its whole prompt elsewhere and it has the most requests in flight (backlog x2, in
+# the request's own tokens, with active x1 it cancels prefix x3); a new prefix
 # goes where the caches hold least and its LoRA adapter fits (spread x2); the picker's own
 # in-flight count breaks ties (active x1); a conversation's next turn goes where its last turn
 # went (session x2: its history is cached there even when the prefix index has let go of it).
@@ -203,7 +203,7 @@ DEFAULT_EPP_PROFILES = (
     ProfileSpec(
         "default",
         (
-            ProfileRef("backlog", 3),
+            ProfileRef("backlog", 2),
             ProfileRef("prefix", 3),
             ProfileRef("spread", 2),
             ProfileRef("active", 1),

@@ -118,7 +118,7 @@ def test_default_profile_puts_cache_affinity_first() -> None:
     profile = build_profile(Epp())
     weights = {ws.scorer.name: ws.weight for ws in profile.scorers}
     assert weights == {
-        "backlog": 3,
+        "backlog": 2,
         "prefix": 3,
         "spread": 2,
         "active": 1,
