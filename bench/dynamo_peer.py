@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from bench.venvs import venv_bin
 from loadtest.harness.processes import external_process, free_port
 
 CACHE = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate"))
@@ -52,18 +51,10 @@ EOS = "<|endoftext|>"
 
 
 def dynamo_python() -> tuple[Path | None, str]:
-    """The Dynamo venv's python (made on first use from the package registry), or None and why."""
-    python = VENV / "bin" / "python"
-    if python.exists():
-        return python, ""
-    pip = [str(VENV / "bin" / "pip"), "install", "--quiet"]
-    try:
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run([*pip, "--no-deps", *PACKAGES], check=True, capture_output=True)
-        subprocess.run([*pip, *REQUIREMENTS], check=True, capture_output=True)
-    except (subprocess.CalledProcessError, OSError) as exc:
-        return None, f"could not install {', '.join(PACKAGES)}: {exc}"
-    return python, ""
+    """The Dynamo venv's python (made on first use from the package registry: its packages
+    without their dependencies, then what they need at run time), or None and why."""
+    bin_dir, why = venv_bin(VENV, ("--no-deps", *PACKAGES), REQUIREMENTS)
+    return (bin_dir / "python" if bin_dir else None), why
 
 
 def byte_level_chars() -> list[str]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from bench.dynamo_peer import dynamo_python, running_dynamo
+from bench.venvs import venv_bin
 from loadtest.harness.processes import external_process, free_port, gateway_process
 from policies.schema import DEFAULT_EPP_PLUGINS, DEFAULT_EPP_PROFILES
 
@@ -82,19 +82,7 @@ def compiled_tree() -> Path | None:
 
 def peer_bin() -> tuple[Path | None, str]:
     """The peers' venv ``bin`` (made on first use from the package registry), or None and why."""
-    bin_dir = PEER_VENV / "bin"
-    if (bin_dir / "sglang-router").exists() and (bin_dir / "vllm-router").exists():
-        return bin_dir, ""
-    try:
-        subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], check=True)
-        subprocess.run(
-            [str(bin_dir / "pip"), "install", "--quiet", *PEER_PACKAGES],
-            check=True,
-            capture_output=True,
-        )
-    except (subprocess.CalledProcessError, OSError) as exc:
-        return None, f"could not install {', '.join(PEER_PACKAGES)}: {exc}"
-    return bin_dir, ""
+    return venv_bin(PEER_VENV, PEER_PACKAGES)
 
 
 def default_profile_with(prefix_params: dict[str, object]) -> str:

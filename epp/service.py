@@ -27,6 +27,7 @@ from epp.profile_runner import ProfileRunner
 from epp.registry import Plugin
 from epp.routing_text import routing_text
 from epp.saturation import SaturationDetector
+from epp.scorers.zone_affinity import in_zone
 from epp.scraper import MetricsScraper
 from epp.shared_picks import SharedPicks
 from epp.stored_responses import StoredResponses
@@ -221,8 +222,7 @@ class EppService:
                 held = matched.get(target.address, 0)
                 if max(matched.values()) - held >= self.prefix.params.min_match_blocks:
                     self.metrics.child(self.metrics.warm_diverted, pool).inc()
-            zone = self.policy.epp.zone
-            if zone and target.labels.get("zone", zone) != zone:
+            if not in_zone(target, self.policy.epp.zone):
                 self.metrics.child(self.metrics.cross_zone_picks, pool).inc()
         elapsed = time.perf_counter() - started
         self.metrics.child(self.metrics.pick_latency, pool).observe(elapsed)

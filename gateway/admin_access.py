@@ -79,14 +79,15 @@ class AuditLog:
         if self.path is None:
             log.info("%s", line.rstrip())
             return
-        await asyncio.to_thread(self._append, line.encode())
+        await asyncio.to_thread(self._append, self.path, line.encode())
 
-    def _append(self, line: bytes) -> None:
+    @staticmethod
+    def _append(path: str, line: bytes) -> None:
         try:
-            fd = os.open(self.path or "", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
                 os.write(fd, line)
             finally:
                 os.close(fd)
         except OSError as exc:  # the action stands; its record goes to the gateway's log
-            log.error("audit log %s not written (%s): %s", self.path, exc, line.decode().rstrip())
+            log.error("audit log %s not written (%s): %s", path, exc, line.decode().rstrip())

@@ -20,6 +20,13 @@ from epp.params import Parameterless
 from epp.saturation import SaturationDetector
 
 
+def in_zone(endpoint: Endpoint, zone: str) -> bool:
+    """Whether ``endpoint`` is in ``zone``: its label says so, or it has none (every endpoint
+    is, where the picker's zone is unknown)."""
+    label = endpoint.labels.get("zone")
+    return not zone or label is None or label == zone
+
+
 class ZoneAffinityScorer:
     """Scores by nearness to the picker (1 its zone, 0.75 its region, 0.5 elsewhere), 0 when
     saturated while another candidate is not."""
@@ -42,8 +49,7 @@ class ZoneAffinityScorer:
         return cls(name, handle.zone, handle.region, handle.saturation)
 
     def nearness(self, endpoint: Endpoint) -> float:
-        zone = endpoint.labels.get("zone")
-        if not self.zone or zone is None or zone == self.zone:
+        if in_zone(endpoint, self.zone):
             return 1.0
         region = endpoint.labels.get("region")
         return 0.75 if self.region and region == self.region else 0.5
