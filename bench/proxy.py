@@ -6,8 +6,9 @@ deployments run), (d) through ``bench.floor_proxy`` (the least a Python proxy ca
 httptools on both legs, no features: the floor for any Python gateway), (e) through
 ``bench.layers_proxy`` (kvgate's own HTTP server and upstream pool with a trivial
 handler), (f) through kvgate with ``--workers 1`` and ``--workers 2``, as Python and as the
-compiled build (``make compiled``), and nginx and kvgate with TLS from the clients
-(``listen.tls``), all in front of two mock upstreams (``bench.mock_upstream``: 16 SSE
+compiled build (``make compiled``), nginx and kvgate with TLS from the clients
+(``listen.tls``), and kvgate answering from its response cache (the same greedy request each
+time: every one a hit), all in front of two mock upstreams (``bench.mock_upstream``: 16 SSE
 chunks or a small JSON body, no delay). For each: wrk at 32 connections on non-streaming chat
 completions (requests/s, p50, p99), an aiohttp client streaming 2,000 requests at concurrency
 32 over keep-alive connections (time to first chunk, which shows any Nagle-style delay), and the
@@ -100,15 +101,22 @@ def measure(
 
 
 def kvgate_policy(
-    directory: Path, ups: list[int], port: int, workers: int, tls: Pem | None = None
+    directory: Path,
+    ups: list[int],
+    port: int,
+    workers: int,
+    tls: Pem | None = None,
+    cache: bool = False,
 ) -> str:
-    path = directory / f"kvgate-{workers}{'-tls' if tls else ''}.yaml"
+    """kvgate as the bare proxy (``cache``: its route keeps answers, so every request but the
+    first of each kind is a hit)."""
+    path = directory / f"kvgate-{workers}{'-tls' if tls else ''}{'-cache' if cache else ''}.yaml"
     endpoints = ", ".join(f"127.0.0.1:{p}" for p in ups)
     listen_tls = f", tls: {{cert: {tls.cert}, key: {tls.key}}}" if tls else ""
     path.write_text(f"""
 listen: {{host: 127.0.0.1, port: {port}, workers: {workers}{listen_tls}}}
 pools: {{mocks: {{endpoints: [{endpoints}]}}}}
-routes: [{{model: mock, pool: mocks}}]
+routes: [{{model: mock, pool: mocks, cache: {str(cache).lower()}}}]
 observability: {{access_log: "off"}}
 epp: {{picker: least-in-flight}}  # the bare proxy
 """)
@@ -240,9 +248,14 @@ def one_round(
     if compiled is not None:
         builds.append((", compiled", str(compiled)))
     for build, tree in builds:
-        for workers, tls in ((1, None), (2, None), (1, server)):
+        for workers, tls, cache in (
+            (1, None, False),
+            (2, None, False),
+            (1, server, False),
+            (1, None, True),
+        ):
             port = free_port()
-            policy = kvgate_policy(directory, ups, port, workers, tls)
+            policy = kvgate_policy(directory, ups, port, workers, tls, cache)
             scheme = "https" if tls else "http"
             process = gateway_process(policy, port, tree=tree)
             process.health_url = f"{scheme}://127.0.0.1:{port}/healthz"
@@ -252,7 +265,7 @@ def one_round(
                 name = f"kvgate {workers} worker{'s' if workers > 1 else ''}{build}"
                 rows.append(
                     measure(
-                        name + (", TLS" if tls else ""),
+                        name + (", TLS" if tls else "") + (", cache hits" if cache else ""),
                         f"{scheme}://127.0.0.1:{port}/v1/chat/completions",
                         gateway.proc.pid,
                         seconds,

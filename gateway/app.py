@@ -25,6 +25,7 @@ from gateway.keys import (
     CANARIES,
     HTTP_SESSION,
     METRICS,
+    RESPONSE_CACHE,
     RESPONSE_HOMES,
     RUNTIME,
     SHADOW,
@@ -37,6 +38,7 @@ from gateway.metric_batch import FLUSH_INTERVAL
 from gateway.metrics import GatewayMetrics, LimiterCollector, QueueCollector
 from gateway.reload import RELOADER, Reloader, capacity_gate
 from gateway.remote_jwks import jwks_urls
+from gateway.response_cache.cache import ResponseCache
 from gateway.routing.shadow import ShadowMirror
 from gateway.runtime import RuntimeHolder, RuntimeParts, build_runtime
 from gateway.slo.tracker import SloTracker
@@ -76,6 +78,8 @@ def create_app(
     canaries.update(policy)
     app[SHUTTING_DOWN] = [False]
     app[RESPONSE_HOMES] = ResponseHomes()
+    response_cache = app[RESPONSE_CACHE] = ResponseCache(metrics.registry)
+    response_cache.update(policy)
     app[RELOADER] = Reloader(app, policy_path, parts)
 
     async def http_session(app: web.Application) -> AsyncIterator[None]:
@@ -134,6 +138,7 @@ def create_app(
         if current.embedded is not None:
             await current.embedded.stop()
         await current.limiter.close()
+        await response_cache.close()
 
     async def mark_shutting_down(app: web.Application) -> None:
         app[SHUTTING_DOWN][0] = True

@@ -12,6 +12,8 @@ class RequestContext:
 
     __slots__ = (
         "attempts",
+        "cache",
+        "cached_tokens",
         "canary_arm",
         "completion_tokens",
         "cors",
@@ -49,6 +51,7 @@ class RequestContext:
         self.ttft: float | None = None  # seconds to the first body byte sent to the client
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.cached_tokens = 0  # of the prompt's, those the engine's prefix cache held
         self.error = ""  # kind of failure, for logs
         self.usage_known = False  # the upstream reported usage (prompt and completion tokens)
         self.priority_class = ""  # the admission class, once queued
@@ -56,6 +59,7 @@ class RequestContext:
         self.extra_headers: dict[str, str] | None = None  # added to the client's response
         self.cors = b""  # the response's CORS header lines (policy cors:, allowed origins)
         self.canary_arm = ""  # the pool an automatic canary's route chose
+        self.cache = ""  # the response cache's verdict: hit, miss, bypass ("" without one)
 
     @property
     def tpot(self) -> float | None:

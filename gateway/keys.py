@@ -14,6 +14,7 @@ from opentelemetry.trace import Tracer
 from gateway.admission import AdmissionQueue
 from gateway.canary.canaries import Canaries
 from gateway.metrics import GatewayMetrics
+from gateway.response_cache.cache import ResponseCache
 from gateway.routing.shadow import ShadowMirror
 from gateway.runtime import RuntimeHolder
 from gateway.slo.tracker import SloTracker
@@ -31,3 +32,4 @@ SHADOW = web.AppKey("shadow", ShadowMirror)
 SLOS = web.AppKey("slos", SloTracker)
 CANARIES = web.AppKey("canaries", Canaries)
 RESPONSE_HOMES = web.AppKey("response_homes", ResponseHomes)
+RESPONSE_CACHE = web.AppKey("response_cache", ResponseCache)

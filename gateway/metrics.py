@@ -119,6 +119,13 @@ class GatewayMetrics:
             ["model", "direction"],
             registry=r,
         )
+        self.spend = Counter(
+            "kvgate_spend",
+            "What answered requests cost at the policy's prices (spend.currency), by tenant, "
+            "key (its name, or a JWT's subject), model and route.",
+            ["tenant", "key", "model", "route"],
+            registry=r,
+        )
         self.in_flight = Gauge(
             "kvgate_in_flight_requests",
             "Requests being served.",

@@ -19,10 +19,10 @@ from collections.abc import Mapping
 import orjson
 
 from gateway.admission import AdmissionQueue
-from gateway.body_encoding import decode_body
+from gateway.attempt import Attempt
 from gateway.context import RequestContext
 from gateway.disaggregation import run_prefill
-from gateway.endpoint_picker import PickRequest
+from gateway.endpoint_picker import PickRequest, Ranking
 from gateway.errors import (
     BadRequest,
     Evicted,
@@ -34,83 +34,42 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from gateway.form_body import FormBody, is_form, parse_form
-from gateway.keys import ADMISSION, CANARIES, METRICS, RUNTIME, SHADOW, SLOS
+from gateway.form_body import FormBody
+from gateway.keys import ADMISSION, CANARIES, METRICS, RESPONSE_CACHE, RUNTIME, SHADOW, SLOS
+from gateway.limits.limiter import Reservation
 from gateway.metrics import GatewayMetrics
-from gateway.relay import body_response, read_body, relay_body, relay_stream
-from gateway.routing.selector import select
+from gateway.relay import body_response, read_upstream_body, relay_body, relay_stream
+from gateway.request_body import read_body
+from gateway.response_cache.cache import Keep
+from gateway.routing.selector import Selection, select
 from gateway.routing.shadow import Outcome, text_of
 from gateway.runtime import Runtime
+from gateway.spend import settled_cost
 from gateway.stored_responses import continuing, created
 from gateway.stream_resume import StreamResume, asks_token_ids, stream_resume
-from gateway.upstream import client_request_headers, open_upstream
-from kvgate.wire.http.messages import AnyResponse, Request, Response
-from kvgate.wire.json_text import nested_deeper_than
+from gateway.upstream import UpstreamCall, client_request_headers, open_upstream
+from kvgate.wire.http.messages import AnyResponse, Request, Response, StreamResponse
 from kvgate.wire.model_name import model_restorer
-from kvgate.wire.openai_errors import MODEL_REQUIRED, NOT_AN_OBJECT, invalid_json, unknown_model
+from kvgate.wire.openai_errors import MODEL_REQUIRED, unknown_model
 from kvgate.wire.responses_api import RESPONSES_PATH, id_in_body, input_messages
 from kvgate.wire.routing_headers import INFERENCE_OBJECTIVE
 from kvgate.wire.sse import ResponsesRelay, SSERelay
-from policies.schema import Pool, Route
-
-
-def _content_encoding(headers: list[tuple[bytes, bytes]]) -> str:
-    """The request's ``Content-Encoding`` ("" when none), read from the raw header pairs: no
-    case-insensitive mapping lookup on every request for a header that is nearly never sent."""
-    for name, value in headers:
-        if len(name) == 16 and name.lower() == b"content-encoding":
-            return value.decode("latin-1")
-    return ""
-
-
-def _read_body(
-    request: Request, max_body: int, max_depth: int, forms: bool
-) -> tuple[bytes, dict[str, object], FormBody | None]:
-    """The body as sent (decoded), its fields, and the form when it is a multipart form (taken
-    on ``forms`` paths only: the extra paths a route lists, such as ``/v1/audio/*``)."""
-    raw = request.body  # the server has already refused bodies over listen.max_body
-    encoding = _content_encoding(request.raw_headers)
-    if encoding:  # decoded here, bounded again; forwarded decoded, without the header
-        raw = decode_body(raw, encoding, max_body)
-    content_type = request.headers.get("content-type", "")
-    if content_type.startswith("multipart/") and is_form(content_type):
-        if not forms:
-            raise BadRequest(f"{request.path} takes a JSON body, not a multipart form")
-        form = parse_form(raw, content_type)
-        return raw, form.fields, form
-    try:
-        body = orjson.loads(raw)
-    except ValueError as exc:
-        raise BadRequest(invalid_json(exc)) from exc
-    if not isinstance(body, dict):
-        raise BadRequest(NOT_AN_OBJECT)
-    # every later stage (routing text, the limiter's estimate) may recurse into the body; a
-    # body with fewer brackets than the limit cannot nest deeper than it
-    if raw.count(b"[") + raw.count(b"{") > max_depth and nested_deeper_than(body, max_depth):
-        raise BadRequest(f"the request body nests deeper than {max_depth} levels")
-    return raw, body, None
+from policies.schema import Policy, Pool, Route
 
 
 async def proxy(
     request: Request, ctx: RequestContext, path: str, streams: bool = True
 ) -> AnyResponse:
     """Proxy one OpenAI API request (``path``: the upstream path; ``streams``: whether the
-    endpoint can stream)."""
+    endpoint can stream): read it, find its route and arm, answer from the response cache or
+    reserve its limits, send it to a pool (with its shadow copy), settle what it used."""
     app = request.app
     runtime = app[RUNTIME].current
     policy = runtime.policy
     listen = policy.listen
     forms = path in policy.passthrough_paths
-    raw, body, form = _read_body(request, listen.max_body_bytes, listen.max_json_depth, forms)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest(MODEL_REQUIRED, param="model")
-    ctx.model = model
-    route = policy.route_for(model)
-    if route is None or (ctx.identity is not None and not ctx.identity.may_use(model)):
-        raise ModelNotFound(unknown_model(model), param="model")
-    if path in policy.passthrough_paths and path not in route.paths:
-        raise NotFound(f"{path} is not enabled for the model `{model}` (its route's paths)")
+    raw, body, form = read_body(request, listen.max_body_bytes, listen.max_json_depth, forms)
+    route = _route(policy, ctx, path, body)
     stream = body.get("stream")
     ctx.stream = (streams and stream is True) or (form is not None and stream == "true")
     options = body.get("stream_options")
@@ -118,32 +77,26 @@ async def proxy(
     client_wants_usage = form is not None or (
         isinstance(options, dict) and options.get("include_usage") is True
     )
-    if route.auto_canary is None:
-        selection = select(route, body, request.headers, ctx.identity)
-    else:
-        split = app[CANARIES].split(model)
-        selection = select(route, body, request.headers, ctx.identity, canary=split)
-        ctx.canary_arm = selection.pool
-    if selection.ab_arm:
-        ctx.add_headers({"x-kvgate-ab-arm": selection.ab_arm})
-    limiter = runtime.limiter
+    selection = _arm(request, ctx, route, body)
+    keep = None
+    if route.cache is not None and form is None:
+        cache, headers = app[RESPONSE_CACHE], request.headers
+        hit, keep = await cache.look_up(ctx, route.cache, path, body, headers, selection.pool)
+        if hit is not None:  # spends no limit, reaches no engine
+            return hit
     reservation = None
-    if limiter.active:
-        context_length = policy.pools[selection.pool].max_model_len
-        reservation = await limiter.reserve(ctx.identity, model, request.path, body, context_length)
-        if reservation is not None:
-            ctx.add_headers(reservation.headers)
-    responses = path == RESPONSES_PATH
+    if runtime.limiter.active:
+        reservation = await _reserve(request, runtime, ctx, body, selection.pool)
     # a response's input is routed on as the chat messages it renders to
-    routed = {**body, "messages": input_messages(body)} if responses else body
-    pick = PickRequest(model, routed, request.headers, ctx.identity, ctx.request_id)
+    routed = {**body, "messages": input_messages(body)} if path == RESPONSES_PATH else body
+    pick = PickRequest(ctx.model, routed, request.headers, ctx.identity, ctx.request_id)
     shadow = None
     if route.shadow and form is None:  # a shadow copy is sent as JSON
         shadow = app[SHADOW].start(
             policy, runtime.picker, route, path, body, pick, runtime.upstream_tls
         )
     forward = Forward(
-        request, runtime, ctx, path, raw, body, pick, client_wants_usage, form, route.resume
+        request, runtime, ctx, path, raw, body, pick, client_wants_usage, form, route.resume, keep
     )
     try:
         if route.fallback:
@@ -151,11 +104,7 @@ async def proxy(
         else:
             response = await _serve_pool(forward, policy.pools[selection.pool])
     finally:
-        if reservation is not None:
-            used = ctx.prompt_tokens + ctx.completion_tokens if ctx.usage_known else None
-            limiter.settle(reservation, used)
-        if selection.ab_arm:
-            _record_ab(app[METRICS], selection.ab_arm, ctx)
+        _settle(request, runtime, ctx, reservation, selection.ab_arm)
     if shadow is not None:
         primary = Outcome(
             ctx.status,
@@ -165,6 +114,64 @@ async def proxy(
         )
         app[SHADOW].compare(route, shadow, primary)
     return response
+
+
+def _route(policy: Policy, ctx: RequestContext, path: str, body: dict[str, object]) -> Route:
+    """The route of the body's model, which the caller must be allowed and which must take
+    ``path``."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest(MODEL_REQUIRED, param="model")
+    ctx.model = model
+    route = policy.route_for(model)
+    if route is None or (ctx.identity is not None and not ctx.identity.may_use(model)):
+        raise ModelNotFound(unknown_model(model), param="model")
+    if path in policy.passthrough_paths and path not in route.paths:
+        raise NotFound(f"{path} is not enabled for the model `{model}` (its route's paths)")
+    return route
+
+
+def _arm(request: Request, ctx: RequestContext, route: Route, body: dict[str, object]) -> Selection:
+    """The pool of the route that serves this request: its canary's or A/B test's arm."""
+    if route.auto_canary is None:
+        selection = select(route, body, request.headers, ctx.identity)
+    else:
+        split = request.app[CANARIES].split(ctx.model)
+        selection = select(route, body, request.headers, ctx.identity, canary=split)
+        ctx.canary_arm = selection.pool
+    if selection.ab_arm:
+        ctx.add_headers({"x-kvgate-ab-arm": selection.ab_arm})
+    return selection
+
+
+async def _reserve(
+    request: Request, runtime: Runtime, ctx: RequestContext, body: dict[str, object], pool: str
+) -> Reservation | None:
+    """Take what the request may use from its rate limits and spend budgets."""
+    limiter = runtime.limiter
+    context_length = runtime.policy.pools[pool].max_model_len
+    reservation = await limiter.reserve(ctx.identity, ctx.model, request.path, body, context_length)
+    if reservation is not None:
+        ctx.add_headers(reservation.headers)
+    return reservation
+
+
+def _settle(
+    request: Request,
+    runtime: Runtime,
+    ctx: RequestContext,
+    reservation: Reservation | None,
+    ab_arm: str | None,
+) -> None:
+    """Count what the request cost, settle its limits and budgets, record its A/B arm."""
+    prices = runtime.policy.spend.prices
+    price = prices.get(ctx.model) if prices else None
+    cost = None if price is None else settled_cost(price, ctx, request.app[METRICS])
+    if reservation is not None:
+        used = ctx.prompt_tokens + ctx.completion_tokens if ctx.usage_known else None
+        runtime.limiter.settle(reservation, used, cost)
+    if ab_arm:
+        _record_ab(request.app[METRICS], ab_arm, ctx)
 
 
 KV_TRANSFER = "kv_transfer_params"
@@ -179,6 +186,7 @@ class Forward:
         "client_wants_usage",
         "ctx",
         "form",
+        "keep",
         "path",
         "pick",
         "raw",
@@ -199,6 +207,7 @@ class Forward:
         client_wants_usage: bool,
         form: FormBody | None = None,
         resume: bool = False,
+        keep: Keep | None = None,
     ) -> None:
         self.request = request
         self.runtime = runtime
@@ -210,6 +219,7 @@ class Forward:
         self.client_wants_usage = client_wants_usage
         self.form = form  # a multipart body: forwarded as sent, but for its model field
         self.resume = resume  # the route lets a broken stream go on elsewhere
+        self.keep = keep  # where the answer is kept (the response cache missed)
 
 
 async def _serve_with_fallbacks(forward: Forward, route: Route, first_pool: str) -> AnyResponse:
@@ -240,19 +250,14 @@ async def _serve_with_fallbacks(forward: Forward, route: Route, first_pool: str)
 async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
     """Wait for capacity in ``pool`` (in the caller's priority class), send the request to one
     of its endpoints (after its prefill hop, where the pool disaggregates) and relay the
-    answer."""
+    answer: a stream event by event, a JSON body read whole, anything else as it comes."""
     request, runtime, ctx = forward.request, forward.runtime, forward.ctx
     admission = request.app[ADMISSION]
     if not _admitted_at_once(forward, pool, admission):
         await _queued(forward, pool, admission)
     try:
         body, form = forward.body, forward.form
-        content_type = None if form is None else form.content_type
-        headers = client_request_headers(
-            request, runtime.client_address, ctx.request_id, pool, content_type
-        )
-        call = runtime.calls[pool.name]
-        ranking = call.picker.rank(pool.name, forward.pick)
+        call, headers, ranking = _ranked(forward, pool)
         prefiller = ranking.prefill() if form is None else None
         params = None
         if prefiller is not None:  # a prefill/decode pool disaggregates this request
@@ -273,28 +278,57 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
         upstream = attempt.response
         assert upstream is not None  # an open attempt has its response head
         idle = runtime.policy.timeouts.idle
-        restore = model_restorer(pool.model, ctx.model)
         try:
             if upstream.content_type == "text/event-stream":
-                relay, resume = _stream_relay(forward, pool, payload, headers, resumes)
-                streamed = await relay_stream(
-                    request, ctx, attempt, upstream, idle, relay, resume, restore
-                )
-                if responses:
-                    created(request, ctx, relay.response_id)
-                return streamed
+                return await _streamed(forward, pool, attempt, payload, headers, resumes)
             data = upstream.read_now()  # a whole JSON body usually comes with the headers
             if data is None:
                 if upstream.content_type != "application/json":  # nothing in it to read
                     return await relay_body(request, ctx, attempt, upstream, idle)
-                data = await read_body(ctx, attempt, upstream, idle)
+                data = await read_upstream_body(ctx, attempt, upstream, idle)
             if responses and upstream.status == 200:
                 created(request, ctx, id_in_body(data))
-            return body_response(ctx, upstream, data, restore)
+            response = body_response(ctx, upstream, data, model_restorer(pool.model, ctx.model))
+            if forward.keep is not None:
+                forward.keep.body(upstream.status, upstream.content_type, response.body)
+            return response
         finally:
             attempt.close(ctx.prompt_tokens if ctx.usage_known else None)
     finally:
         admission.done(pool.name)
+
+
+def _ranked(forward: Forward, pool: Pool) -> tuple[UpstreamCall, bytes, Ranking]:
+    """What sending to ``pool`` needs, the headers sent, and its endpoints in the picker's
+    order."""
+    request, runtime, ctx, form = forward.request, forward.runtime, forward.ctx, forward.form
+    content_type = None if form is None else form.content_type
+    headers = client_request_headers(
+        request, runtime.client_address, ctx.request_id, pool, content_type
+    )
+    call = runtime.calls[pool.name]
+    return call, headers, call.picker.rank(pool.name, forward.pick)
+
+
+async def _streamed(
+    forward: Forward, pool: Pool, attempt: Attempt, payload: bytes, headers: bytes, resumes: bool
+) -> StreamResponse:
+    """The upstream's stream relayed event by event (kept by the response cache, when it
+    missed and the stream ends whole)."""
+    request, ctx, keep = forward.request, forward.ctx, forward.keep
+    upstream = attempt.response
+    assert upstream is not None
+    relay, resume = _stream_relay(forward, pool, payload, headers, resumes)
+    idle, restore = forward.runtime.policy.timeouts.idle, model_restorer(pool.model, ctx.model)
+    copy = None if keep is None else keep.copy
+    streamed = await relay_stream(
+        request, ctx, attempt, upstream, idle, relay, resume, restore, copy
+    )
+    if forward.path == RESPONSES_PATH:
+        created(request, ctx, relay.response_id)
+    elif keep is not None:
+        keep.stream(ctx)
+    return streamed
 
 
 def _admitted_at_once(forward: Forward, pool: Pool, admission: AdmissionQueue) -> bool:

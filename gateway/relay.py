@@ -38,7 +38,7 @@ AFTER_DONE = 1.0  # seconds to wait for the upstream body's end after [DONE]
 CUT_BY_SHUTDOWN = "cut_by_shutdown"  # the error of a stream still running when the grace ended
 
 
-async def read_body(
+async def read_upstream_body(
     ctx: RequestContext, attempt: Attempt, upstream: UpstreamResponse, idle: float
 ) -> bytes:
     """The rest of a whole (non-stream) body, when it did not come with the headers."""
@@ -74,12 +74,14 @@ async def relay_stream(
     relay: SSERelay,
     resume: StreamResume | None = None,
     restore: Restore | None = None,
+    copy: list[bytes] | None = None,
 ) -> StreamResponse:
     """Relay the upstream's events as they complete (``relay``: how this API's stream is read
-    and ended; ``restore`` puts the public model name back in them); a stream that breaks off
-    goes on from another endpoint where ``resume`` can (its attempts are closed here), else
-    ends with an error event."""
+    and ended; ``restore`` puts the public model name back in them; ``copy`` gets what the
+    client is sent); a stream that breaks off goes on from another endpoint where ``resume``
+    can (its attempts are closed here), else ends with an error event."""
     response = await _prepared(request, ctx, upstream, None)
+    response.copy = copy
     current = attempt
     try:
         failure = await _relay_events(ctx, current, upstream, idle, relay, response, restore)
@@ -255,4 +257,8 @@ def _record_usage(ctx: RequestContext, usage: dict[str, object] | None) -> None:
     prompt, completion = chat_usage(usage)
     ctx.prompt_tokens = prompt if isinstance(prompt, int) else 0
     ctx.completion_tokens = completion if isinstance(completion, int) else 0
+    # vLLM says which prompt tokens were cached with --enable-prompt-tokens-details
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    ctx.cached_tokens = cached if isinstance(cached, int) else 0
     ctx.usage_known = isinstance(prompt, int) and isinstance(completion, int)

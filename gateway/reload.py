@@ -19,7 +19,7 @@ from gateway.capacity import (
     SaturationGate,
     in_flight_counts,
 )
-from gateway.keys import ADMISSION, CANARIES, METRICS, RUNTIME, SLOS
+from gateway.keys import ADMISSION, CANARIES, METRICS, RESPONSE_CACHE, RUNTIME, SLOS
 from gateway.remote_jwks import jwks_urls
 from gateway.runtime import Runtime, RuntimeParts, build_runtime
 from policies.errors import PolicyError
@@ -120,6 +120,7 @@ class Reloader:
         holder.version += 1
         self.app[SLOS].update(policy)
         self.app[CANARIES].update(policy)
+        self.app[RESPONSE_CACHE].update(policy)
         log.info("policy version %d applied from %s", holder.version, policy.source)
         if old.embedded is not None and old.embedded is not new.embedded:
             await old.embedded.stop()

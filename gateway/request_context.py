@@ -88,6 +88,7 @@ def log_access(request: Request, ctx: RequestContext, clients: ClientAddress) ->
                 "ttft_ms": round(ctx.ttft * 1000, 2) if ctx.ttft is not None else None,
                 "duration_ms": round(ctx.elapsed * 1000, 2),
                 "error": ctx.error or None,
+                "cache": ctx.cache or None,
             }
         )
     )

@@ -123,8 +123,12 @@ def build_runtime(
     tls = upstream_tls(policy)
     for address, (context, server_name) in tls.items():
         parts.upstreams.use_tls(address, context, server_name)
-    limiter = Limiter(policy.limits, workers=policy.listen.workers)
-    if previous is not None and previous.policy.limits == policy.limits:
+    limiter = Limiter(policy.limits, workers=policy.listen.workers, spend=policy.spend)
+    if (
+        previous is not None
+        and previous.policy.limits == policy.limits
+        and previous.policy.spend == policy.spend
+    ):
         limiter = previous.limiter
     chosen = picker or LeastInFlightPicker(endpoints)
     calls = {

@@ -21,7 +21,7 @@ from gateway.endpoint_picker import EndpointState, Ranking
 from gateway.errors import MethodNotAllowed, NotFound
 from gateway.identity import Identity
 from gateway.keys import RESPONSE_HOMES, RUNTIME
-from gateway.relay import body_response, read_body, relay_stream
+from gateway.relay import body_response, read_upstream_body, relay_stream
 from gateway.runtime import Runtime
 from gateway.upstream import RETRYABLE, as_gateway_error, client_request_headers, upstream_headers
 from kvgate.response_homes import Home, holds
@@ -159,7 +159,7 @@ async def _send(
             return await relay_stream(request, ctx, attempt, upstream, idle, relay, None, restore)
         data = upstream.read_now()
         if data is None:
-            data = await read_body(ctx, attempt, upstream, idle)
+            data = await read_upstream_body(ctx, attempt, upstream, idle)
         return body_response(ctx, upstream, data, restore)
     finally:
         attempt.close()

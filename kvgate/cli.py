@@ -10,6 +10,7 @@ from backends import cli as backend_cli
 from epp import cli as epp_cli
 from epp.registry import CATALOG
 from gateway import cli as gateway_cli
+from gateway import spend_report
 from gateway.build_info import version
 from kvgate.wire import app_logging
 from loadtest import cli as loadtest_cli
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     loadtest_cli.add_parsers(subparsers)
     policy_cli.add_parser(subparsers, plugins=CATALOG)
     policy_cli.add_keys_parser(subparsers)
+    spend_report.add_parser(subparsers)
     for command in subparsers.choices.values():
         command.formatter_class = DefaultsHelpFormatter
         _add_common(command, "command_")

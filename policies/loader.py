@@ -13,6 +13,7 @@ from pathlib import Path
 
 from policies.admin_section import load_admin
 from policies.auth_section import check_classes, load_auth, load_classes, load_tenants
+from policies.cache_section import load_cache_store
 from policies.cors_section import load_cors
 from policies.epp_section import check_plugins, load_epp
 from policies.errors import PolicyError
@@ -33,6 +34,7 @@ from policies.schema import (
     Tracing,
 )
 from policies.slo_section import load_slos
+from policies.spend_section import load_spend
 from policies.tls_section import load_server_tls
 from policies.yaml_source import Source, parse_yaml
 
@@ -53,6 +55,8 @@ TOP_LEVEL = {
     "classes",
     "slos",
     "state_dir",
+    "response_cache",
+    "spend",
 }
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -113,7 +117,9 @@ def _build(src: Source, source: str, base_dir: Path, plugins: PluginCatalog | No
     version = top.integer("version", 1, low=1, high=1)
     pools = load_pools(top, base_dir)
     tenants = load_tenants(top)
-    routes = load_routes(top, pools)
+    limits = load_limits(top)
+    cache_store = load_cache_store(top, limits.store.url)
+    routes = load_routes(top, pools, cache_store.ttl)
     classes = load_classes(top)
     auth = load_auth(top, tenants, base_dir)
     check_classes(top, classes, tenants, auth)
@@ -138,9 +144,11 @@ def _build(src: Source, source: str, base_dir: Path, plugins: PluginCatalog | No
         observability=_observability(top),
         cors=load_cors(top),
         epp=epp,
-        limits=load_limits(top),
+        limits=limits,
         slos=load_slos(top, tuple(r.model for r in routes), tuple(classes)),
         state_dir=_state_dir(top, base_dir),
+        response_cache=cache_store,
+        spend=load_spend(top),
         source=source,
     )
 

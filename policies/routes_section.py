@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import re
 
+from policies.cache_section import load_route_cache
 from policies.canary_section import load_canary_mapping
 from policies.fields import Fields, child
 from policies.schema import AbTest, Pool, Route, Shadow, WeightedPool
 
+ROUTE_FIELDS = {"model", "pool", "canary", "ab_test", "shadow", "fallback", "paths", "resume"}
+ROUTE_FIELDS.add("cache")
 COMPARE = ("status", "tokens", "latency", "text")
 PASSTHROUGH_PATH = re.compile(r"(/[A-Za-z0-9._-]+)+")
 # served by the gateway itself, for every route
@@ -24,7 +27,8 @@ OPENAI_PATHS = frozenset(
 )
 
 
-def load_routes(top: Fields, pools: dict[str, Pool]) -> tuple[Route, ...]:
+def load_routes(top: Fields, pools: dict[str, Pool], cache_ttl: float) -> tuple[Route, ...]:
+    """``routes:`` (``cache_ttl``: how long a route's kept answers live unless it says)."""
     routes: list[Route] = []
     seen: set[str] = set()
     for path, item in top.items("routes", required=True):
@@ -32,7 +36,17 @@ def load_routes(top: Fields, pools: dict[str, Pool]) -> tuple[Route, ...]:
             top.source,
             item,
             path,
-            {"model", "pool", "canary", "ab_test", "shadow", "fallback", "paths", "resume"},
+            {
+                "model",
+                "pool",
+                "canary",
+                "ab_test",
+                "shadow",
+                "fallback",
+                "paths",
+                "resume",
+                "cache",
+            },
         )
         model = f.text("model")
         if model in seen:
@@ -73,7 +87,10 @@ def load_routes(top: Fields, pools: dict[str, Pool]) -> tuple[Route, ...]:
                 )
         fallback = f.str_list("fallback") or ()
         resume = f.flag("resume", True)
-        routes.append(Route(model, pool, canary, ab_test, shadow, fallback, extra, auto, resume))
+        cache = load_route_cache(f, path, cache_ttl)
+        routes.append(
+            Route(model, pool, canary, ab_test, shadow, fallback, extra, auto, resume, cache)
+        )
     known = {r.model for r in routes}
     for i, route in enumerate(routes):
         for name in route.fallback:

@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from policies.admin_section import Admin
+from policies.cache_section import ResponseCacheStore, RouteCache
 from policies.canary_section import AutoCanary
 from policies.cors_section import Cors
 from policies.slo_section import Slos
+from policies.spend_section import Spend
 
 DEFAULT_CLASS = "standard"
 ROLES = ("both", "prefill", "decode")
@@ -376,6 +378,7 @@ class Route:
     paths: tuple[str, ...] = ()
     auto_canary: AutoCanary | None = None  # the canary's weight is the gateway's to advance
     resume: bool = True  # a stream whose engine fails is continued on another (retries.resumes)
+    cache: RouteCache | None = None  # deterministic answers are kept (response_cache)
 
 
 @dataclass(frozen=True)
@@ -443,6 +446,8 @@ class Policy:
     classes: Mapping[str, PriorityClass] = field(default_factory=lambda: dict(DEFAULT_CLASSES))
     cors: Cors | None = None  # browsers' cross-origin calls: refused unless configured
     slos: Slos = field(default_factory=Slos)
+    response_cache: ResponseCacheStore = field(default_factory=ResponseCacheStore)
+    spend: Spend = field(default_factory=Spend)  # prices and budgets
     # where state that outlives a process is kept (automatic canaries); "" is
     # $KVGATE_STATE_DIR, else $XDG_STATE_HOME/kvgate (~/.local/state/kvgate)
     state_dir: str = ""

@@ -1,27 +1,41 @@
 """Token-bucket arithmetic and the in-memory store.
 
-A bucket holds at most ``capacity`` units and refills at ``capacity / 60`` per second (a
-per-minute limit with a burst of one minute's worth). A take of several buckets is all or
-nothing. A *forced* take (settling a response's real usage) always applies, and may leave a
-bucket below zero: the debt blocks later requests until it is refilled.
+A bucket holds at most ``capacity`` units and refills at ``capacity / period`` per second (a
+per-minute limit, ``period`` 60, with a burst of one minute's worth); a bucket whose ``period``
+is infinite never refills (a spend budget, whose key names its calendar day or month). A take
+of several buckets is all or nothing. A *forced* take (settling a response's real usage) always
+applies, and may leave a bucket below zero: the debt blocks later requests until it is refilled.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
 class BucketSpec:
     key: str
-    capacity: float  # units per minute, also the burst
+    capacity: float  # units per period, also the burst
     cost: float  # units this request takes (negative: a refund)
+    period: float = 60.0  # seconds an empty bucket takes to fill; math.inf: it never does
+    ttl: int = 120  # seconds a shared store keeps a bucket nobody took from
 
     @property
     def rate(self) -> float:
         """Refill per second."""
-        return self.capacity / 60.0
+        return self.capacity / self.period
+
+    def costing(self, cost: float) -> BucketSpec:
+        """This bucket, taking ``cost`` instead."""
+        return replace(self, cost=cost)
+
+    def wait(self, level: float) -> float:
+        """Seconds until the bucket at ``level`` holds this spec's cost (``math.inf``: never)."""
+        if level >= self.cost:
+            return 0.0
+        return (self.cost - level) / self.rate if self.rate > 0 else math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +51,9 @@ def refill(tokens: float, last: float, now: float, spec: BucketSpec) -> float:
 
 
 def reset_seconds(remaining: float, spec: BucketSpec) -> float:
-    """Seconds until the bucket is full again."""
+    """Seconds until the bucket is full again (``math.inf``: it never refills)."""
+    if spec.rate <= 0:
+        return math.inf if remaining < spec.capacity else 0.0
     return max(0.0, (spec.capacity - remaining) / spec.rate)
 
 
@@ -53,15 +69,15 @@ class MemoryStore:
         return self.take_now(specs, time.monotonic(), force=force)
 
     def take_now(self, specs: list[BucketSpec], now: float, *, force: bool = False) -> TakeResult:
-        scaled = [BucketSpec(s.key, s.capacity / self.share, s.cost) for s in specs]
+        scaled = [replace(s, capacity=s.capacity / self.share) for s in specs]
         levels = []
         wait = 0.0
         for spec in scaled:
             tokens, last = self.state.get(spec.key, (spec.capacity, now))
             tokens = refill(tokens, last, now, spec)
             levels.append(tokens)
-            if spec.cost > 0 and tokens < spec.cost:
-                wait = max(wait, (spec.cost - tokens) / spec.rate)
+            if spec.cost > 0:
+                wait = max(wait, spec.wait(tokens))
         allowed = force or wait == 0.0
         remaining = []
         for spec, tokens in zip(scaled, levels, strict=True):

@@ -3,7 +3,9 @@
 Each bucket is this replica's share (``share``: workers times replicas) of the shared limit, and
 starts from that share of the level the shared store last reported for it, refilled since: a
 bucket the outage finds empty is not handed a full minute. A bucket the store answers for again
-is forgotten, so the next outage starts from the store's newer level.
+is forgotten, so the next outage starts from the store's newer level. A level of a bucket that
+refills is forgotten a minute after it was reported (it has refilled by then); one that never
+refills (a spend budget) is kept past its calendar period.
 
 ``seeds`` projects the last reported levels to now, for a shared store that lost its buckets (a
 restarted Redis) to start from.
@@ -16,6 +18,7 @@ import time
 from gateway.limits.buckets import BucketSpec, MemoryStore, TakeResult, refill
 
 FORGET_AFTER = 60.0  # seconds: a level reported this long ago has refilled to full
+FORGET_KEPT_AFTER = 32 * 86400.0  # seconds: past the calendar period of any budget
 
 
 class FallbackBuckets:
@@ -24,6 +27,7 @@ class FallbackBuckets:
         # key -> (level, monotonic time here, the store's time): the newest answer the store
         # gave, by its clock (concurrent answers can arrive out of order)
         self._levels: dict[str, tuple[float, float, float]] = {}
+        self._kept: set[str] = set()  # keys of buckets that never refill
         self._pruned_at = time.monotonic()
 
     def observe(self, specs: list[BucketSpec], result: TakeResult, now: float) -> None:
@@ -36,6 +40,8 @@ class FallbackBuckets:
             # only lowers it, and no time passed to refill it)
             if seen is None or seen[2] < result.at or (seen[2] == result.at and level <= seen[0]):
                 levels[spec.key] = (level, now, result.at)
+                if seen is None and spec.rate <= 0:
+                    self._kept.add(spec.key)
             if state:  # empty unless the store was away
                 state.pop(spec.key, None)
         if now - self._pruned_at > FORGET_AFTER:
@@ -60,6 +66,12 @@ class FallbackBuckets:
 
     def _prune(self, now: float) -> None:
         self._pruned_at = now
-        old = [key for key, (_, at, _) in self._levels.items() if now - at > FORGET_AFTER]
+        kept = self._kept
+        old = [
+            key
+            for key, (_, at, _) in self._levels.items()
+            if now - at > (FORGET_KEPT_AFTER if key in kept else FORGET_AFTER)
+        ]
         for key in old:
             del self._levels[key]
+            kept.discard(key)

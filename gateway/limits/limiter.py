@@ -17,16 +17,19 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from gateway.errors import BadRequest, GatewayError
 from gateway.identity import Identity
 from gateway.limits.buckets import BucketSpec, MemoryStore, TakeResult, reset_seconds
+from gateway.limits.budgets import budget_buckets, most_cost, refusal, remaining_header
 from gateway.limits.fallback import FallbackBuckets
 from gateway.limits.pending_usage import PendingUsage
 from gateway.limits.redis_store import RedisStore, StoreUnavailable
 from kvgate.wire.json_text import compact_json
 from kvgate.wire.output_limit import OUTPUT_LIMITS
 from policies.schema import LimitRule, Limits
+from policies.spend_section import Spend
 
 log = logging.getLogger("kvgate.gateway")
 
@@ -59,6 +62,8 @@ class Reservation:
     token_specs: list[BucketSpec]
     estimate: int
     headers: dict[str, str] = field(default_factory=dict)
+    budget_specs: list[BucketSpec] = field(default_factory=list)
+    cost: float = 0.0  # what the budgets were charged: the most the request may cost
 
 
 SETTLE_EVERY = 0.1  # seconds between batched settlements with Redis
@@ -67,8 +72,10 @@ SETTLE_EVERY = 0.1  # seconds between batched settlements with Redis
 class Limiter:
     """Reserves rate-limit buckets at admission and settles them from the real usage."""
 
-    def __init__(self, limits: Limits, workers: int = 1) -> None:
+    def __init__(self, limits: Limits, workers: int = 1, spend: Spend | None = None) -> None:
+        """``spend``: the prices and budgets (budgets are kept in the limits' store)."""
         self.limits = limits
+        self.spend = spend or Spend()
         store = limits.store
         self.primary: RedisStore | MemoryStore
         if store.kind == "redis" and store.url:
@@ -82,7 +89,8 @@ class Limiter:
         self._flusher: asyncio.Task[None] | None = None
         # each rule's conditions in a fixed order, so the bucket key is the same every time
         self._conditions = [(rule, sorted(rule.match.items())) for rule in limits.rules]
-        self.active = bool(limits.rules)  # any rule to enforce (read per request)
+        # any rule or budget to enforce (read per request)
+        self.active = bool(limits.rules) or bool(self.spend.budgets)
 
     async def start(self) -> None:
         """Connect to the shared store before requests arrive (``fail_closed`` would refuse
@@ -127,6 +135,13 @@ class Limiter:
         """Prompt characters / ``chars_per_token`` + the output the request may ask for, at most
         the model's ``context_length`` when known (no request can use more); ``BadRequest`` for
         an output limit that is not a positive integer."""
+        prompt, output = self.estimate_parts(body, context_length)
+        return prompt + output
+
+    def estimate_parts(
+        self, body: Mapping[str, object], context_length: int | None = None
+    ) -> tuple[int, int]:
+        """``estimate``'s prompt and output tokens."""
         name = next((name for name in OUTPUT_LIMITS if name in body), "max_tokens")
         out = body.get(name)
         if out is not None and (isinstance(out, bool) or not isinstance(out, int) or out < 1):
@@ -137,8 +152,11 @@ class Limiter:
         instructions = body.get("instructions")  # a Responses API request's system prompt
         if isinstance(instructions, str):
             chars += len(instructions)
-        estimate = chars // self.limits.chars_per_token + max_tokens
-        return estimate if context_length is None else min(estimate, context_length)
+        prompt = chars // self.limits.chars_per_token
+        if context_length is not None and prompt + max_tokens > context_length:
+            prompt = min(prompt, context_length)
+            return prompt, context_length - prompt
+        return prompt, max_tokens
 
     async def reserve(
         self,
@@ -151,9 +169,14 @@ class Limiter:
         """Take this request's units, or raise ``RateLimited`` / ``LimiterUnavailable``;
         ``context_length``: the serving pool's ``max_model_len``, if set."""
         rules = self.matching(identity, model, route)
-        if not rules:
+        if not rules and not self.spend.budgets:
             return None
-        estimate = self.estimate(body, context_length)
+        prompt, output = self.estimate_parts(body, context_length)
+        estimate = prompt + output
+        cost = most_cost(self.spend.prices.get(model), prompt, output)
+        budgets = budget_buckets(self.spend, identity, cost, datetime.now(UTC))
+        if not rules and not budgets:
+            return None
         request_specs = [
             BucketSpec(f"{r.name}:req:{k}", r.requests_per_min, 1)
             for r, k in rules
@@ -172,26 +195,43 @@ class Limiter:
                     "prompt tokens or a lower max_tokens.",
                     headers={"x-should-retry": "false"},
                 )
-        result = await self._take(request_specs + token_specs)
+        budget_specs = [bucket.spec for bucket in budgets]
+        result = await self._take(request_specs + token_specs + budget_specs)
         headers = self._headers(request_specs, token_specs, result)
+        budget_levels = result.remaining[len(result.remaining) - len(budgets) :]
+        headers.update(remaining_header(budget_levels))
         if not result.allowed:
+            spent = refusal(self.spend, budgets, budget_levels)
+            if spent is not None:
+                raise spent
             retry = max(1, int(result.retry_after + 0.999))
             raise RateLimited(
                 f"Rate limit reached; retry in {retry}s.",
                 headers={**headers, "retry-after": str(retry)},
             )
-        return Reservation(token_specs, estimate, headers)
+        return Reservation(token_specs, estimate, headers, budget_specs, cost)
 
-    def settle(self, reservation: Reservation | None, actual_tokens: int | None) -> None:
-        """Refund or charge the difference to the estimate: at once in memory; to Redis added
+    def settle(
+        self,
+        reservation: Reservation | None,
+        actual_tokens: int | None,
+        actual_cost: float | None = None,
+    ) -> None:
+        """Refund or charge the difference to the estimate (tokens) and to the most it may
+        cost (budgets; None: not known, the charge stands): at once in memory; to Redis added
         up per bucket and sent every ``SETTLE_EVERY`` seconds (one script call for many
         requests, none on the request path), kept until Redis takes it."""
-        if reservation is None or actual_tokens is None or not reservation.token_specs:
+        if reservation is None:
             return
-        delta = actual_tokens - reservation.estimate
-        if delta == 0:
+        specs = []
+        if actual_tokens is not None and actual_tokens != reservation.estimate:
+            delta = actual_tokens - reservation.estimate
+            specs += [s.costing(delta) for s in reservation.token_specs]
+        if actual_cost is not None and actual_cost != reservation.cost:
+            delta_cost = actual_cost - reservation.cost
+            specs += [s.costing(delta_cost) for s in reservation.budget_specs]
+        if not specs:
             return
-        specs = [BucketSpec(s.key, s.capacity, delta) for s in reservation.token_specs]
         if isinstance(self.primary, MemoryStore):
             self.primary.take_now(specs, time.monotonic(), force=True)
             return
@@ -258,7 +298,7 @@ class Limiter:
         late = failure.answer
         if late is None:
             return
-        undo = [BucketSpec(s.key, s.capacity, -s.cost) for s in specs]
+        undo = [s.costing(-s.cost) for s in specs]
 
         def applied(call: asyncio.Future[TakeResult]) -> None:
             if not call.cancelled() and call.exception() is None and call.result().allowed:

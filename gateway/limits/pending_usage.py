@@ -29,7 +29,7 @@ class PendingUsage:
         for spec in specs:
             owed = self._owed.get(spec.key)
             if owed is not None:
-                self._owed[spec.key] = BucketSpec(spec.key, spec.capacity, owed.cost + spec.cost)
+                self._owed[spec.key] = owed.costing(owed.cost + spec.cost)
             elif len(self._owed) < self.max_buckets:
                 self._owed[spec.key] = spec
             else:

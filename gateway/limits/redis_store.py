@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 
 import redis.asyncio as redis
 from redis.asyncio.retry import Retry
@@ -40,28 +41,34 @@ local force = ARGV[1] == '1'
 local n = #KEYS
 local levels = {}
 local wait = 0
+local never = false
 for i = 1, n do
-  local cap = tonumber(ARGV[(i - 1) * 3 + 2])
-  local cost = tonumber(ARGV[(i - 1) * 3 + 3])
-  local rate = cap / 60
+  local at = (i - 1) * 5
+  local cap = tonumber(ARGV[at + 2])
+  local cost = tonumber(ARGV[at + 3])
+  local rate = tonumber(ARGV[at + 5])
   local s = redis.call('HMGET', KEYS[i], 'tokens', 'ts')
   local tokens = tonumber(s[1])
   local ts = tonumber(s[2])
-  if tokens == nil then tokens = tonumber(ARGV[(i - 1) * 3 + 4]) or cap; ts = now end
+  if tokens == nil then tokens = tonumber(ARGV[at + 4]) or cap; ts = now end
   tokens = math.min(cap, tokens + math.max(0, now - ts) * rate)
   levels[i] = tokens
-  if cost > 0 and tokens < cost then wait = math.max(wait, (cost - tokens) / rate) end
+  if cost > 0 and tokens < cost then
+    if rate > 0 then wait = math.max(wait, (cost - tokens) / rate) else never = true end
+  end
 end
-local allowed = force or wait == 0
+local allowed = force or (wait == 0 and not never)
+if never then wait = -1 end
 local stamp = string.format('%.6f', now)
 local out = {allowed and 1 or 0, tostring(wait), stamp}
 for i = 1, n do
-  local cap = tonumber(ARGV[(i - 1) * 3 + 2])
-  local cost = tonumber(ARGV[(i - 1) * 3 + 3])
+  local at = (i - 1) * 5
+  local cap = tonumber(ARGV[at + 2])
+  local cost = tonumber(ARGV[at + 3])
   local tokens = levels[i]
   if allowed then tokens = tokens - cost end
   redis.call('HSET', KEYS[i], 'tokens', tostring(math.min(tokens, cap)), 'ts', stamp)
-  redis.call('EXPIRE', KEYS[i], 120)
+  redis.call('EXPIRE', KEYS[i], tonumber(ARGV[at + 6]))
   out[#out + 1] = tostring(tokens)
 end
 return out
@@ -138,7 +145,7 @@ class RedisStore:
         keys = [self.prefix + s.key for s in specs]
         args: list[str | int | float] = ["1" if force else "0"]
         for spec, seed in zip(specs, seeds, strict=True):
-            args += [spec.capacity, spec.cost, "" if seed is None else seed]
+            args += [spec.capacity, spec.cost, "" if seed is None else seed, spec.rate, spec.ttl]
         call = asyncio.ensure_future(self._call(keys, args))
         try:
             return await within(call, self.deadline, self.patience, keep_running=True)
@@ -156,9 +163,10 @@ class RedisStore:
         raw = await self._script(keys=keys, args=args)
         self.health.succeeded()
         allowed = int(raw[0]) == 1
+        wait = float(raw[1])  # -1: a bucket that never refills cannot pay
         return TakeResult(
             allowed,
-            0.0 if allowed else float(raw[1]),
+            0.0 if allowed else math.inf if wait < 0 else wait,
             tuple(float(v) for v in raw[3:]),
             float(raw[2]),
         )

@@ -4,12 +4,13 @@ buckets seeded from Redis's last levels, and the usage owed to Redis."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import pytest
 
 from gateway.limits.buckets import BucketSpec, TakeResult
-from gateway.limits.fallback import FallbackBuckets
+from gateway.limits.fallback import FORGET_AFTER, FallbackBuckets
 from gateway.limits.loop_deadline import within
 from gateway.limits.pending_usage import PendingUsage
 from kvgate.wire.store_health import StoreHealth
@@ -120,3 +121,17 @@ def test_pending_usage_adds_up_per_bucket_and_is_bounded() -> None:
     assert len(pending) == 0
     pending.add([BucketSpec("a", 600, 4), BucketSpec("a", 600, -4)])
     assert pending.drain() == []  # nothing owed in sum: nothing to send
+
+
+def test_the_fallback_keeps_a_budgets_level_past_a_minute() -> None:
+    """A budget never refills: the level Redis last reported holds however long it is away,
+    where a rate limit's is forgotten (it has refilled)."""
+    fallback = FallbackBuckets(share=1)
+    budget = BucketSpec("budget:b:acme:2026-12", 1.0, 0.6, period=math.inf, ttl=86400)
+    start = time.monotonic()
+    fallback.observe([budget, SPEC], TakeResult(True, 0.0, (0.5, 100.0), at=1.0), now=start)
+    later = start + FORGET_AFTER * 2
+    other = BucketSpec("other", 600, 1)
+    fallback.observe([other], TakeResult(True, 0.0, (100.0,), at=2.0), now=later)  # prunes
+    assert fallback.seeds([SPEC, budget], now=later) == [None, 0.5]
+    assert not fallback.take([budget], now=later).allowed  # 0.5 left, not a new 1.0

@@ -32,8 +32,8 @@ CASES = [
         with_base("colour: blue"),
         [
             "colour (line 5): unknown field (expected one of: auth, breakers, classes, cors, epp,"
-            " limits, listen, observability, pools, retries, routes, slos, state_dir, tenants,"
-            " timeouts, version)"
+            " limits, listen, observability, pools, response_cache, retries, routes, slos,"
+            " spend, state_dir, tenants, timeouts, version)"
         ],
     ),
     ("duplicate key", with_base(ROUTES), ["routes (line 5): duplicate key"]),

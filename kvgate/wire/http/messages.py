@@ -214,12 +214,14 @@ class StreamResponse:
     HTTP/1.1 clients get chunked transfer encoding; HTTP/1.0 clients get the body up to the
     connection's close. With ``length`` (a body whose size is known ahead, as an upstream's
     ``Content-Length`` says) every client gets that ``Content-Length`` and the body as it is.
+    With ``copy`` a list, every piece of the body written is appended to it too.
     """
 
     __slots__ = (
         "_chunked",
         "_connection",
         "block",
+        "copy",
         "finished",
         "headers",
         "length",
@@ -241,6 +243,7 @@ class StreamResponse:
         self.block = block  # header lines already encoded, sent before ``headers``
         self.prepared = False
         self.finished = False
+        self.copy: list[bytes] | None = None
         self._connection: Connection | None = None
         self._chunked = True
 
@@ -269,6 +272,8 @@ class StreamResponse:
         writing more."""
         connection = self._require()
         if data:
+            if self.copy is not None:
+                self.copy.append(data)
             if self._chunked:
                 connection.write(b"%x\r\n%b\r\n" % (len(data), data))
             else:
@@ -297,6 +302,8 @@ class StreamResponse:
         if self.finished or self._connection is None:
             return
         self.finished = True
+        if self.copy is not None and data:
+            self.copy.append(data)
         if not self._chunked:
             self._connection.write(data)
         elif data:

@@ -1,0 +1,1 @@
+"""The response cache: deterministic answers kept and replayed (``policies.cache_section``)."""
