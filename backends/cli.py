@@ -20,6 +20,7 @@ from backends.runners.sim_runner import CostModel, SimRunner
 from backends.server.app import create_app
 from backends.server.metrics import ServerMetrics
 from backends.server.state import ServerState
+from backends.server.tracing import RequestTracer
 from kvgate.wire import app_logging
 from kvgate.wire.http.tls import server_context
 from kvgate.wire.request_tokenizer import ReferenceTokenizer
@@ -40,6 +41,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--ssl-certfile", help="serve HTTPS with this certificate chain (PEM)")
     p.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")
+    p.add_argument(
+        "--otlp-traces-endpoint",
+        help="send each request's spans (queue, prefill, decode) to this OTLP/HTTP collector "
+        "URL, e.g. http://127.0.0.1:4318/v1/traces (vLLM's flag)",
+    )
     p.add_argument(
         "--model",
         help="served model name (default: kvgate-sim, the --model-path, or kvgate-PRESET)",
@@ -190,6 +196,8 @@ def build_state(args: argparse.Namespace) -> ServerState:
         transfer_server=None if pd is None else pd.server,
         prefill_timeout=args.prefill_timeout,
     )
+    if args.otlp_traces_endpoint:
+        state.tracer = RequestTracer.otlp(args.otlp_traces_endpoint, model_name)
     for module in args.lora_modules:
         name, sep, path = module.partition("=")
         if not sep or not name or not path:

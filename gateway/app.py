@@ -89,7 +89,7 @@ def create_app(
             connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)
         )
         app[HTTP_SESSION] = session
-        app[SHADOW] = ShadowMirror(session, app[METRICS])
+        app[SHADOW] = ShadowMirror(session, app[METRICS], app[TRACER])
         app[SHADOW].on_result = canaries.shadow_result
         yield
         app[UPSTREAMS].close()

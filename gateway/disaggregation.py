@@ -77,7 +77,7 @@ async def _prefill_on(
                 first_byte=call.timeouts.first_byte,
             )
         else:
-            response = await send_traced(call, endpoint, path, payload, headers)
+            response = await send_traced(call, endpoint, path, payload, headers, hop="prefill")
     except RETRYABLE as exc:
         timed_out = isinstance(exc, asyncio.TimeoutError)
         attempt.fail(TIMED_OUT if timed_out else CONNECT_FAILED)

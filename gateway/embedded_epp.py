@@ -3,7 +3,7 @@ backed by an in-process ``EppService``."""
 
 from __future__ import annotations
 
-from epp.framework import Endpoint, SchedulingRequest
+from epp.framework import Endpoint, SchedulingRequest, SchedulingResult
 from epp.service import Dispatch, EppService
 from gateway.endpoint_picker import EndpointState, PickRequest, Ranking
 from policies.schema import Policy
@@ -41,13 +41,22 @@ class EmbeddedEpp:
             scheduling,
             [(states[(pool, e.address)], e) for e in decision.result.ranked],
             None if prefill is None else (states[(pool, prefill.address)], prefill),
+            decision.result,
         )
 
 
 class EppRanking:
     """The EPP's ranking of one request, walked in order by the upstream call's attempts."""
 
-    __slots__ = ("_cursor", "_dispatches", "_prefill", "_ranked", "_request", "_service")
+    __slots__ = (
+        "_cursor",
+        "_dispatches",
+        "_prefill",
+        "_ranked",
+        "_request",
+        "_result",
+        "_service",
+    )
 
     def __init__(
         self,
@@ -55,13 +64,40 @@ class EppRanking:
         request: SchedulingRequest,
         ranked: list[tuple[EndpointState, Endpoint]],
         prefill: tuple[EndpointState, Endpoint] | None = None,
+        result: SchedulingResult | None = None,
     ) -> None:
         self._service = service
+        self._result = result
         self._request = request
         self._ranked = ranked
         self._prefill = prefill
         self._cursor = 0
         self._dispatches: list[tuple[EndpointState, Dispatch]] = []
+
+    def explain(self, top: int = 3) -> dict[str, str | int | float]:
+        """The decision as span attributes: the pick, the ``top`` candidates' total scores,
+        the scorer that decided, and how much of the prompt the pick holds."""
+        result = self._result
+        if result is None or not result.ranked:
+            return {}
+        picked = result.ranked[0]
+        found: dict[str, str | int | float] = {
+            "kvgate.route.endpoint": picked.address,
+            "kvgate.route.deciding_scorer": result.winner_by,
+        }
+        for rank, endpoint in enumerate(result.ranked[:top]):
+            found[f"kvgate.route.candidate.{rank}"] = endpoint.address
+            found[f"kvgate.route.candidate.{rank}.score"] = round(
+                result.scores[endpoint.address], 4
+            )
+        index = self._service.prefix
+        if index is not None:
+            prompt = index.prompt_tokens(self._request)
+            found["kvgate.route.prompt_tokens"] = prompt
+            found["kvgate.route.prefix_match_tokens"] = prompt - index.uncached_tokens(
+                self._request, picked
+            )
+        return found
 
     def prefill(self) -> EndpointState | None:
         """The prefill endpoint, dispatched now (the prefill hop is about to be sent)."""

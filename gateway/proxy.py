@@ -14,9 +14,6 @@ at once.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-
-import orjson
 
 from gateway.admission import AdmissionQueue
 from gateway.attempt import Attempt
@@ -47,7 +44,9 @@ from gateway.runtime import Runtime
 from gateway.spend import settled_cost
 from gateway.stored_responses import continuing, created
 from gateway.stream_resume import StreamResume, asks_token_ids, stream_resume
+from gateway.tracing import decision_attributes
 from gateway.upstream import UpstreamCall, client_request_headers, open_upstream
+from gateway.upstream_payload import KV_TRANSFER, payload_for, pool_body
 from kvgate.wire.http.messages import AnyResponse, Request, Response, StreamResponse
 from kvgate.wire.model_name import model_restorer
 from kvgate.wire.openai_errors import MODEL_REQUIRED, unknown_model
@@ -150,7 +149,16 @@ async def _reserve(
     """Take what the request may use from its rate limits and spend budgets."""
     limiter = runtime.limiter
     context_length = runtime.policy.pools[pool].max_model_len
-    reservation = await limiter.reserve(ctx.identity, ctx.model, request.path, body, context_length)
+    tracer = runtime.calls[pool].tracer
+    if tracer is None:
+        reservation = await limiter.reserve(
+            ctx.identity, ctx.model, request.path, body, context_length
+        )
+    else:
+        with tracer.start_as_current_span("limits"):
+            reservation = await limiter.reserve(
+                ctx.identity, ctx.model, request.path, body, context_length
+            )
     if reservation is not None:
         ctx.add_headers(reservation.headers)
     return reservation
@@ -172,9 +180,6 @@ def _settle(
         runtime.limiter.settle(reservation, used, cost)
     if ab_arm:
         _record_ab(request.app[METRICS], ab_arm, ctx)
-
-
-KV_TRANSFER = "kv_transfer_params"
 
 
 class Forward:
@@ -307,7 +312,12 @@ def _ranked(forward: Forward, pool: Pool) -> tuple[UpstreamCall, bytes, Ranking]
         request, runtime.client_address, ctx.request_id, pool, content_type
     )
     call = runtime.calls[pool.name]
-    return call, headers, call.picker.rank(pool.name, forward.pick)
+    if call.tracer is None:
+        return call, headers, call.picker.rank(pool.name, forward.pick)
+    with call.tracer.start_as_current_span("route", attributes={"kvgate.pool": pool.name}) as span:
+        ranking = call.picker.rank(pool.name, forward.pick)
+        span.set_attributes(decision_attributes(ranking))
+    return call, headers, ranking
 
 
 async def _streamed(
@@ -359,8 +369,17 @@ def _admitted_at_once(forward: Forward, pool: Pool, admission: AdmissionQueue) -
 async def _queued(forward: Forward, pool: Pool, admission: AdmissionQueue) -> None:
     """Wait in the admission queue for capacity in ``pool``."""
     ctx = forward.ctx
+    tracer = forward.runtime.calls[pool.name].tracer
     try:
-        ctx.queue_wait = await admission.admit(pool.name, ctx.priority_class, ctx.tenant)
+        if tracer is None:
+            ctx.queue_wait = await admission.admit(pool.name, ctx.priority_class, ctx.tenant)
+        else:
+            attributes: dict[str, str | int] = {
+                "kvgate.admission.class": ctx.priority_class,
+                "kvgate.admission.queued_ahead": admission.depth(pool.name, ctx.priority_class),
+            }
+            with tracer.start_as_current_span("admission", attributes=attributes):
+                ctx.queue_wait = await admission.admit(pool.name, ctx.priority_class, ctx.tenant)
     except (Rejected, Evicted) as exc:
         reason = "full" if isinstance(exc, Rejected) else "expired"
         metrics = forward.request.app[METRICS]
@@ -381,7 +400,7 @@ def _upstream_payload(
     add_usage = ctx.stream and not forward.client_wants_usage and forward.path != RESPONSES_PATH
     add_ids = resumes and asks_token_ids(pool, body)
     if pool.model or add_usage or params is not None or KV_TRANSFER in body or add_ids:
-        return _payload(forward.raw, body, pool, ctx.model, add_usage, params, add_ids)
+        return payload_for(forward.raw, body, pool, ctx.model, add_usage, params, add_ids)
     return forward.raw
 
 
@@ -399,57 +418,13 @@ def _stream_relay(
         ctx,
         pool,
         forward.path,
-        _pool_body(forward.body, pool, ctx.model),
+        pool_body(forward.body, pool, ctx.model),
         payload,
         headers,
         forward.pick,
         forward.client_wants_usage,
     )
     return resume.relay(), resume
-
-
-def _pool_body(body: dict[str, object], pool: Pool, model: str) -> dict[str, object]:
-    """The client's body as ``pool``'s engines take it: its model, no client KV-transfer
-    parameters."""
-    if pool.model and pool.model != model:
-        body = {**body, "model": pool.model}
-    if KV_TRANSFER in body:
-        body = {k: v for k, v in body.items() if k != KV_TRANSFER}
-    return body
-
-
-def _payload(
-    raw: bytes,
-    body: Mapping[str, object],
-    pool: Pool,
-    model: str,
-    add_usage: bool,
-    kv_transfer_params: dict[str, object] | None = None,
-    token_ids: bool = False,
-) -> bytes:
-    """The body for ``pool``: the original bytes unless the pool's model differs, on a
-    stream the client asked no usage of ``stream_options.include_usage`` must be added, or
-    ``kv_transfer_params`` are the gateway's (a decode hop carries its prefill's; a client's
-    own are dropped: they would have a worker pull KV from wherever they name); ``token_ids``:
-    ask for vLLM's ``return_token_ids`` (a stream the gateway may have to resume)."""
-    changes: dict[str, object] = {}
-    if token_ids:
-        changes["return_token_ids"] = True
-    if pool.model and pool.model != model:
-        changes["model"] = pool.model
-    if add_usage:
-        options = body.get("stream_options")
-        changes["stream_options"] = {
-            **(options if isinstance(options, dict) else {}),
-            "include_usage": True,
-        }
-    if kv_transfer_params is not None:
-        changes[KV_TRANSFER] = kv_transfer_params
-    elif KV_TRANSFER in body:
-        return orjson.dumps({k: v for k, v in {**body, **changes}.items() if k != KV_TRANSFER})
-    if not changes:
-        return raw
-    return orjson.dumps({**body, **changes})
 
 
 def _record_ab(metrics: GatewayMetrics, arm: str, ctx: RequestContext) -> None:

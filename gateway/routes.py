@@ -229,7 +229,9 @@ async def handle(request: Request) -> AnyResponse:
     app = request.app
     ctx = RequestContext(request_id_of(request.headers), request.path)
     tracer = app[TRACER]
-    span = None if tracer is None else start_server_span(tracer, request)
+    span = None
+    if tracer is not None and request.path not in QUIET_PATHS:  # probes are not traced
+        span = start_server_span(tracer, request)
     try:
         try:
             runtime = app[RUNTIME].current

@@ -251,7 +251,7 @@ async def open_upstream(
                     endpoint.address, "POST", path, headers, payload, first_byte=first_byte
                 )
             else:
-                response = await send_traced(call, endpoint, path, payload, headers)
+                response = await send_traced(call, endpoint, path, payload, headers, number)
         except RETRYABLE as exc:
             timed_out = isinstance(exc, asyncio.TimeoutError)
             attempt.fail(TIMED_OUT if timed_out else CONNECT_FAILED)
@@ -295,14 +295,18 @@ async def send_traced(
     path: str,
     payload: bytes,
     headers: bytes,
+    retry: int = 0,
+    hop: str = "",
 ) -> UpstreamResponse:
     """Send under a client span of its own, whose context the upstream receives (W3C
-    ``traceparent``): one span per attempt, and per hop of a prefill/decode request."""
+    ``traceparent``): one span per attempt (``retry``: how many came before it), and per hop
+    of a prefill/decode request (``hop``: "prefill" for the first)."""
     assert call.tracer is not None
+    attributes: dict[str, str | int] = {"server.address": endpoint.address, "kvgate.retry": retry}
+    if hop:
+        attributes["kvgate.hop"] = hop
     with call.tracer.start_as_current_span(
-        f"POST {path}",
-        kind=trace.SpanKind.CLIENT,
-        attributes={"server.address": endpoint.address},
+        f"POST {path}", kind=trace.SpanKind.CLIENT, attributes=attributes
     ):
         carrier: dict[str, str] = {}
         inject(carrier)  # this attempt's client span becomes the upstream's parent

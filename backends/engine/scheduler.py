@@ -11,6 +11,7 @@ and it goes back to the waiting queue to be recomputed.
 from __future__ import annotations
 
 import heapq
+import time
 from dataclasses import dataclass, field
 
 from backends.engine.block_manager import BlockManager
@@ -248,6 +249,8 @@ class Scheduler:
             self.stats.prefix_cache_hits += num_cached
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = num_cached
+            if not seq.scheduled_time:
+                seq.scheduled_time = time.monotonic()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             if lora:
@@ -266,6 +269,7 @@ class Scheduler:
         if num_external <= 0 or not self.block_manager.can_allocate(seq, cached, num_external):
             return False
         heapq.heappop(self.waiting)
+        seq.scheduled_time = seq.scheduled_time or time.monotonic()
         self.block_manager.allocate(seq, cached, 0)
         self.block_manager.reserve(seq, num_external)
         self.stats.prefix_cache_queries += seq.num_tokens

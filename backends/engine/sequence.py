@@ -80,6 +80,7 @@ class Sequence:
     request_id: str = ""
     kv_transfer: KVTransferParams | None = None  # prefill/decode: where its KV goes or is
     arrival_time: float = field(default_factory=time.monotonic)
+    scheduled_time: float = 0.0  # monotonic, when first scheduled (0: still waiting)
     seq_id: int = field(default_factory=lambda: next(_ids))
     status: SequenceStatus = SequenceStatus.WAITING
     token_ids: list[int] = field(init=False)

@@ -83,6 +83,8 @@ def create_app(state: ServerState) -> web.Application:
             await state.pd.stop()
         if state.transfer_server is not None:
             await state.transfer_server.stop()
+        if state.tracer is not None:
+            state.tracer.close()
 
     app.cleanup_ctx.append(engine_context)
     setup_routes(app)

@@ -120,6 +120,8 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
     finally:
         for stream in streams:
             state.engine.abort(stream)
+            if state.tracer is not None:
+                state.tracer.record(request.headers, stream, body.get("model", ""))
 
 
 async def choice_events(

@@ -13,6 +13,7 @@ from backends.pd.transfer_service import TransferServer
 from backends.server.metrics import ServerMetrics
 from backends.server.protocol import RequestError
 from backends.server.response_store import ResponseStore
+from backends.server.tracing import RequestTracer
 from kvgate.wire.request_tokenizer import RequestTokenizer
 
 
@@ -34,6 +35,7 @@ class ServerState:
     prefill_session: aiohttp.ClientSession | None = None  # a decode worker's prefill hops
     prefill_timeout: float = 60.0
     responses: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses, stored
+    tracer: RequestTracer | None = None  # each request's spans (--otlp-traces-endpoint)
 
     def default_max_tokens(self, is_chat: bool) -> int:
         return self.chat_max_tokens if is_chat else self.completion_max_tokens

@@ -19,8 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
+from opentelemetry import trace
+from opentelemetry.propagate import inject
 
-from gateway.endpoint_picker import EndpointPicker, PickRequest
+from gateway.endpoint_picker import EndpointPicker, EndpointState, PickRequest
 from gateway.metrics import GatewayMetrics
 from kvgate.wire.http.client import MAX_UPSTREAM_BODY, UpstreamBodyTooLarge
 from kvgate.wire.sse import usage_of
@@ -57,9 +59,15 @@ def text_of(body: bytes) -> str | None:
 class ShadowMirror:
     """Sends sampled copies of requests to a shadow pool and compares the outcomes."""
 
-    def __init__(self, session: aiohttp.ClientSession, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        metrics: GatewayMetrics,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
         self.session = session
         self.metrics = metrics
+        self.tracer = tracer  # a span per copy, under the request's
         self.in_flight: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         # told each comparison's (route, "match" or "mismatch"): the automatic canaries' gate
@@ -117,26 +125,46 @@ class ShadowMirror:
                 headers["authorization"] = f"Bearer {pool.api_key}"
             started = time.perf_counter()
             try:
-                async with asyncio.timeout(policy.timeouts.first_byte):
-                    dialled = tls.get(endpoint.address)
-                    async with self.session.post(
-                        endpoint.url + path,
-                        json=body,
-                        headers=headers,
-                        ssl=True if dialled is None else dialled[0],
-                        server_hostname=None if dialled is None else dialled[1] or None,
-                    ) as response:
-                        data = await _read_whole(response)
+                if self.tracer is None:
+                    status, data = await self._post(endpoint, path, body, headers, policy, tls)
+                else:
+                    attributes = {"server.address": endpoint.address, "kvgate.pool": pool.name}
+                    with self.tracer.start_as_current_span(
+                        "shadow", kind=trace.SpanKind.CLIENT, attributes=attributes
+                    ):
+                        inject(headers)  # the copy's engine continues the request's trace
+                        status, data = await self._post(endpoint, path, body, headers, policy, tls)
             except aiohttp.ClientConnectorError:
                 ranking.refused(endpoint)  # it never took the copy
                 raise
             usage = _usage_tokens(data)
-            return Outcome(response.status, time.perf_counter() - started, usage, text_of(data))
+            return Outcome(status, time.perf_counter() - started, usage, text_of(data))
         except (TimeoutError, aiohttp.ClientError, OSError, UpstreamBodyTooLarge) as exc:
             log.info("shadow request for %s failed: %s", route.model, exc)
             return None
         finally:
             self.in_flight[route.model] -= 1
+
+    async def _post(
+        self,
+        endpoint: EndpointState,
+        path: str,
+        body: dict[str, object],
+        headers: dict[str, str],
+        policy: Policy,
+        tls: Mapping[str, tuple[ssl.SSLContext, str]],
+    ) -> tuple[int, bytes]:
+        """The copy's status and body."""
+        async with asyncio.timeout(policy.timeouts.first_byte):
+            dialled = tls.get(endpoint.address)
+            async with self.session.post(
+                endpoint.url + path,
+                json=body,
+                headers=headers,
+                ssl=True if dialled is None else dialled[0],
+                server_hostname=None if dialled is None else dialled[1] or None,
+            ) as response:
+                return response.status, await _read_whole(response)
 
     async def _compare(
         self, route: Route, job: asyncio.Task[Outcome | None], primary: Outcome

@@ -114,3 +114,52 @@ observability: {{tracing: {{exporter: console}}}}
     ]
     assert hops == addresses  # the prefill hop, then the decode hop
     assert len({span.context.trace_id for span in exporter.get_finished_spans()}) == 1
+
+
+async def test_the_limits_the_route_and_the_shadow_copy_have_their_spans(
+    aiohttp_server: ServerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    primary = await start_worker(aiohttp_server, "--cost", "zero")
+    mirror = await start_worker(aiohttp_server, "--cost", "zero")
+    hosts = [w.url.removeprefix("http://") for w in (primary, mirror)]
+    policy = load_policy_text(f"""
+pools: {{p: {{endpoints: [{hosts[0]}]}}, m: {{endpoints: [{hosts[1]}]}}}}
+routes: [{{model: kvgate-sim, pool: p, shadow: {{pool: m, sample: 1.0}}}}]
+auth: {{api_keys: [{{sha256: {KEY_HASH}, tenant: t}}]}}
+limits: {{rules: [{{name: everyone, match: {{tenant: "*"}}, requests_per_min: 1000}}]}}
+observability: {{tracing: {{exporter: console}}}}
+""")
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    monkeypatch.setattr(gateway.app, "make_tracer", lambda settings: (tracer, provider))
+    app = create_app(policy)
+    async with running(app, "127.0.0.1", 0) as server, aiohttp.ClientSession() as client:
+        await asyncio.sleep(0.5)  # the picker's first scrapes
+        for _ in range(2):  # the second finds its prefix where the first went
+            async with client.post(
+                f"http://127.0.0.1:{server.port}/v1/completions",
+                json={"model": "kvgate-sim", "prompt": "traced " * 40, "max_tokens": 2},
+                headers={"Authorization": "Bearer secret-xyz"},
+            ) as response:
+                assert response.status == 200, await response.text()
+        await asyncio.sleep(0.5)  # the shadow copies finish
+    spans = exporter.get_finished_spans()
+    names = [span.name for span in spans]
+    assert names.count("limits") == 2 and names.count("shadow") == 2
+    route = [span for span in spans if span.name == "route"][-1]
+    attributes = dict(route.attributes or {})
+    assert attributes["kvgate.route.endpoint"] == hosts[0]
+    assert attributes["kvgate.route.candidate.0"] == hosts[0]
+    assert attributes["kvgate.route.deciding_scorer"]
+    assert int(attributes["kvgate.route.prefix_match_tokens"]) > 0  # type: ignore[arg-type]
+    attempt = next(
+        s for s in spans if s.name == "POST /v1/completions" and s.kind is SpanKind.CLIENT
+    )
+    assert (attempt.attributes or {})["kvgate.retry"] == 0
+    shadow = next(s for s in spans if s.name == "shadow")
+    assert (shadow.attributes or {})["server.address"] == hosts[1]
+    traces = {span.context.trace_id for span in spans if span.name != "shadow"}
+    assert len(traces) == 2  # one per request, its shadow copy in it
+    assert {span.context.trace_id for span in spans if span.name == "shadow"} == traces
