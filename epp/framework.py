@@ -168,6 +168,11 @@ class SchedulingResult:
     ranked: list[Endpoint]  # best first
     scores: dict[str, float]  # total weighted score by address
     winner_by: str  # the scorer that contributed most to the winner ("" if none)
+    # what explains it: each scorer's name, weight and raw scores by address, and each
+    # filter's name and the endpoints it kept, after ("", the candidates) (references the
+    # cycle made anyway: free)
+    parts: list[tuple[str, float, dict[str, float]]] = field(default_factory=list)
+    kept: list[tuple[str, list[Endpoint]]] = field(default_factory=list)
 
     @property
     def target(self) -> Endpoint | None:

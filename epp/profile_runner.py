@@ -19,10 +19,12 @@ class ProfileRunner:
 
     def schedule(self, request: SchedulingRequest, candidates: list[Endpoint]) -> SchedulingResult:
         endpoints = candidates
+        kept: list[tuple[str, list[Endpoint]]] = [("", candidates)]
         for plugin in self.profile.filters:
             endpoints = plugin.filter(request, endpoints)
+            kept.append((plugin.name, endpoints))
             if not endpoints:
-                return SchedulingResult([], {}, "")
+                return SchedulingResult([], {}, "", [], kept)
         addresses = [e.address for e in endpoints]
         totals = [0.0] * len(addresses)  # aligned with `endpoints`: list arithmetic, not dicts
         parts: list[tuple[str, float, dict[str, float]]] = []  # scorer, weight, raw scores
@@ -41,4 +43,5 @@ class ProfileRunner:
         if ranked and parts:
             best = ranked[0].address
             winner_by = max(parts, key=lambda p: p[1] * clamp(p[2].get(best, 0.0)))[0]
-        return SchedulingResult(ranked, dict(zip(addresses, totals, strict=True)), winner_by)
+        totals_by = dict(zip(addresses, totals, strict=True))
+        return SchedulingResult(ranked, totals_by, winner_by, parts, kept)

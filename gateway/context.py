@@ -20,6 +20,8 @@ class RequestContext:
         "elapsed",
         "endpoint",
         "error",
+        "explain",
+        "explanation",
         "extra_headers",
         "identity",
         "model",
@@ -60,6 +62,8 @@ class RequestContext:
         self.cors = b""  # the response's CORS header lines (policy cors:, allowed origins)
         self.canary_arm = ""  # the pool an automatic canary's route chose
         self.cache = ""  # the response cache's verdict: hit, miss, bypass ("" without one)
+        self.explain = ""  # the routing decision is explained: "reply", "log" or not ""
+        self.explanation: dict[str, object] | None = None  # ... as it was made
 
     @property
     def tpot(self) -> float | None:

@@ -3,6 +3,8 @@ backed by an in-process ``EppService``."""
 
 from __future__ import annotations
 
+import itertools
+
 from epp.framework import Endpoint, SchedulingRequest, SchedulingResult
 from epp.service import Dispatch, EppService
 from gateway.endpoint_picker import EndpointState, PickRequest, Ranking
@@ -74,29 +76,39 @@ class EppRanking:
         self._cursor = 0
         self._dispatches: list[tuple[EndpointState, Dispatch]] = []
 
-    def explain(self, top: int = 3) -> dict[str, str | int | float]:
-        """The decision as span attributes: the pick, the ``top`` candidates' total scores,
-        the scorer that decided, and how much of the prompt the pick holds."""
+    def explanation(self, top: int = 5) -> dict[str, object]:
+        """The decision for whoever asked to read it: what each filter dropped, each scorer's
+        weight and score of the ``top`` candidates with their totals, the pick, the scorer
+        that decided it, and how much of the prompt the pick holds."""
         result = self._result
-        if result is None or not result.ranked:
+        if result is None:
             return {}
-        picked = result.ranked[0]
-        found: dict[str, str | int | float] = {
-            "kvgate.route.endpoint": picked.address,
-            "kvgate.route.deciding_scorer": result.winner_by,
+        dropped: dict[str, list[str]] = {}
+        for (_, before), (name, after) in itertools.pairwise(result.kept):
+            gone = {e.address for e in before} - {e.address for e in after}
+            if gone:
+                dropped[name] = sorted(gone)
+        parts = result.parts
+        candidates = [
+            {
+                "endpoint": e.address,
+                "total": round(result.scores[e.address], 4),
+                "scores": {name: round(scores.get(e.address, 0.0), 4) for name, _, scores in parts},
+            }
+            for e in result.ranked[:top]
+        ]
+        found: dict[str, object] = {
+            "pick": result.ranked[0].address if result.ranked else None,
+            "decided_by": result.winner_by,
+            "weights": {name: weight for name, weight, _ in parts},
+            "candidates": candidates,
+            "filtered": dropped,
         }
-        for rank, endpoint in enumerate(result.ranked[:top]):
-            found[f"kvgate.route.candidate.{rank}"] = endpoint.address
-            found[f"kvgate.route.candidate.{rank}.score"] = round(
-                result.scores[endpoint.address], 4
-            )
         index = self._service.prefix
-        if index is not None:
+        if index is not None and result.ranked:
             prompt = index.prompt_tokens(self._request)
-            found["kvgate.route.prompt_tokens"] = prompt
-            found["kvgate.route.prefix_match_tokens"] = prompt - index.uncached_tokens(
-                self._request, picked
-            )
+            uncached = index.uncached_tokens(self._request, result.ranked[0])
+            found["prefix"] = {"prompt_tokens": prompt, "matched_tokens": prompt - uncached}
         return found
 
     def prefill(self) -> EndpointState | None:

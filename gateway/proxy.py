@@ -31,6 +31,7 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
+from gateway.explain import explain_mode, record_explanation
 from gateway.form_body import FormBody
 from gateway.keys import ADMISSION, CANARIES, METRICS, RESPONSE_CACHE, RUNTIME, SHADOW, SLOS
 from gateway.limits.limiter import Reservation
@@ -69,6 +70,8 @@ async def proxy(
     forms = path in policy.passthrough_paths
     raw, body, form = read_body(request, listen.max_body_bytes, listen.max_json_depth, forms)
     route = _route(policy, ctx, path, body)
+    if route.explain is not None:
+        ctx.explain = explain_mode(route.explain, request.headers, ctx)
     stream = body.get("stream")
     ctx.stream = (streams and stream is True) or (form is not None and stream == "true")
     options = body.get("stream_options")
@@ -313,10 +316,14 @@ def _ranked(forward: Forward, pool: Pool) -> tuple[UpstreamCall, bytes, Ranking]
     )
     call = runtime.calls[pool.name]
     if call.tracer is None:
-        return call, headers, call.picker.rank(pool.name, forward.pick)
-    with call.tracer.start_as_current_span("route", attributes={"kvgate.pool": pool.name}) as span:
         ranking = call.picker.rank(pool.name, forward.pick)
-        span.set_attributes(decision_attributes(ranking))
+    else:
+        attributes = {"kvgate.pool": pool.name}
+        with call.tracer.start_as_current_span("route", attributes=attributes) as span:
+            ranking = call.picker.rank(pool.name, forward.pick)
+            span.set_attributes(decision_attributes(ranking))
+    if ctx.explain:
+        record_explanation(ctx, pool.name, ranking)
     return call, headers, ranking
 
 

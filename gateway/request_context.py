@@ -89,6 +89,7 @@ def log_access(request: Request, ctx: RequestContext, clients: ClientAddress) ->
                 "duration_ms": round(ctx.elapsed * 1000, 2),
                 "error": ctx.error or None,
                 "cache": ctx.cache or None,
+                "explain": ctx.explanation,
             }
         )
     )

@@ -37,7 +37,26 @@ def make_tracer(config: Tracing) -> tuple[trace.Tracer | None, TracerProvider | 
     return provider.get_tracer("kvgate.gateway"), provider
 
 
-def decision_attributes(ranking: Ranking) -> dict[str, str | int | float]:
-    """The routing decision as span attributes: the embedded picker's explanation; other
-    pickers (least in flight) decide nothing worth recording."""
-    return ranking.explain() if isinstance(ranking, EppRanking) else {}
+def decision_attributes(ranking: Ranking, top: int = 3) -> dict[str, str | int | float]:
+    """The routing decision as span attributes (the embedded picker's explanation; other
+    pickers, least in flight, decide nothing worth recording): the pick, the scorer that
+    decided, the ``top`` candidates' totals and the prompt tokens the pick holds."""
+    if not isinstance(ranking, EppRanking):
+        return {}
+    explained = ranking.explanation(top)
+    if not explained or explained["pick"] is None:
+        return {}
+    found: dict[str, str | int | float] = {
+        "kvgate.route.endpoint": str(explained["pick"]),
+        "kvgate.route.deciding_scorer": str(explained["decided_by"]),
+    }
+    candidates = explained["candidates"]
+    assert isinstance(candidates, list)
+    for rank, candidate in enumerate(candidates):
+        found[f"kvgate.route.candidate.{rank}"] = candidate["endpoint"]
+        found[f"kvgate.route.candidate.{rank}.score"] = candidate["total"]
+    prefix = explained.get("prefix")
+    if isinstance(prefix, dict):
+        found["kvgate.route.prompt_tokens"] = prefix["prompt_tokens"]
+        found["kvgate.route.prefix_match_tokens"] = prefix["matched_tokens"]
+    return found

@@ -7,11 +7,12 @@ import re
 
 from policies.cache_section import load_route_cache
 from policies.canary_section import load_canary_mapping
+from policies.explain_section import load_explain
 from policies.fields import Fields, child
 from policies.schema import AbTest, Pool, Route, Shadow, WeightedPool
 
 ROUTE_FIELDS = {"model", "pool", "canary", "ab_test", "shadow", "fallback", "paths", "resume"}
-ROUTE_FIELDS.add("cache")
+ROUTE_FIELDS.update({"cache", "explain"})  # what traffic policies a route may add
 COMPARE = ("status", "tokens", "latency", "text")
 PASSTHROUGH_PATH = re.compile(r"(/[A-Za-z0-9._-]+)+")
 # served by the gateway itself, for every route
@@ -32,22 +33,7 @@ def load_routes(top: Fields, pools: dict[str, Pool], cache_ttl: float) -> tuple[
     routes: list[Route] = []
     seen: set[str] = set()
     for path, item in top.items("routes", required=True):
-        f = Fields(
-            top.source,
-            item,
-            path,
-            {
-                "model",
-                "pool",
-                "canary",
-                "ab_test",
-                "shadow",
-                "fallback",
-                "paths",
-                "resume",
-                "cache",
-            },
-        )
+        f = Fields(top.source, item, path, ROUTE_FIELDS)
         model = f.text("model")
         if model in seen:
             f.error(f"{path}.model", f"model {model!r} is routed twice")
@@ -88,8 +74,11 @@ def load_routes(top: Fields, pools: dict[str, Pool], cache_ttl: float) -> tuple[
         fallback = f.str_list("fallback") or ()
         resume = f.flag("resume", True)
         cache = load_route_cache(f, path, cache_ttl)
+        explain = load_explain(f)
         routes.append(
-            Route(model, pool, canary, ab_test, shadow, fallback, extra, auto, resume, cache)
+            Route(
+                model, pool, canary, ab_test, shadow, fallback, extra, auto, resume, cache, explain
+            )
         )
     known = {r.model for r in routes}
     for i, route in enumerate(routes):

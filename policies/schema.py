@@ -14,6 +14,7 @@ from policies.admin_section import Admin
 from policies.cache_section import ResponseCacheStore, RouteCache
 from policies.canary_section import AutoCanary
 from policies.cors_section import Cors
+from policies.explain_section import Explain
 from policies.slo_section import Slos
 from policies.spend_section import Spend
 
@@ -379,6 +380,7 @@ class Route:
     auto_canary: AutoCanary | None = None  # the canary's weight is the gateway's to advance
     resume: bool = True  # a stream whose engine fails is continued on another (retries.resumes)
     cache: RouteCache | None = None  # deterministic answers are kept (response_cache)
+    explain: Explain | None = None  # who may read the routing decision, and a logged share
 
 
 @dataclass(frozen=True)

@@ -242,3 +242,15 @@ def test_without_a_catalog_plugin_types_are_left_to_the_epp() -> None:
     text = with_base("epp: {plugins: [{name: s, type: nope-filter}]}")
     assert load_policy_text(text).epp.plugins[0].type == "nope-filter"
     assert errors_of(text)[0].startswith("epp.plugins[0].type (line 5): unknown plugin type")
+
+
+def test_a_route_says_who_may_read_its_decisions() -> None:
+    policy = load_policy_text(
+        POOLS + "routes:\n  - {model: m, pool: a, explain: {tenants: [ops], sample: 0.01}}\n"
+    )
+    explain = policy.routes[0].explain
+    assert explain is not None and explain.allows("ops") and not explain.allows("app")
+    assert explain.sample == 0.01
+    assert errors_of(POOLS + "routes:\n  - {model: m, pool: a, explain: {sample: 2}}\n") == [
+        "routes[0].explain.sample (line 4): must be at most 1.0; got 2.0"
+    ]
