@@ -75,6 +75,7 @@ def create_app(
     slos.update(policy)
     metrics.finished_sink = slos.record
     canaries = app[CANARIES] = Canaries(metrics.registry)
+    canaries.budget_spent = slos.budget_spent
     canaries.update(policy)
     app[SHUTTING_DOWN] = [False]
     app[RESPONSE_HOMES] = ResponseHomes()

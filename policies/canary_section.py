@@ -48,6 +48,9 @@ class AutoCanary:
     hold: float = 3600.0  # seconds
     min_requests: int = 500
     gates: CanaryGates = CanaryGates()
+    # the canary starts and advances only while less than this share of its route's SLO
+    # error budgets is spent (1: whatever is spent)
+    budget_freeze: float = 0.8
 
     @property
     def fingerprint(self) -> str:
@@ -69,7 +72,7 @@ def load_canary_mapping(f: Fields, baseline: str) -> tuple[str, float, AutoCanar
         c.error(c.path, "needs exactly one of weight (percent) or auto")
     if not c.has("auto"):
         return pool, c.number("weight", 0.0, low=0.0, high=100.0), None
-    a = c.sub("auto", {"steps", "hold", "min_requests", "gates"})
+    a = c.sub("auto", {"steps", "hold", "min_requests", "gates", "budget_freeze"})
     steps = _steps(a)
     g = a.sub("gates", {"error_rate", "ttft_p95", "tpot_p95", "shadow_mismatch", "error_floor"})
     d = CanaryGates()
@@ -89,6 +92,7 @@ def load_canary_mapping(f: Fields, baseline: str) -> tuple[str, float, AutoCanar
         a.duration("hold", AutoCanary.hold),
         a.integer("min_requests", AutoCanary.min_requests, low=1),
         gates,
+        a.number("budget_freeze", AutoCanary.budget_freeze, low=0.0, high=1.0),
     )
     return pool, steps[0], auto
 

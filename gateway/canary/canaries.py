@@ -69,6 +69,16 @@ class Canaries:
             ["route", "decision", "by"],
             registry=registry,
         )
+        self.held = Gauge(
+            "kvgate_canary_held_by_budget",
+            "1 while the route's SLO error budget is too spent for its canary to start or "
+            "advance (canary.auto.budget_freeze).",
+            ["route"],
+            registry=registry,
+            multiprocess_mode="max",
+        )
+        # the share of a route's SLO error budgets spent (the SLO tracker's; set by the app)
+        self.budget_spent: Callable[[str], float | None] = lambda route: None
         self.gate_value = Gauge(
             "kvgate_canary_gate_ratio",
             "The canary's figure over its gate's limit at the last judgement (above 1: breached).",
@@ -105,7 +115,8 @@ class Canaries:
                 store = RedisStateStore(redis_url, route.model)
             elif directory is not None:
                 store = StateFile(directory / state_file_name(route.model))
-            self.controllers[route.model] = CanaryController(route, store, now)
+            spent = self.budget_spent(route.model)
+            self.controllers[route.model] = CanaryController(route, store, now, spent)
             self._places[route.model] = place
         for gone in kept.values():
             if gone.store is not None:
@@ -140,21 +151,24 @@ class Canaries:
         if controller is not None:
             controller.shadow_result(result)
 
-    def tick(self) -> None:
+    def tick(self, spent: dict[str, float | None] | None = None) -> None:
+        """Tick every canary (``spent``: each route's share of its SLO budgets spent, read on
+        the event loop, where the SLO tracker counts)."""
         with self._changing:
-            self._tick()
+            self._tick(spent or {})
 
-    def _tick(self) -> None:
+    def _tick(self, spent: dict[str, float | None]) -> None:
         now = self.clock()
         for controller in list(self.controllers.values()):
             try:
                 judge = controller.store.is_judge() if controller.store is not None else True
-                decisions = controller.tick(now, judge)
+                decisions = controller.tick(now, judge, spent.get(controller.route))
             except OSError as exc:
                 log.warning("canary of %s: state file unusable: %s", controller.route, exc)
                 continue
             for decision in decisions:
-                self.decisions.labels(controller.route, decision, "gates").inc()
+                by = "budget" if decision == "start" else "gates"
+                self.decisions.labels(controller.route, decision, by).inc()
             if judge:
                 self._export_gates(controller)
         self._export()
@@ -176,6 +190,7 @@ class Canaries:
             self.weight.labels(model, controller.auto.pool).set(weight)
             self.weight.labels(model, controller.auto.baseline).set(100.0 - weight)
             self.step.labels(model).set(controller.state.step)
+            self.held.labels(model).set(1 if controller.held_by_budget is not None else 0)
             for status in STATUSES:
                 self.status.labels(model, status).set(1 if controller.state.status == status else 0)
 
@@ -191,7 +206,8 @@ class Canaries:
         while True:
             await asyncio.sleep(self.tick_interval)
             try:
-                await asyncio.to_thread(self.tick)
+                spent = {route: self.budget_spent(route) for route in self.controllers}
+                await asyncio.to_thread(self.tick, spent)
             except Exception:  # a bug here must not stop the canaries' clock
                 log.exception("canary tick failed")
 

@@ -15,11 +15,15 @@ from policies.schema import Route, WeightedPool
 log = logging.getLogger("kvgate.gateway")
 
 MIN_SHADOW_COMPARISONS = 20  # before the shadow_mismatch gate is judged
-ACTIONS = ("pause", "resume", "promote", "rollback", "restart")
+ACTIONS = ("pause", "resume", "start", "promote", "rollback", "restart")
 
 
 class CanaryController:
-    def __init__(self, route: Route, store: CanaryStore | None, now: float) -> None:
+    def __init__(
+        self, route: Route, store: CanaryStore | None, now: float, spent: float | None = None
+    ) -> None:
+        """``spent``: the share of the route's SLO error budgets spent now (None: unknown); a
+        new canary waits, at no traffic, while it is over ``budget_freeze``."""
         assert route.auto_canary is not None
         self.route = route.model
         self.auto: AutoCanary = route.auto_canary
@@ -35,9 +39,16 @@ class CanaryController:
             self.state = saved
         else:
             self.state = CanaryState(self.auto.fingerprint, now)
+            if self._frozen(spent):
+                self.state.status = "waiting"
+                event = self._budget_event("wait", now, spent)
+                self.state.record(event)
+                log.info(json.dumps({"canary": self.route, **event}))
             self._save()
         self.weights: tuple[WeightedPool, ...] = ()
         self.last_judgement: dict[str, dict[str, object]] = {}  # the gates at the last tick
+        # the spent share of the route's error budget holding the canary, while it does
+        self.held_by_budget = spent if self._frozen(spent) else None
         self._fresh_step()
 
     # -- evidence --------------------------------------------------------------------------
@@ -94,8 +105,9 @@ class CanaryController:
 
     # -- decisions -------------------------------------------------------------------------
 
-    def tick(self, now: float, judge: bool) -> list[str]:
-        """Adopt a newer saved state; as the judge, decide. Returns the decisions made here."""
+    def tick(self, now: float, judge: bool, spent: float | None = None) -> list[str]:
+        """Adopt a newer saved state; as the judge, decide (``spent``: the share of the route's
+        SLO error budgets spent). Returns the decisions made here."""
         if self.store is not None:
             saved = self.store.load()
             if (
@@ -106,6 +118,10 @@ class CanaryController:
                 self.state = saved
         if (self.state.step, self.state.status, self.state.step_started) != self._seen:
             self._fresh_step()
+        frozen = self._frozen(spent)
+        self.held_by_budget = spent if frozen else None
+        if judge and self.state.status == "waiting" and not frozen:
+            return [self._decide("start", now, "budget", self._budget_event("", now, spent))]
         if not judge or self.state.status != "running":
             return []
         baseline, canary = self.arms[self.auto.baseline], self.arms[self.auto.pool]
@@ -118,9 +134,22 @@ class CanaryController:
         if any(g["held"] is False for g in gates.values()):
             breached = sorted(name for name, g in gates.items() if g["held"] is False)
             return [self._decide("rollback", now, "gates", evidence, breached=breached)]
-        if now - self.state.step_started >= self.auto.hold:
+        if now - self.state.step_started >= self.auto.hold and not frozen:
             return [self._decide("promote", now, "gates", evidence)]
         return []
+
+    def _frozen(self, spent: float | None) -> bool:
+        """Whether so much of the route's error budget is spent that the canary must not start
+        or advance."""
+        freeze = self.auto.budget_freeze
+        return spent is not None and freeze < 1.0 and spent > freeze  # 1: never
+
+    def _budget_event(self, decision: str, now: float, spent: float | None) -> dict[str, object]:
+        reason: dict[str, object] = {
+            "budget_spent": spent,
+            "budget_freeze": self.auto.budget_freeze,
+        }
+        return {"at": now, "decision": decision, "by": "budget", **reason} if decision else reason
 
     def act(self, action: str, now: float) -> str:
         """An operator's ``action`` (one of ``ACTIONS``); the decision recorded."""
@@ -164,7 +193,7 @@ class CanaryController:
         return decision
 
     def weight_of(self, state: CanaryState) -> float:
-        if state.status == "rolled_back":
+        if state.status in ("rolled_back", "waiting"):
             return 0.0
         if state.status == "promoted":
             return 100.0
@@ -198,6 +227,8 @@ class CanaryController:
             "step_started": self.state.step_started,
             "hold_seconds": self.auto.hold,
             "min_requests": self.auto.min_requests,
+            "budget_freeze": self.auto.budget_freeze,
+            "held_by_budget": self.held_by_budget,
             "evidence": self.evidence(),
             "events": self.state.events,
         }
@@ -213,11 +244,11 @@ def _apply(state: CanaryState, action: str, steps: int, now: float) -> str:
         if state.status == "running":
             state.status = "paused"
         return "pause"
-    if action == "resume":
-        if state.status == "paused":
+    if action in ("resume", "start"):  # an operator may start a canary the budget holds
+        if state.status in ("paused", "waiting"):
             state.status = "running"
             state.step_started = now  # the evidence starts over
-        return "resume"
+        return action
     if action == "restart":
         state.status, state.step, state.step_started = "running", 0, now
         return "restart"

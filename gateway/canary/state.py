@@ -22,7 +22,7 @@ from typing import IO, Protocol
 
 log = logging.getLogger("kvgate.gateway")
 
-STATUSES = ("running", "paused", "promoted", "rolled_back")
+STATUSES = ("waiting", "running", "paused", "promoted", "rolled_back")
 MAX_EVENTS = 20
 
 

@@ -176,6 +176,20 @@ class SloTracker:
             else {}
         )
 
+    def budget_spent(self, route: str) -> float | None:
+        """The largest share of the route's error budgets spent in their windows (above 1 when
+        overspent); None while no objective of the route has events enough for its budget to
+        be one bad event."""
+        now = self.clock()
+        spent = None
+        for tracked in self.objectives:
+            if tracked.slo.route != route:
+                continue
+            budget, total = tracked.budget(now)
+            if total * (1.0 - tracked.objective.target) >= 1:
+                spent = max(spent or 0.0, 1.0 - budget)
+        return spent
+
     def _below(self, protected: str | None) -> set[str]:
         """The classes served before ``protected`` goes without: those of lower weight (for a
         route-wide objective, every class but the heaviest)."""
