@@ -183,7 +183,8 @@ async def _audit(
 def _guard(admin: Admin) -> Middleware:
     @web.middleware
     async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
-        caller = caller_of(admin, request.headers.get("Authorization", ""))
+        authenticator = _gateway(request)[RUNTIME].current.authenticator
+        caller = caller_of(admin, request.headers.get("Authorization", ""), authenticator)
         if caller is None:
             if request.method == "POST":  # an attempted change: on the record
                 await _audit(request, request.path.removeprefix("/admin/"), "unauthenticated")

@@ -1,10 +1,12 @@
 """Who calls the admin API, what their role lets them do, and the audit trail of what they did.
 
 A caller is the key whose token their ``Authorization: Bearer`` header carries (compared in
-constant time with every key's). Roles rank ``viewer`` < ``operator`` < ``admin``: a call needs
-at least the role its action names. Every state-changing call, allowed or denied, becomes one
-JSON line (time, who, role, action, target, before, after, result, request id) in the audit log
-and one count of ``kvgate_admin_actions_total{action,result}``.
+constant time with every key's), or, with ``role_claim``, the subject of a JWT the gateway's
+issuers signed whose claim names a role (a list of roles: the highest). Roles rank ``viewer`` <
+``operator`` < ``admin``: a call needs at least the role its action names. Every
+state-changing call, allowed or denied, becomes one JSON line (time, who, role, action, target,
+before, after, result, request id) in the audit log and one count of
+``kvgate_admin_actions_total{action,result}``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter
 
+from gateway.auth import Authenticator
+from gateway.errors import Unauthorized
 from policies.admin_section import ADMIN_ROLES, Admin
 
 log = logging.getLogger("kvgate.audit")
@@ -34,14 +38,36 @@ class Caller:
         return ADMIN_ROLES.index(self.role) >= ADMIN_ROLES.index(role)
 
 
-def caller_of(admin: Admin, authorization: str) -> Caller | None:
-    """The caller whose key ``authorization`` (the header's value) carries, or None."""
+def caller_of(
+    admin: Admin, authorization: str, authenticator: Authenticator | None = None
+) -> Caller | None:
+    """The caller whose key ``authorization`` (the header's value) carries, or whose JWT
+    ``authenticator`` verifies with a role in ``admin.role_claim``; None for anyone else."""
     given = authorization.encode()
     found = None
     for key in admin.all_keys():  # every key compared, so the time says nothing of which
         if hmac.compare_digest(given, f"Bearer {key.token}".encode()) and key.token:
             found = Caller(key.name, key.role)
+    token = authorization.removeprefix("Bearer ")
+    if found is None and admin.role_claim and authenticator is not None and token.count(".") == 2:
+        found = _jwt_caller(authenticator, token, admin.role_claim)
     return found
+
+
+def _jwt_caller(authenticator: Authenticator, token: str, claim: str) -> Caller | None:
+    try:
+        claims, _ = authenticator.verified_claims(token)
+    except Unauthorized:
+        return None
+    named = claims.get(claim)
+    roles = [named] if isinstance(named, str) else named if isinstance(named, list) else []
+    known = [role for role in roles if role in ADMIN_ROLES]
+    if not known:
+        return None
+    subject = claims.get("sub")
+    return Caller(
+        f"jwt:{subject if isinstance(subject, str) else '?'}", max(known, key=ADMIN_ROLES.index)
+    )
 
 
 class AuditLog:

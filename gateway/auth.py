@@ -131,6 +131,16 @@ class Authenticator:
         cached = self._jwt_cache.get(token)
         if cached is not None and cached[1] > time.time():
             return cached[0]
+        claims, cfg = self.verified_claims(token)
+        identity = self._identity_from(claims, cfg)
+        expires = claims["exp"]
+        assert isinstance(expires, int | float)  # required, and checked to be a number
+        self._remember(token, identity, float(expires))
+        return identity
+
+    def verified_claims(self, token: str) -> tuple[dict[str, object], JwtIssuer]:
+        """The claims of a JWT one of the policy's issuers signed, checked as every token is
+        (algorithm, key, expiry, audience, issuer); ``Unauthorized`` when it is not one."""
         if not _canonical(token):  # one token, one spelling (no padding, no spare bits)
             raise Unauthorized("Malformed token: not canonical base64url.")
         try:
@@ -169,9 +179,7 @@ class Authenticator:
             numeric = isinstance(value, int | float) and not isinstance(value, bool)
             if value is not None and not numeric:
                 raise Unauthorized(f"Token claim '{name}' must be a number.")
-        identity = self._identity_from(claims, cfg)
-        self._remember(token, identity, float(claims["exp"]))
-        return identity
+        return claims, cfg
 
     def _identity_from(self, claims: Mapping[str, object], cfg: JwtIssuer) -> Identity:
         tenant = claims.get(cfg.tenant_claim)

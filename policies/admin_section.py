@@ -2,8 +2,10 @@
 
 ``token`` is the admin key (role ``admin``, named ``admin``); ``keys`` lists more, each with a
 name (who the audit log says acted) and a role: ``viewer`` reads, ``operator`` also acts on
-canaries, ``admin`` also reloads the policy. Every state-changing call, allowed or not, is one
-JSON line of ``audit_log`` (a file, appended by every worker; by default the gateway's log).
+canaries, ``admin`` also reloads the policy. With ``role_claim``, a JWT of one of the policy's
+issuers (``auth.jwt``) whose claim of that name holds a role is a caller too, named by its
+subject. Every state-changing call, allowed or not, is one JSON line of ``audit_log`` (a file,
+appended by every worker; by default the gateway's log).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Admin:
     token: str = ""  # required: the admin key, ``Authorization: Bearer <token>``
     keys: tuple[AdminKey, ...] = ()  # more keys, each with its role
     audit_log: str | None = None  # a file of JSON lines; None: the gateway's log
+    role_claim: str | None = None  # a JWT claim naming the caller's role (its issuer's tokens)
 
     def all_keys(self) -> tuple[AdminKey, ...]:
         return (AdminKey("admin", self.token, "admin"), *self.keys)
@@ -39,7 +42,7 @@ class Admin:
 
 def load_admin(listen: Fields, port: int) -> Admin:
     """``listen.admin`` (whose listener must not be ``port``, the gateway's)."""
-    a = listen.sub("admin", {"host", "port", "token", "keys", "audit_log"})
+    a = listen.sub("admin", {"host", "port", "token", "keys", "audit_log", "role_claim"})
     token = a.text("token", "")
     if len(token) < MIN_TOKEN:
         a.error("listen.admin.token", "is required, at least 16 characters (use ${ENV_VAR})")
@@ -62,6 +65,7 @@ def load_admin(listen: Fields, port: int) -> Admin:
         token,
         tuple(keys),
         a.opt_str("audit_log"),
+        a.opt_str("role_claim"),
     )
     if admin.port and admin.port == port:
         a.error("listen.admin.port", "must differ from listen.port")

@@ -5,12 +5,14 @@ line of the audit log and one count of ``kvgate_admin_actions_total``."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 
 from loadtest.harness.processes import KvgateProcess, free_port
+from tests.gateway.jwt_keys import make_keys
 from tests.integration.metrics_util import scrape
 
 ADMIN, OPERATOR, VIEWER = "admin-token-0123456789", "operator-token-012345", "viewer-token-0123456"
@@ -76,3 +78,42 @@ async def test_roles_decide_and_every_attempted_change_is_audited(
         ("reload", "unauthenticated"): 1,
         ("reload", "applied"): 1,
     }
+
+
+async def test_a_jwt_with_a_role_claim_is_a_caller_named_by_its_subject(
+    start_backend: Callable[..., str],
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+    tmp_path: Path,
+) -> None:
+    keys = make_keys(tmp_path)
+    backend = start_backend("--cost", "zero").removeprefix("http://")
+    admin_port, audit = free_port(), tmp_path / "audit.jsonl"
+    issuer = (
+        f'auth: {{jwt: [{{issuer: "https://idp.test", audience: kvgate, '
+        f"jwks_file: {keys.jwks_path}, algorithms: [RS256], claims: {{tenant: org}}}}]}}"
+    )
+    text = policy(backend, admin_port, audit).replace(
+        f"    audit_log: {audit}", f"    audit_log: {audit}\n    role_claim: kvgate_role"
+    )
+    start_gateway(text + issuer + "\n")
+    admin = f"http://127.0.0.1:{admin_port}/admin"
+    tokens = {
+        "admin": keys.token(sub="alice", kvgate_role=["viewer", "admin"]),
+        "operator": keys.token(sub="bob", kvgate_role="operator"),
+        "none": keys.token(sub="carol"),
+        "expired": keys.token(sub="dave", kvgate_role="admin", exp=int(time.time()) - 60),
+    }
+    statuses = {}
+    async with aiohttp.ClientSession() as session:
+        for name, token in tokens.items():
+            headers = {"Authorization": f"Bearer {token}"}
+            async with session.post(f"{admin}/reload", headers=headers) as response:
+                statuses[name] = response.status
+    assert statuses == {"admin": 200, "operator": 403, "none": 401, "expired": 401}
+    lines = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert [(e["who"], e["role"], e["result"]) for e in lines] == [
+        ("jwt:alice", "admin", "applied"),
+        ("jwt:bob", "operator", "denied"),
+        (None, None, "unauthenticated"),
+        (None, None, "unauthenticated"),
+    ]
