@@ -207,9 +207,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         for seq in self.sch.running:
             for block in seq.block_table:
                 held[block] = held.get(block, 0) + 1
-        for block in bm.blocks:
-            assert block.ref_count >= 0
-            assert block.ref_count == held.get(block.block_id, 0)
+        for owned in bm.blocks:
+            assert owned.ref_count >= 0
+            assert owned.ref_count == held.get(owned.block_id, 0)
         assert bm.num_free_blocks == sum(1 for b in bm.blocks if b.ref_count == 0)
         for entry in self.sch.waiting:
             assert entry[1].block_table == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import jinja2
 import pytest
@@ -61,7 +62,7 @@ def test_an_answer_ends_once_with_its_finish_reason_and_usage() -> None:
         "completion_tokens": 2,
         "prompt_tokens_details": {"cached_tokens": 0},
     }
-    events = [
+    events: list[dict[str, Any]] = [
         {"choices": [{"token_ids": [7]}]},
         {"choices": [{"token_ids": [8], "finish_reason": "length"}]},
         {"choices": [], "usage": usage},

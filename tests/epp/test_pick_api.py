@@ -24,12 +24,12 @@ def decode_tokens(service: EppService) -> int:
 
 async def pick(api: PickApi, text: str, request_id: str = "") -> epp_pb2.PickResponse:
     request = epp_pb2.PickRequest(model="m", routing_text=text, request_id=request_id)
-    return await api.Pick(request, None)  # type: ignore[arg-type]
+    return await api.Pick(request, None)
 
 
 async def finished(api: PickApi, request_id: str, refused: bool = False) -> bool:
     request = epp_pb2.FinishedRequest(request_id=request_id, prompt_tokens=12, refused=refused)
-    reply = await api.Finished(request, None)  # type: ignore[arg-type]
+    reply = await api.Finished(request, None)
     return reply.known
 
 
@@ -56,7 +56,7 @@ async def test_a_retry_ends_the_try_before_it() -> None:
     retry = epp_pb2.PickRequest(
         model="m", routing_text="hello " * 40, request_id="r-1", exclude=[first.pd.decode]
     )
-    again = await api.Pick(retry, None)  # type: ignore[arg-type]
+    again = await api.Pick(retry, None)
     assert again.pd.decode != first.pd.decode
     assert in_flight(service) == 1
 

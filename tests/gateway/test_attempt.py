@@ -29,6 +29,11 @@ OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\
 ERROR = b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 2\r\n\r\n{}"
 
 
+def is_closed(state: EndpointState) -> bool:
+    """Whether the endpoint's breaker is closed (read afresh: the attempt changes it)."""
+    return state.breaker.closed
+
+
 @asynccontextmanager
 async def upstream(answer: bytes | None) -> AsyncIterator[str]:
     """A loopback server answering every request with ``answer`` (None: never answers)."""
@@ -130,10 +135,10 @@ async def test_a_response_that_breaks_counts_against_the_breaker_on_close() -> N
         runtime = runtime_for([ok])
         attempt = await send(runtime)
         state = attempt.endpoint
-        assert state.breaker.closed
+        assert is_closed(state)
         attempt.break_off()
         attempt.close()
-        assert attempt.outcome is BROKEN and not state.breaker.closed and state.in_flight == 0
+        assert attempt.outcome is BROKEN and not is_closed(state) and state.in_flight == 0
 
 
 async def test_a_cancelled_try_records_no_verdict() -> None:

@@ -38,7 +38,7 @@ def test_canary_split_within_two_percent(routes: dict[str, object]) -> None:
 
 
 def test_ab_assignment_is_sticky_and_splits_within_one_percent(routes: dict[str, object]) -> None:
-    arms = Counter()
+    arms: Counter[str | None] = Counter()
     for user in range(100_000):
         body = {"user": f"user-{user}"}
         first = select(routes["ab"], body, {}, None)  # type: ignore[arg-type]

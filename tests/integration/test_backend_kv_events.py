@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import msgpack
 import openai
@@ -20,7 +21,10 @@ def subscribe(port: int) -> zmq.Socket[bytes]:
     return sock
 
 
-def read_events(sock: zmq.Socket[bytes], want: int) -> list[tuple[bytes, int, list[object]]]:
+Event = dict[str, Any]  # one event as msgpack decodes it: a tagged map
+
+
+def read_events(sock: zmq.Socket[bytes], want: int) -> list[tuple[bytes, int, list[Event]]]:
     batches = []
     total = 0
     while total < want:

@@ -172,8 +172,10 @@ def test_repeated_prompt_hits_the_prefix_cache(served: Served) -> None:
         timings.append(first)
     prompt_len = len(served.tokens(LONG_PROMPT))
     assert usages[0].prompt_tokens == prompt_len
-    assert usages[0].prompt_tokens_details.cached_tokens == 0
-    assert usages[1].prompt_tokens_details.cached_tokens == (prompt_len - 1) // 16 * 16
+    first_details, second_details = (usage.prompt_tokens_details for usage in usages[:2])
+    assert first_details is not None and first_details.cached_tokens == 0
+    assert second_details is not None
+    assert second_details.cached_tokens == (prompt_len - 1) // 16 * 16
     assert (
         value(served.url, "vllm:prefix_cache_hits_total") - hits_before
         == (prompt_len - 1) // 16 * 16

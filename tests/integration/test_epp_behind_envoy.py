@@ -75,9 +75,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, envoy: Path) -> Iterator[Sta
         with (
             epp,
             gateway_process(str(policy), gateway_port),
-            picker_envoy(binary, grpc_port, workdir, log=workdir / "envoy.log") as envoy,
+            picker_envoy(binary, grpc_port, workdir, log=workdir / "envoy.log") as proxy,
         ):
-            yield Stack(envoy, f"http://127.0.0.1:{gateway_port}", epp, urls)
+            yield Stack(proxy, f"http://127.0.0.1:{gateway_port}", epp, urls)
     finally:
         for backend in backends:
             backend.stop()

@@ -225,7 +225,7 @@ def test_health_services(epp: tuple[str, int]) -> None:
 def test_pick_api(epp: tuple[str, int]) -> None:
     target, _ = epp
     with grpc.insecure_channel(target) as channel:
-        stub = epp_pb2_grpc.EndpointPickerStub(channel)
+        stub = epp_pb2_grpc.EndpointPickerStub(channel)  # type: ignore[no-untyped-call]
         response = stub.Pick(
             epp_pb2.PickRequest(model="public-model", routing_text="hello " * 40), timeout=5
         )

@@ -46,7 +46,7 @@ def destination(target: str, prefix: str, question: int) -> str:
         )
     mutation = replies[0].request_headers.response.header_mutation
     found = {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers}
-    return found["x-gateway-destination-endpoint"]
+    return str(found["x-gateway-destination-endpoint"])
 
 
 def blocks_placed(policy: str) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 import aiohttp
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from loadtest.harness.processes import KvgateProcess
 from tests.integration.gateway_stack import API_KEY, OTHER_KEY, Stack, gateway_stack
@@ -27,14 +28,14 @@ def client(stack: Stack, key: str = API_KEY) -> openai.OpenAI:
 
 def test_chat_and_completions_streaming_and_not(stack: Stack) -> None:
     api = client(stack)
-    messages = [{"role": "user", "content": "hello gateway"}]
-    chat = api.chat.completions.create(model="kvgate-sim", messages=messages, max_tokens=6)  # type: ignore[arg-type]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello gateway"}]
+    chat = api.chat.completions.create(model="kvgate-sim", messages=messages, max_tokens=6)
     assert chat.choices[0].finish_reason == "length" and chat.usage is not None
     streamed = api.chat.completions.create(
         model="kvgate-sim",
         messages=messages,
         max_tokens=6,
-        stream=True,  # type: ignore[arg-type]
+        stream=True,
     )
     text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
     assert text == chat.choices[0].message.content

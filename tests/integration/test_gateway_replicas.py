@@ -116,13 +116,13 @@ async def test_epp_replicas_behind_envoy_are_all_active_and_agree(
         for number in range(3):
             text = f"system prompt {number}: " + "of one application, long and shared. " * 20
             with grpc.insecure_channel(f"127.0.0.1:{first}") as channel:
-                stub = epp_pb2_grpc.EndpointPickerStub(channel)
+                stub = epp_pb2_grpc.EndpointPickerStub(channel)  # type: ignore[no-untyped-call]
                 reply = stub.Pick(epp_pb2.PickRequest(model="m", routing_text=text), timeout=5)
             placed.append((text, reply.endpoints[0].address))
         assert len({address for _, address in placed}) == 3  # spread over the endpoints
         await asyncio.sleep(0.3)
         with grpc.insecure_channel(f"127.0.0.1:{second}") as channel:
-            stub = epp_pb2_grpc.EndpointPickerStub(channel)
+            stub = epp_pb2_grpc.EndpointPickerStub(channel)  # type: ignore[no-untyped-call]
             for text, address in reversed(placed):
                 reply = stub.Pick(epp_pb2.PickRequest(model="m", routing_text=text), timeout=5)
                 assert reply.endpoints[0].address == address

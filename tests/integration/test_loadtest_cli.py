@@ -43,7 +43,9 @@ def run_kvgate(capsys: pytest.CaptureFixture[str]) -> Callable[..., Done]:
     return run
 
 
-def test_a_ramp_end_to_end(start_backend, run_kvgate, tmp_path: Path) -> None:
+def test_a_ramp_end_to_end(
+    start_backend: Callable[..., str], run_kvgate: Callable[..., Done], tmp_path: Path
+) -> None:
     _loadtest = _with(run_kvgate)
     url = start_backend("--cost", "default", "--num-blocks", "600")
     out = tmp_path / "ramp"
@@ -125,7 +127,7 @@ def test_a_ramp_end_to_end(start_backend, run_kvgate, tmp_path: Path) -> None:
     assert (tmp_path / "cmp" / "compare-latency-cdf.png").exists()
 
 
-def test_clear_errors_for_bad_options(run_kvgate, tmp_path: Path) -> None:
+def test_clear_errors_for_bad_options(run_kvgate: Callable[..., Done], tmp_path: Path) -> None:
     _loadtest = _with(run_kvgate)
     missing = _loadtest("--workload", "random")
     assert missing.returncode == 2 and "--url is required" in missing.stderr
@@ -137,7 +139,9 @@ def test_clear_errors_for_bad_options(run_kvgate, tmp_path: Path) -> None:
     assert slo.returncode == 2 and "--goodput 'latency:5'" in slo.stderr
 
 
-def test_a_dead_server_is_counted_as_connection_errors(run_kvgate, tmp_path: Path) -> None:
+def test_a_dead_server_is_counted_as_connection_errors(
+    run_kvgate: Callable[..., Done], tmp_path: Path
+) -> None:
     _loadtest = _with(run_kvgate)
     from loadtest.harness.processes import free_port
 
@@ -181,7 +185,7 @@ DEMO = [
 ]
 
 
-def test_the_demo_compares_and_cleans_up(run_kvgate, tmp_path: Path) -> None:
+def test_the_demo_compares_and_cleans_up(run_kvgate: Callable[..., Done], tmp_path: Path) -> None:
     done = run_kvgate(*DEMO, "--out", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "| metric | baseline (least-in-flight) | kvgate (KV-aware EPP) |" in done.stdout
@@ -231,7 +235,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_trace_replays_at_its_own_times_and_reports_its_ideal_reuse(
-    start_backend, run_kvgate, tmp_path: Path
+    start_backend: Callable[..., str], run_kvgate: Callable[..., Done], tmp_path: Path
 ) -> None:
     rows = [
         {"timestamp": 0, "input_length": 2048, "output_length": 3, "hash_ids": [1, 2, 3, 4]},

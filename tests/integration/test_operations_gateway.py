@@ -160,7 +160,7 @@ async def test_an_equal_canary_is_promoted_to_100_and_stays_there_after_a_restar
     assert isinstance(events, list)
     verdicts = [(e.get("breached"), e["evidence"]["gates"]) for e in events]
     assert (summary["status"], summary["weight"]) == ("promoted", 100.0), verdicts
-    assert [e["to_weight"] for e in summary["events"]] == [50.0, 100.0]  # type: ignore[union-attr]
+    assert [e["to_weight"] for e in events] == [50.0, 100.0]
     gateway.stop()
     url, _ = start_gateway(policy)
     summary = admin(port, "/admin/canaries")["chat"]
@@ -232,7 +232,9 @@ observability: {{access_log: "off"}}
         assert budgets["chat"] == 1.0
         assert budgets["broken"] == pytest.approx(1 - failed / (120 * 0.01))
         report = admin(port, "/admin/slo")
-        broken = next(o for o in report["objectives"] if o["route"] == "broken")  # type: ignore[union-attr]
+        objectives = report["objectives"]
+        assert isinstance(objectives, list)
+        broken = next(o for o in objectives if o["route"] == "broken")
         assert broken["shedding"] == ["batch", "standard"]
         # the broken route's budget is spent: its batch callers are refused before any upstream
         async with session.post(

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import grpc
 import openai
@@ -85,7 +86,7 @@ def test_the_gateway_runs_both_hops_and_the_output_is_the_monolithic_servers(
     time.sleep(0.5)  # the picker's first scrapes (stale metrics count as saturated)
     api, reference = client(url), client(f"http://{whole}")
     for n in range(4):
-        kwargs = {
+        kwargs: dict[str, Any] = {
             "model": "kvgate-sim",
             "prompt": LONG.format(n=n),
             "max_tokens": 10,
@@ -140,7 +141,12 @@ def test_dead_prefill_workers_mean_local_prefill_not_failure(
     time.sleep(0.5)
     for address in prefill:
         workers.processes[address].kill()
-    kwargs = {"model": "kvgate-sim", "prompt": LONG.format(n=1), "max_tokens": 6, "temperature": 0}
+    kwargs: dict[str, Any] = {
+        "model": "kvgate-sim",
+        "prompt": LONG.format(n=1),
+        "max_tokens": 6,
+        "temperature": 0,
+    }
     for _ in range(3):  # first while the picker's metrics are fresh, then once they are stale
         got = client(url).completions.create(**kwargs)
         assert (
@@ -198,7 +204,12 @@ def test_behind_envoy_the_picker_names_the_decode_worker_and_its_prefiller(
     policy = tmp_path / "policy.yaml"
     policy.write_text(pd_policy([prefill], [decode]))
     grpc_port, metrics_port = free_port(), free_port()
-    body = {"model": "kvgate-sim", "prompt": LONG.format(n=5), "max_tokens": 8, "temperature": 0}
+    body: dict[str, Any] = {
+        "model": "kvgate-sim",
+        "prompt": LONG.format(n=5),
+        "max_tokens": 8,
+        "temperature": 0,
+    }
     raw = json.dumps(body).encode()
     headers = {":path": "/v1/completions", ":method": "POST", "content-type": "application/json",
                "x-prefiller-host-port": "6.6.6.6:1"}  # a client's: never passed on  # fmt: skip
@@ -216,8 +227,8 @@ def test_behind_envoy_the_picker_names_the_decode_worker_and_its_prefiller(
     assert "x-prefiller-host-port" not in mutation.remove_headers
     # Envoy sends the request where the picker said, with the headers it set
     forwarded = {k: routed[k] for k in ("x-prefiller-host-port", "x-llm-d-prefiller-host-port")}
-    got = client(f"http://{decode}").completions.create(**body, extra_headers=forwarded)  # type: ignore[arg-type]
-    expected = client(f"http://{whole}").completions.create(**body)  # type: ignore[arg-type]
+    got = client(f"http://{decode}").completions.create(**body, extra_headers=forwarded)
+    expected = client(f"http://{whole}").completions.create(**body)
     assert got.choices[0].text == expected.choices[0].text
     assert total(decode, "kvgate:prefill_hops_total", outcome="ok") == 1
     assert total(decode, "kvgate:kv_transfer_blocks_total") > 0

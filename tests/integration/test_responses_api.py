@@ -93,8 +93,10 @@ def test_responses_are_created_and_reached_by_id_on_the_backend_holding_them(
     events = list(stream)
     assert events[0].type == "response.created" and events[-1].type == "response.incomplete"
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
-    assert text == events[-1].response.output_text  # type: ignore[union-attr]
-    streamed_id = events[-1].response.id  # type: ignore[union-attr]
+    last = events[-1]
+    assert last.type == "response.incomplete"
+    assert text == last.response.output_text
+    streamed_id = last.response.id
     assert acme.responses.retrieve(streamed_id).output_text == text
 
     requests = scrape(url)["kvgate_requests_total"]
@@ -139,7 +141,7 @@ def test_the_backend_refuses_what_it_cannot_answer(
     url, _ = start_gateway(policy([start_backend("--cost", "zero").removeprefix("http://")]))
     acme = client(url)
     with pytest.raises(openai.BadRequestError, match="input"):
-        acme.responses.create(model="kvgate-sim", input=5)  # type: ignore[arg-type]
+        acme.responses.create(model="kvgate-sim", input=5)  # type: ignore[call-overload]
     with pytest.raises(openai.BadRequestError, match="background"):
         acme.responses.create(model="kvgate-sim", input="x", background=True)
     with pytest.raises(openai.NotFoundError):

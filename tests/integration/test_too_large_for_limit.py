@@ -37,7 +37,7 @@ limits: {{rules: [{{name: tpm, match: {{tenant: "*"}}, tokens_per_min: 200000}}]
     ]
     assert sum(refused) == 1
     with pytest.raises(openai.BadRequestError, match="max_tokens must be a positive integer"):
-        client.completions.create(model="kvgate-sim", prompt="x", max_tokens=1e9)  # type: ignore[arg-type]
+        client.completions.create(model="kvgate-sim", prompt="x", max_tokens=1e9)  # type: ignore[call-overload]
 
 
 def test_with_the_context_length_known_the_engine_answers_instead(

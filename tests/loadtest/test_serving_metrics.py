@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import pytest
 
@@ -16,6 +17,15 @@ from loadtest.reports.serving_metrics import (
 from loadtest.reports.stage_report import Stage, stage_report
 from loadtest.reports.stats import percentile, summarize
 from loadtest.workloads.reuse_oracle import cacheable_tokens
+
+
+def at(report: Mapping[str, object], *path: str | int) -> object:
+    """The value at ``path`` in a nested report (dicts by key, lists by index)."""
+    value: object = report
+    for step in path:
+        assert isinstance(value, Mapping | list), (path, value)
+        value = value[step]  # type: ignore[index]
+    return value
 
 
 def test_percentile_interpolates_like_numpy() -> None:
@@ -69,7 +79,7 @@ def test_benchmark_result_against_a_hand_computed_table() -> None:
     assert result["mean_e2el_ms"] == pytest.approx(1100 / 3)
     # good: A (ttft 100, tpot 100) and C (ttft 200); B misses the TTFT SLO; FAILED is not good
     assert result["request_goodput"] == 1.0
-    assert result["ttfts"] == [0.1, 0.3, 0.2, 0.0] and result["errors"][-1] == "overloaded"
+    assert result["ttfts"] == [0.1, 0.3, 0.2, 0.0] and at(result, "errors", -1) == "overloaded"
     assert result["max_concurrent_requests"] == 2
     assert benchmark_result([A], 1.0)["request_goodput"] is None
     with pytest.raises(ValueError, match="unknown SLO"):
@@ -100,11 +110,13 @@ def test_stage_report_splits_by_stage() -> None:
         "concurrency": None,
         "achieved_rate": pytest.approx(2 / 1.5),
     }
-    assert first["successes"]["count"] == 2
-    assert first["successes"]["throughput"]["output_tokens_per_sec"] == pytest.approx(7 / 5)
-    assert first["successes"]["latency"]["time_to_first_token"]["mean"] == pytest.approx(0.2)
+    assert at(first, "successes", "count") == 2
+    tokens = at(first, "successes", "throughput", "output_tokens_per_sec")
+    assert tokens == pytest.approx(7 / 5)
+    ttft = at(first, "successes", "latency", "time_to_first_token", "mean")
+    assert ttft == pytest.approx(0.2)
     assert first["failures"] == {"count": 1, "by_kind": {"http_5xx": 1}}
-    assert second["successes"]["throughput"]["requests_per_sec"] == 1.0
+    assert at(second, "successes", "throughput", "requests_per_sec") == 1.0
     assert second["label"] == "4 req/s"
 
 

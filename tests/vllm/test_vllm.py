@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import grpc
 import openai
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from openai.types.chat import ChatCompletionMessageParam
 
 from bench.envoy_messages import body_messages, headers_message
 from epp.framework import Endpoint
@@ -121,7 +123,10 @@ def test_the_gateway_proxies_vllm_for_the_official_client(gateway: tuple[str, st
     chunks = list(stream)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
     # the same long prompt twice: the second is served from the engine's prefix cache
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "hi"},
+    ]
     client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=1)
     again = client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=1)
     details = again.usage.prompt_tokens_details if again.usage else None
@@ -188,13 +193,23 @@ def test_lora_residency_from_real_lora_requests_info(
     adapter = Path(tiny_model).parent / "lora-sql"
     server.post("/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": str(adapter)})
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-    stream = client.completions.create(model="sql", prompt="select", max_tokens=300, stream=True)
+    done = threading.Event()
+
+    def keep_the_adapter_busy() -> None:
+        """Requests on the adapter, one after another: vLLM reports the running adapters
+        once per stats interval (1 s here), and one answer may be over before that."""
+        while not done.is_set():
+            client.completions.create(model="sql", prompt="select", max_tokens=300)
+
+    busy = threading.Thread(target=keep_the_adapter_busy, daemon=True)
+    busy.start()
     seen: set[str] = set()
-    for _ in stream:
+    deadline = time.monotonic() + 30
+    while not seen and time.monotonic() < deadline:
         seen |= parse_metrics(scrape(server)).running_loras
-        if seen:
-            break
-    stream.close()
+        time.sleep(0.1)
+    done.set()
+    busy.join(timeout=60)
     assert seen == {"sql"}
 
 
@@ -203,7 +218,7 @@ async def test_precise_routing_follows_the_engines_kv_events(
 ) -> None:
     url, _ = gateway
     a, b = vllm_servers
-    messages = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": "Precise. " + SYSTEM},
         {"role": "user", "content": "q"},
     ]
@@ -214,7 +229,8 @@ async def test_precise_routing_follows_the_engines_kv_events(
     before = [counter(s, "vllm:prefix_cache_hits_total") for s in (a, b)]
     client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
     for turn in range(3):
-        asked = [*messages[:1], {"role": "user", "content": f"question {turn}"}]
+        question: ChatCompletionMessageParam = {"role": "user", "content": f"question {turn}"}
+        asked = [*messages[:1], question]
         client.chat.completions.create(model="tiny-llama", messages=asked, max_tokens=1)
     gained = [
         counter(s, "vllm:prefix_cache_hits_total") - h for s, h in zip((a, b), before, strict=True)
@@ -230,7 +246,10 @@ def test_ext_proc_picks_the_engine_the_embedded_picker_picks(
 ) -> None:
     _, policy = gateway
     a = vllm_servers[0]
-    messages = [{"role": "system", "content": "Envoy. " + SYSTEM}, {"role": "user", "content": "q"}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": "Envoy. " + SYSTEM},
+        {"role": "user", "content": "q"},
+    ]
     openai.OpenAI(base_url=f"{a.url}/v1", api_key="unused", max_retries=0).chat.completions.create(
         model="tiny-llama", messages=messages, max_tokens=1
     )

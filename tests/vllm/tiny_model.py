@@ -13,6 +13,7 @@ import json
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 SPECIAL = [
     "<|begin_of_text|>",
@@ -73,7 +74,7 @@ def build_tokenizer(out: Path) -> None:
         pair="<|begin_of_text|> $A $B",
         special_tokens=[("<|begin_of_text|>", bos)],
     )
-    fast = PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tokenizer,
         bos_token="<|begin_of_text|>",
         eos_token="<|eot_id|>",
@@ -83,7 +84,7 @@ def build_tokenizer(out: Path) -> None:
     fast.save_pretrained(out)
 
 
-SHAPES = {
+SHAPES: dict[str, dict[str, Any]] = {
     "tiny": {
         "hidden_size": 128,
         "intermediate_size": 256,
@@ -113,7 +114,7 @@ def build_model(out: Path, shape: str = "tiny") -> None:
         bos_token_id=0,
         eos_token_id=4,
         tie_word_embeddings=False,
-        torch_dtype="float32",
+        torch_dtype="float32",  # type: ignore[call-arg]  # the name transformers 4.x reads
     )
     model = LlamaForCausalLM(config)
     model.save_pretrained(out, safe_serialization=True)
@@ -131,7 +132,7 @@ def build_model(out: Path, shape: str = "tiny") -> None:
                 r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False
             ),
         )
-        lora.save_pretrained(out.parent / f"lora-{name}")
+        lora.save_pretrained(str(out.parent / f"lora-{name}"))
 
 
 def main() -> int:

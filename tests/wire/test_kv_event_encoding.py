@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import msgpack
 
-from kvgate.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, encode_batch
+from kvgate.wire.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    encode_batch,
+)
 
 
 def test_batch_is_tagged_maps_as_current_vllm_sends() -> None:
-    events = [
+    events: list[KVEvent] = [
         BlockStored([11, 12], None, list(range(8)), 4, "ad"),
         BlockRemoved([11]),
         AllBlocksCleared(),

@@ -9,6 +9,7 @@ from kvgate.wire.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    KVEvent,
     KVEventFormatError,
     decode_batch,
     decode_event,
@@ -17,7 +18,7 @@ from kvgate.wire.kv_events import (
 
 
 def test_what_the_publisher_encodes_decodes_to_the_same_events() -> None:
-    events = [
+    events: list[KVEvent] = [
         BlockStored([1, 2], None, list(range(8)), 4, "ad"),
         BlockRemoved([1]),
         AllBlocksCleared(),

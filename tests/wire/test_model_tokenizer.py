@@ -44,7 +44,7 @@ def test_prompts_get_bos_and_chats_get_it_once_from_the_template(tmp_path: Path)
     model = ModelTokenizer(model_folder(tmp_path / "m"))
     prompt = model.prompt_ids("the lazy dog")
     assert prompt[0] == 0 and prompt[1:] == model.encode("the lazy dog", add_special_tokens=False)
-    messages = [
+    messages: list[dict[str, object]] = [
         {"role": "system", "content": "  be brief "},
         {
             "role": "user",

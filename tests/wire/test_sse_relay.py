@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import pytest
 
@@ -46,7 +47,7 @@ def test_usage_inside_a_content_chunk_is_read_not_dropped() -> None:
 def test_usage_of_a_json_body(pad: int) -> None:
     from kvgate.wire.sse import usage_of
 
-    def encoded(body: dict[str, object]) -> bytes:
+    def encoded(body: Mapping[str, object]) -> bytes:
         return json.dumps({"pad": "x" * pad, **body} if pad else body).encode()
 
     body = {

@@ -5,19 +5,18 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch  # the folder's conftest skips it without torch
 
-torch = pytest.importorskip("torch")
-
-from backends.models import projection  # noqa: E402
-from backends.models.config import PRESETS  # noqa: E402
-from backends.models.projection import (  # noqa: E402
+from backends.models import projection
+from backends.models.config import PRESETS
+from backends.models.projection import (
     CHUNK_ROWS,
     Projection,
     build_projections,
     packing_supported,
     row_bucket,
 )
-from backends.models.weights import random_weights  # noqa: E402
+from backends.models.weights import random_weights
 
 CPU = torch.device("cpu")
 needs_packing = pytest.mark.skipif(

@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -25,7 +26,7 @@ class Reply:
     def __init__(self, status_code: int, text: str) -> None:
         self.status_code, self.text = status_code, text
 
-    def json(self) -> dict[str, object]:
+    def json(self) -> dict[str, Any]:
         body = json.loads(self.text)
         assert isinstance(body, dict)
         return body
@@ -100,9 +101,15 @@ def test_chat_uses_the_models_template_and_streams_what_it_returns_whole(
     rendered = post(f"{url}/tokenize", {"messages": messages}).json()["tokens"]
     assert rendered[:2] == [0, 2]  # BOS then <|start_header_id|>, as the template writes them
     client = api(url)
-    kwargs = {"model": MODEL, "messages": messages, "max_tokens": 12, "temperature": 0, "seed": 1}
-    whole = client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
-    chunks = list(client.chat.completions.create(stream=True, **kwargs))  # type: ignore[call-overload]
+    kwargs: dict[str, Any] = {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": 12,
+        "temperature": 0,
+        "seed": 1,
+    }
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == whole.choices[0].message.content
     assert whole.usage is not None and whole.usage.prompt_tokens == len(rendered)
@@ -111,7 +118,12 @@ def test_chat_uses_the_models_template_and_streams_what_it_returns_whole(
 def test_logprobs_of_the_chosen_tokens_and_a_stop_string(served: tuple[str, Path, Path]) -> None:
     url, _, _ = served
     client = api(url)
-    base = {"model": MODEL, "prompt": "the gateway", "max_tokens": 20, "temperature": 0}
+    base: dict[str, Any] = {
+        "model": MODEL,
+        "prompt": "the gateway",
+        "max_tokens": 20,
+        "temperature": 0,
+    }
     full = client.completions.create(**base, logprobs=0, extra_body={"ignore_eos": True})
     logprobs = full.choices[0].logprobs
     assert logprobs is not None and logprobs.token_logprobs is not None
@@ -159,7 +171,7 @@ def test_a_stream_carries_the_token_ids_and_logprobs_of_each_delta(
 ) -> None:
     url, _, _ = served
     client = api(url)
-    body = {
+    body: dict[str, Any] = {
         "model": MODEL,
         "prompt": "the river",
         "max_tokens": 12,
@@ -167,10 +179,10 @@ def test_a_stream_carries_the_token_ids_and_logprobs_of_each_delta(
         "logprobs": 0,
     }
     extra = {"ignore_eos": True, "return_token_ids": True}
-    whole = client.completions.create(**body, extra_body=extra).choices[0]  # type: ignore[call-overload]
+    whole = client.completions.create(**body, extra_body=extra).choices[0]
     chunks = [
         c for c in client.completions.create(**body, stream=True, extra_body=extra) if c.choices
-    ]  # type: ignore[call-overload]
+    ]
     streamed_ids: list[int] = []
     streamed_logprobs: list[float] = []
     for chunk in chunks:
