@@ -45,7 +45,7 @@ from gateway.runtime import Runtime
 from gateway.spend import settled_cost
 from gateway.stored_responses import continuing, created
 from gateway.stream_resume import StreamResume, asks_token_ids, stream_resume
-from gateway.tracing import decision_attributes
+from gateway.tracing import decision_attributes, span
 from gateway.upstream import UpstreamCall, client_request_headers, open_upstream
 from gateway.upstream_payload import KV_TRANSFER, payload_for, pool_body
 from kvgate.wire.http.messages import AnyResponse, Request, Response, StreamResponse
@@ -152,16 +152,10 @@ async def _reserve(
     """Take what the request may use from its rate limits and spend budgets."""
     limiter = runtime.limiter
     context_length = runtime.policy.pools[pool].max_model_len
-    tracer = runtime.calls[pool].tracer
-    if tracer is None:
+    with span(runtime.calls[pool].tracer, "limits"):
         reservation = await limiter.reserve(
             ctx.identity, ctx.model, request.path, body, context_length
         )
-    else:
-        with tracer.start_as_current_span("limits"):
-            reservation = await limiter.reserve(
-                ctx.identity, ctx.model, request.path, body, context_length
-            )
     if reservation is not None:
         ctx.add_headers(reservation.headers)
     return reservation
@@ -319,9 +313,9 @@ def _ranked(forward: Forward, pool: Pool) -> tuple[UpstreamCall, bytes, Ranking]
         ranking = call.picker.rank(pool.name, forward.pick)
     else:
         attributes = {"kvgate.pool": pool.name}
-        with call.tracer.start_as_current_span("route", attributes=attributes) as span:
+        with call.tracer.start_as_current_span("route", attributes=attributes) as route:
             ranking = call.picker.rank(pool.name, forward.pick)
-            span.set_attributes(decision_attributes(ranking))
+            route.set_attributes(decision_attributes(ranking))
     if ctx.explain:
         record_explanation(ctx, pool.name, ranking)
     return call, headers, ranking
@@ -377,16 +371,15 @@ async def _queued(forward: Forward, pool: Pool, admission: AdmissionQueue) -> No
     """Wait in the admission queue for capacity in ``pool``."""
     ctx = forward.ctx
     tracer = forward.runtime.calls[pool.name].tracer
+    attributes: dict[str, str | int] | None = None
+    if tracer is not None:
+        attributes = {
+            "kvgate.admission.class": ctx.priority_class,
+            "kvgate.admission.queued_ahead": admission.depth(pool.name, ctx.priority_class),
+        }
     try:
-        if tracer is None:
+        with span(tracer, "admission", attributes):
             ctx.queue_wait = await admission.admit(pool.name, ctx.priority_class, ctx.tenant)
-        else:
-            attributes: dict[str, str | int] = {
-                "kvgate.admission.class": ctx.priority_class,
-                "kvgate.admission.queued_ahead": admission.depth(pool.name, ctx.priority_class),
-            }
-            with tracer.start_as_current_span("admission", attributes=attributes):
-                ctx.queue_wait = await admission.admit(pool.name, ctx.priority_class, ctx.tenant)
     except (Rejected, Evicted) as exc:
         reason = "full" if isinstance(exc, Rejected) else "expired"
         metrics = forward.request.app[METRICS]

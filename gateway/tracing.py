@@ -8,6 +8,10 @@ client's trace (or starts one) and sends its own ``traceparent`` upstream.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -35,6 +39,15 @@ def make_tracer(config: Tracing) -> tuple[trace.Tracer | None, TracerProvider | 
     )
     provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider.get_tracer("kvgate.gateway"), provider
+
+
+def span(
+    tracer: trace.Tracer | None, name: str, attributes: Mapping[str, str | int] | None = None
+) -> AbstractContextManager[object]:
+    """A span of ``name`` made current while the block runs; nothing without a tracer."""
+    if tracer is None:
+        return contextlib.nullcontext()
+    return tracer.start_as_current_span(name, attributes=attributes)
 
 
 def decision_attributes(ranking: Ranking, top: int = 3) -> dict[str, str | int | float]:

@@ -41,7 +41,7 @@ class CanaryController:
             self.state = CanaryState(self.auto.fingerprint, now)
             if self._frozen(spent):
                 self.state.status = "waiting"
-                event = self._budget_event("wait", now, spent)
+                event = {"at": now, "decision": "wait", "by": "budget", **self._budget(spent)}
                 self.state.record(event)
                 log.info(json.dumps({"canary": self.route, **event}))
             self._save()
@@ -121,7 +121,7 @@ class CanaryController:
         frozen = self._frozen(spent)
         self.held_by_budget = spent if frozen else None
         if judge and self.state.status == "waiting" and not frozen:
-            return [self._decide("start", now, "budget", self._budget_event("", now, spent))]
+            return [self._decide("start", now, "budget", self._budget(spent))]
         if not judge or self.state.status != "running":
             return []
         baseline, canary = self.arms[self.auto.baseline], self.arms[self.auto.pool]
@@ -144,12 +144,9 @@ class CanaryController:
         freeze = self.auto.budget_freeze
         return spent is not None and freeze < 1.0 and spent > freeze  # 1: never
 
-    def _budget_event(self, decision: str, now: float, spent: float | None) -> dict[str, object]:
-        reason: dict[str, object] = {
-            "budget_spent": spent,
-            "budget_freeze": self.auto.budget_freeze,
-        }
-        return {"at": now, "decision": decision, "by": "budget", **reason} if decision else reason
+    def _budget(self, spent: float | None) -> dict[str, object]:
+        """The evidence of a decision the error budget made."""
+        return {"budget_spent": spent, "budget_freeze": self.auto.budget_freeze}
 
     def act(self, action: str, now: float) -> str:
         """An operator's ``action`` (one of ``ACTIONS``); the decision recorded."""

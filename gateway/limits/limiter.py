@@ -173,10 +173,12 @@ class Limiter:
             return None
         prompt, output = self.estimate_parts(body, context_length)
         estimate = prompt + output
-        cost = most_cost(self.spend.prices.get(model), prompt, output)
-        budgets = budget_buckets(self.spend, identity, cost, datetime.now(UTC))
-        if not rules and not budgets:
-            return None
+        cost, budgets = 0.0, []
+        if self.spend.budgets:  # a policy of rate limits alone does none of this
+            cost = most_cost(self.spend.prices.get(model), prompt, output)
+            budgets = budget_buckets(self.spend, identity, cost, datetime.now(UTC))
+            if not rules and not budgets:
+                return None
         request_specs = [
             BucketSpec(f"{r.name}:req:{k}", r.requests_per_min, 1)
             for r, k in rules

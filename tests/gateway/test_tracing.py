@@ -80,8 +80,20 @@ observability: {{tracing: {{exporter: console}}}}
         assert "secret-xyz" not in str(span.attributes)
 
 
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> InMemorySpanExporter:
+    """The spans of the apps the test creates: every part of the gateway records them,
+    the upstream calls included."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    monkeypatch.setattr(gateway.app, "make_tracer", lambda settings: (tracer, provider))
+    return exporter
+
+
 async def test_each_hop_of_a_prefill_decode_request_has_its_client_span(
-    aiohttp_server: ServerFactory, monkeypatch: pytest.MonkeyPatch
+    aiohttp_server: ServerFactory, recorded: InMemorySpanExporter
 ) -> None:
     prefill = await start_worker(aiohttp_server, "--role", "prefill", "--cost", "zero")
     decode = await start_worker(aiohttp_server, "--role", "decode", "--cost", "zero")
@@ -93,11 +105,6 @@ routes: [{{model: kvgate-sim, pool: p}}]
 auth: {{api_keys: [{{sha256: {KEY_HASH}, tenant: t}}]}}
 observability: {{tracing: {{exporter: console}}}}
 """)
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = provider.get_tracer("test")  # the upstream calls' tracer too
-    monkeypatch.setattr(gateway.app, "make_tracer", lambda settings: (tracer, provider))
     app = create_app(policy)
     async with running(app, "127.0.0.1", 0) as server, aiohttp.ClientSession() as client:
         await asyncio.sleep(0.5)  # the picker's first scrapes (stale metrics are saturated)
@@ -109,15 +116,15 @@ observability: {{tracing: {{exporter: console}}}}
             assert response.status == 200, await response.text()
     hops = [
         span.attributes["server.address"]
-        for span in exporter.get_finished_spans()
+        for span in recorded.get_finished_spans()
         if span.kind is SpanKind.CLIENT and span.attributes
     ]
     assert hops == addresses  # the prefill hop, then the decode hop
-    assert len({span.context.trace_id for span in exporter.get_finished_spans()}) == 1
+    assert len({span.context.trace_id for span in recorded.get_finished_spans()}) == 1
 
 
 async def test_the_limits_the_route_and_the_shadow_copy_have_their_spans(
-    aiohttp_server: ServerFactory, monkeypatch: pytest.MonkeyPatch
+    aiohttp_server: ServerFactory, recorded: InMemorySpanExporter
 ) -> None:
     primary = await start_worker(aiohttp_server, "--cost", "zero")
     mirror = await start_worker(aiohttp_server, "--cost", "zero")
@@ -129,11 +136,6 @@ auth: {{api_keys: [{{sha256: {KEY_HASH}, tenant: t}}]}}
 limits: {{rules: [{{name: everyone, match: {{tenant: "*"}}, requests_per_min: 1000}}]}}
 observability: {{tracing: {{exporter: console}}}}
 """)
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = provider.get_tracer("test")
-    monkeypatch.setattr(gateway.app, "make_tracer", lambda settings: (tracer, provider))
     app = create_app(policy)
     async with running(app, "127.0.0.1", 0) as server, aiohttp.ClientSession() as client:
         await asyncio.sleep(0.5)  # the picker's first scrapes
@@ -145,7 +147,7 @@ observability: {{tracing: {{exporter: console}}}}
             ) as response:
                 assert response.status == 200, await response.text()
         await asyncio.sleep(0.5)  # the shadow copies finish
-    spans = exporter.get_finished_spans()
+    spans = recorded.get_finished_spans()
     names = [span.name for span in spans]
     assert names.count("limits") == 2 and names.count("shadow") == 2
     route = [span for span in spans if span.name == "route"][-1]
@@ -163,3 +165,28 @@ observability: {{tracing: {{exporter: console}}}}
     traces = {span.context.trace_id for span in spans if span.name != "shadow"}
     assert len(traces) == 2  # one per request, its shadow copy in it
     assert {span.context.trace_id for span in spans if span.name == "shadow"} == traces
+
+
+async def test_a_request_that_waits_for_capacity_has_its_admission_span(
+    aiohttp_server: ServerFactory, recorded: InMemorySpanExporter
+) -> None:
+    slow = await start_worker(aiohttp_server, "--cost", "0.05,0,0,0")
+    policy = load_policy_text(f"""
+pools: {{p: {{max_concurrency: 1, endpoints: [{slow.url.removeprefix("http://")}]}}}}
+routes: [{{model: kvgate-sim, pool: p}}]
+epp: {{picker: least-in-flight}}
+observability: {{tracing: {{exporter: console}}}}
+""")
+    app = create_app(policy)
+    async with running(app, "127.0.0.1", 0) as server, aiohttp.ClientSession() as client:
+
+        async def complete() -> int:
+            body = {"model": "kvgate-sim", "prompt": "wait", "max_tokens": 4}
+            url = f"http://127.0.0.1:{server.port}/v1/completions"
+            async with client.post(url, json=body) as response:
+                return response.status
+
+        assert list(await asyncio.gather(complete(), complete())) == [200, 200]
+    [admission] = [s for s in recorded.get_finished_spans() if s.name == "admission"]
+    attributes = dict(admission.attributes or {})
+    assert attributes == {"kvgate.admission.class": "standard", "kvgate.admission.queued_ahead": 0}
