@@ -1,9 +1,9 @@
 """Authentication: API keys (stored as SHA-256, compared in constant time) and JWTs (pyjwt).
 
-A credential comes as ``Authorization: Bearer <credential>`` or ``api-key: <credential>``; it
-is looked up as an API key first (a key may contain two dots), then verified as a JWT. A JWT
-must be canonical base64url (no padding or spare bits: one token, one cache entry) and its
-``exp``/``nbf``/``iat`` numbers.
+A credential comes as ``Authorization: Bearer <credential>``, ``api-key: <credential>`` (Azure's
+spelling) or ``x-api-key: <credential>`` (Anthropic's); it is looked up as an API key first (a
+key may contain two dots), then verified as a JWT. A JWT must be canonical base64url (no padding
+or spare bits: one token, one cache entry) and its ``exp``/``nbf``/``iat`` numbers.
 A JWT is verified against its issuer's JWKS with the issuer's pinned algorithms only; the key
 type must match the algorithm family, so ``none`` and HS/RS key confusion are rejected.
 Messages never contain the credential.
@@ -51,7 +51,7 @@ def credential_from(headers: Mapping[str, str]) -> str | None:
         if scheme.lower() == "bearer" and value.strip():
             return value.strip()
         raise Unauthorized("Authorization header must be 'Bearer <key>'.")
-    return headers.get("api-key") or None
+    return headers.get("api-key") or headers.get("x-api-key") or None
 
 
 class _Issuer:

@@ -1,5 +1,5 @@
-"""The OpenAI endpoints the gateway proxies: completions, chat completions, embeddings,
-responses (created here; by id: ``gateway.stored_responses``).
+"""The inference endpoints the gateway proxies: completions, chat completions, embeddings,
+responses (created here; by id: ``gateway.stored_responses``) and Anthropic's messages.
 
 The body is forwarded unchanged except for the route's model rewrite and, on streams,
 ``stream_options.include_usage`` (so usage is always known; the extra chunk is dropped again
@@ -49,12 +49,16 @@ from gateway.tracing import decision_attributes, span
 from gateway.upstream import UpstreamCall, client_request_headers, open_upstream
 from gateway.upstream_payload import KV_TRANSFER, payload_for, pool_body
 from kvgate.wire.http.messages import AnyResponse, Request, Response, StreamResponse
+from kvgate.wire.messages_api import MESSAGES_PATH, chat_messages
 from kvgate.wire.model_name import model_restorer
 from kvgate.wire.openai_errors import MODEL_REQUIRED, unknown_model
 from kvgate.wire.responses_api import RESPONSES_PATH, id_in_body, input_messages
 from kvgate.wire.routing_headers import INFERENCE_OBJECTIVE
-from kvgate.wire.sse import ResponsesRelay, SSERelay
+from kvgate.wire.sse import MessagesRelay, ResponsesRelay, SSERelay
 from policies.schema import Policy, Pool, Route
+
+# the streams that report usage in a last chunk only when stream_options asks for it
+OPENAI_STREAMS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
 async def proxy(
@@ -89,8 +93,7 @@ async def proxy(
     reservation = None
     if runtime.limiter.active:
         reservation = await _reserve(request, runtime, ctx, body, selection.pool)
-    # a response's input is routed on as the chat messages it renders to
-    routed = {**body, "messages": input_messages(body)} if path == RESPONSES_PATH else body
+    routed = _routed_body(path, body)
     pick = PickRequest(ctx.model, routed, request.headers, ctx.identity, ctx.request_id)
     shadow = None
     if route.shadow and form is None:  # a shadow copy is sent as JSON
@@ -116,6 +119,16 @@ async def proxy(
         )
         app[SHADOW].compare(route, shadow, primary)
     return response
+
+
+def _routed_body(path: str, body: dict[str, object]) -> dict[str, object]:
+    """The body the picker reads: a response's input and a message's system prompt and content
+    blocks as the chat messages they render to."""
+    if path == RESPONSES_PATH:
+        return {**body, "messages": input_messages(body)}
+    if path == MESSAGES_PATH:
+        return {**body, "messages": chat_messages(body)}
+    return body
 
 
 def _route(policy: Policy, ctx: RequestContext, path: str, body: dict[str, object]) -> Route:
@@ -397,7 +410,7 @@ def _upstream_payload(
         return (
             form.with_model(pool.model) if pool.model and pool.model != ctx.model else forward.raw
         )
-    add_usage = ctx.stream and not forward.client_wants_usage and forward.path != RESPONSES_PATH
+    add_usage = ctx.stream and not forward.client_wants_usage and forward.path in OPENAI_STREAMS
     add_ids = resumes and asks_token_ids(pool, body)
     if pool.model or add_usage or params is not None or KV_TRANSFER in body or add_ids:
         return payload_for(forward.raw, body, pool, ctx.model, add_usage, params, add_ids)
@@ -410,6 +423,8 @@ def _stream_relay(
     """How the upstream's stream is relayed, and how it goes on if its engine fails."""
     if forward.path == RESPONSES_PATH:
         return ResponsesRelay(), None
+    if forward.path == MESSAGES_PATH:
+        return MessagesRelay(), None
     if not resumes:
         return SSERelay(strip_usage=not forward.client_wants_usage), None
     ctx = forward.ctx

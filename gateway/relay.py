@@ -30,8 +30,8 @@ from kvgate.wire.http.client import (
 from kvgate.wire.http.messages import Request, Response, StreamResponse
 from kvgate.wire.http.server import SHUTDOWN_CUT
 from kvgate.wire.model_name import Restore
-from kvgate.wire.responses_api import chat_usage
 from kvgate.wire.sse import EventTooLarge, SSERelay, usage_of
+from kvgate.wire.token_usage import token_counts
 
 MID_STREAM_ERRORS = (UpstreamConnectionError, asyncio.TimeoutError)
 AFTER_DONE = 1.0  # seconds to wait for the upstream body's end after [DONE]
@@ -254,11 +254,8 @@ def _upstream_failed(ctx: RequestContext, exc: BaseException) -> Exception:
 def _record_usage(ctx: RequestContext, usage: dict[str, object] | None) -> None:
     if usage is None:
         return
-    prompt, completion = chat_usage(usage)
-    ctx.prompt_tokens = prompt if isinstance(prompt, int) else 0
-    ctx.completion_tokens = completion if isinstance(completion, int) else 0
-    # vLLM says which prompt tokens were cached with --enable-prompt-tokens-details
-    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    ctx.cached_tokens = cached if isinstance(cached, int) else 0
-    ctx.usage_known = isinstance(prompt, int) and isinstance(completion, int)
+    prompt, completion, cached = token_counts(usage)
+    ctx.prompt_tokens = prompt or 0
+    ctx.completion_tokens = completion or 0
+    ctx.cached_tokens = cached  # vLLM says so with --enable-prompt-tokens-details
+    ctx.usage_known = prompt is not None and completion is not None

@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from gateway import proxy
 from gateway.context import RequestContext
 from gateway.cors import is_preflight, preflight, response_lines
-from gateway.error_responses import response_for
+from gateway.error_responses import error_on, response_for
 from gateway.errors import (
     Forbidden,
     GatewayError,
@@ -43,6 +43,7 @@ from gateway.runtime import dead_pools
 from gateway.stored_responses import by_id, route_name
 from kvgate.wire.http.messages import AnyResponse, Request, Response, header_line, json_response
 from kvgate.wire.http.server import SHUTDOWN_CUT
+from kvgate.wire.messages_api import MESSAGES_PATH
 from kvgate.wire.responses_api import RESPONSES_PATH
 from kvgate.wire.responses_api import STORED_PREFIX as RESPONSE_PREFIX
 from policies.schema import Observability
@@ -149,6 +150,7 @@ ROUTES: dict[str, dict[str, RouteHandler]] = {
     "/v1/completions": {"POST": Proxied("/v1/completions")},
     "/v1/embeddings": {"POST": Proxied("/v1/embeddings", streams=False)},
     RESPONSES_PATH: {"POST": Proxied(RESPONSES_PATH)},
+    MESSAGES_PATH: {"POST": Proxied(MESSAGES_PATH)},
     "/v1/models": {"GET": models},
     "/healthz": {"GET": healthz},
     "/readyz": {"GET": readyz},
@@ -214,7 +216,7 @@ def check_head(app: web.Application, target: bytes, headers: CIMultiDict[str]) -
     try:
         app[RUNTIME].current.authenticator.authenticate(headers)
     except Unauthorized as exc:
-        return exc.to_response()
+        return error_on(path, exc)
     return None
 
 

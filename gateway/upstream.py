@@ -58,6 +58,7 @@ DROP_REQUEST_HEADERS = (
         "content-encoding",
         "authorization",
         "api-key",
+        "x-api-key",  # Anthropic's spelling
         "accept-encoding",
         "x-request-id",
     }

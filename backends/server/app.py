@@ -9,7 +9,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from backends.server import lora, openai_api, responses_api, tokenize_api
+from backends.server import lora, messages_api, openai_api, responses_api, tokenize_api
 from backends.server.errors import error_middleware, error_response
 from backends.server.state import STATE, ServerState
 
@@ -53,6 +53,7 @@ def setup_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", openai_api.chat_completions)
     app.router.add_get("/v1/models", models)
     responses_api.add_routes(app)
+    messages_api.add_routes(app)
     app.router.add_post("/v1/load_lora_adapter", lora.load_lora_adapter)
     app.router.add_post("/v1/unload_lora_adapter", lora.unload_lora_adapter)
     app.router.add_post("/tokenize", tokenize_api.tokenize)

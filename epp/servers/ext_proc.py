@@ -33,6 +33,7 @@ from epp.servers.ext_proc_messages import (
 )
 from epp.servers.ext_proc_response import ResponsePath
 from epp.service import EppService
+from kvgate.wire.messages_api import MESSAGES_PATH, chat_messages
 from kvgate.wire.model_name import model_restorer
 from kvgate.wire.openai_errors import (
     MODEL_REQUIRED,
@@ -54,7 +55,7 @@ from kvgate.wire.routing_headers import (
     PREFILLER_HEADERS,
     is_client_routing,
 )
-from kvgate.wire.sse import ResponsesRelay
+from kvgate.wire.sse import MessagesRelay, ResponsesRelay
 
 log = logging.getLogger("kvgate.epp")
 
@@ -65,6 +66,7 @@ REQUIRED_FIELD = {
     "/completions": "prompt",
     "/embeddings": "input",
     "/responses": "input",
+    "/messages": "messages",
 }
 
 
@@ -158,6 +160,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
             error.code,
             param=error.param,
             request_id=state.headers.get("x-request-id", ""),
+            path=state.headers.get(":path", "").partition("?")[0],
         )
 
     async def _route(
@@ -221,6 +224,8 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         if path.endswith(RESPONSES_PATH):
             state.relay = ResponsesRelay()
             state.creates_response = True
+        elif path.endswith(MESSAGES_PATH):
+            state.relay = MessagesRelay()
         return body
 
     async def _pick(
@@ -253,8 +258,11 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         priority = self.service.policy.epp.priority_of(state.headers.get(OBJECTIVE, ""))
         if priority < 0 and self.service.saturation.all_saturated(candidates):
             raise PickError(429, "system saturated, sheddable request dropped", "shed")
-        if isinstance(state.relay, ResponsesRelay):  # routed on the chat messages it renders to
+        # routed on the chat messages a response's input or a message's content renders to
+        if isinstance(state.relay, ResponsesRelay):
             body = {**body, "messages": input_messages(body)}
+        elif isinstance(state.relay, MessagesRelay):
+            body = {**body, "messages": chat_messages(body)}
         scheduling = self.service.scheduling_request(
             pool, request_id, state.target_model, body, state.headers
         )

@@ -13,6 +13,8 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from epp.service import Dispatch
+from kvgate.wire.messages_api import MESSAGES_PATH
+from kvgate.wire.messages_api import error_body as messages_error_body
 from kvgate.wire.model_name import Restore
 from kvgate.wire.openai_errors import error_body, error_type_for
 from kvgate.wire.routing_headers import DESTINATION, SUBSET_KEY
@@ -60,10 +62,20 @@ def header_option(key: str, value: str) -> core.HeaderValueOption:
 
 
 def immediate(
-    status: int, message: str, code: str | None, *, param: str | None = None, request_id: str = ""
+    status: int,
+    message: str,
+    code: str | None,
+    *,
+    param: str | None = None,
+    request_id: str = "",
+    path: str = "",
 ) -> ep.ProcessingResponse:
-    """The picker's own answer, as the gateway would give it (the request's id included)."""
-    body = json.dumps(error_body(message, error_type_for(status), param, code))
+    """The picker's own answer, as the gateway would give it to a request for ``path`` (the
+    request's id included)."""
+    if path == MESSAGES_PATH:
+        body = json.dumps(messages_error_body(status, message))
+    else:
+        body = json.dumps(error_body(message, error_type_for(status), param, code))
     headers = [header_option("content-type", "application/json")]
     if request_id:
         headers.append(header_option("x-request-id", request_id))

@@ -11,9 +11,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from epp.servers.ext_proc_messages import StreamState, body_chunks, read_headers
 from epp.service import EppService
 from kvgate.wire.http.client import MAX_UPSTREAM_BODY
-from kvgate.wire.responses_api import chat_usage, id_in_body
+from kvgate.wire.responses_api import id_in_body
 from kvgate.wire.routing_headers import SERVED
 from kvgate.wire.sse import EventTooLarge, ResponsesRelay, usage_of
+from kvgate.wire.token_usage import token_counts
 
 HEADERS_KEPT = ep.ProcessingResponse(
     response_headers=ep.HeadersResponse(response=ep.CommonResponse())
@@ -101,7 +102,7 @@ class ResponsePath:
             responses.created(response_id, state.pool, state.endpoint, state.incoming_model)
 
     def _count_usage(self, state: StreamState, usage: dict[str, object]) -> None:
-        prompt, completion = chat_usage(usage)
+        prompt, completion, _ = token_counts(usage)
         metrics = self.service.metrics
         for value, direction in ((prompt, "prompt"), (completion, "completion")):
             if isinstance(value, int):

@@ -149,9 +149,10 @@ class Limiter:
         max_tokens = out if isinstance(out, int) else self.limits.default_max_tokens
         text = body.get("messages") or body.get("prompt") or body.get("input") or ""
         chars = len(text) if isinstance(text, str) else len(compact_json(text))
-        instructions = body.get("instructions")  # a Responses API request's system prompt
-        if isinstance(instructions, str):
-            chars += len(instructions)
+        # the system prompt of a Responses API request, or of an Anthropic Messages one
+        system = body.get("instructions") or body.get("system")
+        if system:
+            chars += len(system) if isinstance(system, str) else len(compact_json(system))
         prompt = chars // self.limits.chars_per_token
         if context_length is not None and prompt + max_tokens > context_length:
             prompt = min(prompt, context_length)

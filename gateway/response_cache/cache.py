@@ -25,7 +25,9 @@ from kvgate.wire.http.messages import Response
 from policies.cache_section import ResponseCacheStore, RouteCache
 from policies.schema import Policy
 
-CACHEABLE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+CACHEABLE_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages"}
+)
 HEADER = "x-kvgate-cache"
 _JSON, _SSE = "application/json", "text/event-stream"
 

@@ -94,10 +94,3 @@ def _item_message(item: object) -> dict[str, str] | None:
             return None
         texts.append(text)
     return {"role": role, "content": "".join(texts)}
-
-
-def chat_usage(usage: Mapping[str, object]) -> tuple[object, object]:
-    """(prompt tokens, completion tokens) of a chat or a Responses usage object."""
-    if "input_tokens" in usage or "output_tokens" in usage:
-        return usage.get("input_tokens"), usage.get("output_tokens")
-    return usage.get("prompt_tokens"), usage.get("completion_tokens")

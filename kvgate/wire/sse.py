@@ -1,6 +1,6 @@
 """Relay an upstream SSE stream event by event: read usage, drop the usage chunk the gateway
 injected (when the client did not ask for it), and notice ``[DONE]`` (a Responses API stream:
-its terminal event, and the response's id).
+its terminal event, and the response's id; a Messages API stream: ``message_stop``).
 
 Only complete events (ending in a blank line) are forwarded; a partial event waits for the rest,
 up to ``MAX_EVENT_BYTES``: an upstream that sends more without ending an event (not SSE, or
@@ -16,6 +16,7 @@ import re
 import orjson
 from mypy_extensions import mypyc_attr
 
+from kvgate.wire.messages_api import error_event as messages_error_event
 from kvgate.wire.openai_errors import responses_error_event, sse_error_event
 from kvgate.wire.responses_api import TERMINAL_EVENTS
 
@@ -27,6 +28,7 @@ _SPACE = b" \t\r\n"
 _DONE = b"[DONE]"
 _RESPONSE = b'"response"'
 _ERROR = b'"error"'
+_MESSAGE_STOP = b'"message_stop"'
 MAX_EVENT_BYTES = 16 << 20  # of one event still waiting for its end
 
 
@@ -174,6 +176,43 @@ class ResponsesRelay(SSERelay):
                 self.saw_done = True
                 if isinstance(response.get("usage"), dict):
                     self.usage = response["usage"]
+        return True
+
+
+class MessagesRelay(SSERelay):
+    """An Anthropic Messages stream (``event:`` names, no ``[DONE]``): its end is
+    ``message_stop`` or an ``error`` event; its usage is ``message_start``'s message's, updated
+    by each ``message_delta``'s (the output tokens, and with vLLM the input's again). Nothing is
+    dropped."""
+
+    def __init__(self) -> None:
+        super().__init__(strip_usage=False)
+
+    def error_event(self, message: str, code: str) -> bytes:
+        return messages_error_event(message).encode()
+
+    def _plain(self, events: bytes) -> bool:
+        return _USAGE not in events and _MESSAGE_STOP not in events and _ERROR not in events
+
+    def _keep(self, event: bytes) -> bool:
+        payload = _data_of(event)
+        try:
+            parsed = orjson.loads(payload) if payload is not None else None
+        except ValueError:
+            return True
+        if not isinstance(parsed, dict):
+            return True
+        kind = parsed.get("type")
+        if kind in ("message_stop", "error"):
+            self.saw_done = True
+            return True
+        if kind == "message_start":
+            message = parsed.get("message")
+            usage = message.get("usage") if isinstance(message, dict) else None
+        else:
+            usage = parsed.get("usage") if kind == "message_delta" else None
+        if isinstance(usage, dict):
+            self.usage = {**(self.usage or {}), **usage}
         return True
 
 

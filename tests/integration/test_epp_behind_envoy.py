@@ -183,6 +183,73 @@ def test_errors_are_the_gateways_errors(stack: Stack, raw: str, status: int) -> 
     assert answers[0] == answers[1]
 
 
+def _message(question: str, **extra: object) -> dict[str, object]:
+    content = [{"type": "text", "text": question}]
+    return {
+        "model": PUBLIC,
+        "system": SYSTEM,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 4,
+        **extra,
+    }
+
+
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
+def test_anthropic_messages_are_routed_on_their_system_prompt_whole_and_streamed(
+    stack: Stack, deployment: str
+) -> None:
+    base = getattr(stack, deployment)
+    cached = []
+    for question in ("one", "two", "three"):
+        status, _, data = _call(f"{base}/v1/messages", _message(question))
+        assert status == 200, data
+        answer = json.loads(data)
+        assert answer["type"] == "message" and answer["model"] == PUBLIC
+        assert answer["usage"]["output_tokens"] == 4
+        cached.append(answer["usage"]["cache_read_input_tokens"])
+    assert min(cached[1:]) > 0, cached  # each landed where the system prompt already was
+    status, headers, data = _call(f"{base}/v1/messages", _message("stream", stream=True))
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    events = [e.split("\n", 1) for e in data.decode().split("\n\n") if e.strip()]
+    kinds = [name.removeprefix("event: ") for name, _ in events]
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+    start = json.loads(events[0][1].removeprefix("data: "))
+    assert start["message"]["model"] == PUBLIC
+    assert json.loads(events[-2][1].removeprefix("data: "))["usage"]["output_tokens"] == 4
+
+
+HELLO = [{"role": "user", "content": "x"}]
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "error_type"),
+    [
+        (
+            json.dumps({"model": "no-such-model", "messages": HELLO, "max_tokens": 1}),
+            404,
+            "not_found_error",
+        ),
+        ("{not json", 400, "invalid_request_error"),
+        ("[1, 2]", 400, "invalid_request_error"),
+    ],
+)
+def test_messages_errors_are_anthropic_shaped_in_both_deployments(
+    stack: Stack, raw: str, status: int, error_type: str
+) -> None:
+    answers = []
+    for base in (stack.envoy, stack.gateway):
+        got, _, data = _call(f"{base}/v1/messages", raw=raw.encode())
+        answers.append((got, json.loads(data)))
+    assert answers[0][0] == status
+    assert answers[0][1] == {"type": "error", "error": answers[0][1]["error"]}
+    assert answers[0][1]["error"]["type"] == error_type
+    assert answers[0] == answers[1]
+    # a body without messages: the picker refuses it itself, the gateway's engine does
+    for base in (stack.envoy, stack.gateway):
+        got, _, data = _call(f"{base}/v1/messages", {"model": PUBLIC, "max_tokens": 1})
+        assert got == 400 and json.loads(data)["error"]["type"] == "invalid_request_error"
+
+
 def test_a_body_declared_too_large_is_refused_before_it_is_sent(stack: Stack) -> None:
     """A content-length over ``listen.max_body`` is answered 413 at once: nothing more of the
     body needs to travel through Envoy and gRPC first."""

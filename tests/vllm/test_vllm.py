@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
+import anthropic
 import grpc
 import openai
 import pytest
@@ -31,6 +32,7 @@ from loadtest.client.sse import stream_request
 from loadtest.harness.processes import epp_process, free_port, gateway_process
 from loadtest.harness.vllm import VllmServer
 from tests.http_servers import ConnectionCount
+from tests.integration.metrics_util import scrape as scrape_gateway
 
 BLOCK = 128  # vLLM's block size on CPU
 KEY = "vllm-tier-key"  # the gateway's API key for these tests
@@ -163,6 +165,51 @@ def test_responses_through_the_gateway_reach_the_engine_that_stored_them(
         )
     )
     assert events[-1].type in ("response.completed", "response.incomplete")
+
+
+def test_anthropic_messages_through_the_gateway_are_served_by_vllm_natively(
+    gateway: tuple[str, str],
+) -> None:
+    """vLLM's own ``/v1/messages``: whole and streamed, routed on the system prompt (the
+    second finds it cached), metered in chat terms, vLLM's refusals passed on as it shaped
+    them."""
+    url, _ = gateway
+
+    def metered() -> dict[str, float]:
+        tokens = scrape_gateway(url).get("kvgate_tokens_total", [])
+        return {s.labels["direction"]: s.value for s in tokens}
+
+    before = metered()
+    client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+    hello: list[anthropic.types.MessageParam] = [{"role": "user", "content": "hi"}]
+    answers = [
+        client.messages.create(model="tiny-llama", system=SYSTEM, messages=hello, max_tokens=3)
+        for _ in range(2)
+    ]
+    assert answers[0].type == "message" and answers[0].model == "tiny-llama"
+    assert (answers[1].usage.cache_read_input_tokens or 0) >= BLOCK
+    with client.messages.stream(
+        model="tiny-llama", system=SYSTEM, messages=hello, max_tokens=3
+    ) as stream:
+        text = "".join(stream.text_stream)
+        answers.append(stream.get_final_message())
+    assert 1 <= answers[-1].usage.output_tokens <= 3
+    assert text == "".join(b.text for b in answers[-1].content if b.type == "text")
+    after = metered()
+    prompt = sum(  # Anthropic's three parts of a prompt: uncached, read and written
+        a.usage.input_tokens
+        + (a.usage.cache_read_input_tokens or 0)
+        + (a.usage.cache_creation_input_tokens or 0)
+        for a in answers
+    )
+    assert after["prompt"] - before.get("prompt", 0) == prompt
+    output = sum(a.usage.output_tokens for a in answers)
+    assert after["completion"] - before.get("completion", 0) == output
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.create(model="no-such-model", messages=hello, max_tokens=1)
+    with pytest.raises(anthropic.BadRequestError) as refused:  # vLLM's own 400
+        client.messages.create(model="tiny-llama", messages=hello, max_tokens=20_000)
+    assert isinstance(refused.value.body, dict) and refused.value.body["type"] == "error"
 
 
 def test_the_epp_reads_real_metrics(vllm_servers: list[VllmServer]) -> None:

@@ -1,5 +1,5 @@
-"""The Responses API as every part reads it (OpenAI paths): input as chat messages,
-usage in chat terms, and a response stream's end, usage and id."""
+"""The Responses API as every part reads it (OpenAI paths): input as chat messages and a
+response stream's end, usage and id."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from kvgate.wire.responses_api import InputError, chat_usage, input_messages
+from kvgate.wire.responses_api import InputError, input_messages
 from kvgate.wire.sse import ResponsesRelay
+from kvgate.wire.token_usage import token_counts
 
 
 def event(kind: str, **fields: object) -> bytes:
@@ -30,7 +31,7 @@ def test_a_response_stream_ends_with_its_terminal_event(split: int) -> None:
     out = b"".join(relay.feed(STREAM[i : i + split]) for i in range(0, len(STREAM), split))
     assert out == STREAM  # nothing dropped or changed
     assert relay.saw_done and relay.usage == USAGE and relay.response_id == "resp_1"
-    assert chat_usage(relay.usage) == (7, 3)
+    assert token_counts(relay.usage) == (7, 3, 0)
 
 
 def test_a_response_stream_cut_before_its_end_is_not_done() -> None:
@@ -70,8 +71,3 @@ def test_input_as_chat_messages() -> None:
         input_messages(body, strict=True)
     with pytest.raises(InputError, match="string or a list"):
         input_messages({"input": 5}, strict=True)
-
-
-def test_chat_usage_reads_both_spellings() -> None:
-    assert chat_usage({"prompt_tokens": 4, "completion_tokens": 1}) == (4, 1)
-    assert chat_usage({"input_tokens": 4, "output_tokens": 1}) == (4, 1)

@@ -1,0 +1,47 @@
+"""Token usage as each API reports it, read in one set of terms: the prompt's tokens (all of
+them, cached or not), the completion's, and the prompt's tokens the engine's prefix cache held.
+
+- Chat and completions: ``prompt_tokens``, ``completion_tokens``,
+  ``prompt_tokens_details.cached_tokens`` (vLLM with ``--enable-prompt-tokens-details``).
+- The Responses API: ``input_tokens`` (all of the prompt), ``output_tokens``,
+  ``input_tokens_details.cached_tokens``.
+- Anthropic's Messages API: ``input_tokens`` counts only what was neither read from nor written
+  to the cache, so the prompt is ``input_tokens + cache_read_input_tokens +
+  cache_creation_input_tokens``, the cached part ``cache_read_input_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+
+class TokenCounts(NamedTuple):
+    """One answer's usage: ``prompt`` and ``completion`` are None where the usage lacks them."""
+
+    prompt: int | None
+    completion: int | None
+    cached: int
+
+
+def token_counts(usage: Mapping[str, object]) -> TokenCounts:
+    """The usage object of a chat, completions, Responses or Messages answer, in chat terms."""
+    if "input_tokens" in usage or "output_tokens" in usage:
+        prompt, completion = _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
+        read = _count(usage.get("cache_read_input_tokens"))
+        written = _count(usage.get("cache_creation_input_tokens"))
+        if read is not None or written is not None:  # Anthropic's: the prompt in three parts
+            if prompt is not None:
+                prompt += (read or 0) + (written or 0)
+            return TokenCounts(prompt, completion, read or 0)
+        details = usage.get("input_tokens_details")
+    else:
+        prompt = _count(usage.get("prompt_tokens"))
+        completion = _count(usage.get("completion_tokens"))
+        details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    return TokenCounts(prompt, completion, _count(cached) or 0)
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
