@@ -18,6 +18,7 @@ class Datastore:
                     name,
                     e.role,
                     dict(e.labels),
+                    capacity=e.capacity,
                     kv_events_port=e.kv_events_port or pool.kv_events_port,
                     kv_events_bind=pool.kv_events_bind,
                     kv_events_replay_port=replay_port(

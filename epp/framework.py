@@ -65,6 +65,7 @@ class Endpoint:
     # scraper's idle interval while it polls an idle endpoint slowly (its state cannot change
     # by this picker's doing until a pick wakes the poller), else 0
     metrics_grace: float = 0.0
+    capacity: float = 1.0  # the policy's: the load scorers and saturation read load / capacity
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
-"""Saturation: an endpoint is saturated when its waiting queue or KV usage is at a threshold,
-or its metrics are stale (GIE's utilization detector: 5 waiting, 80% KV, 200 ms by default;
-the policy's ``epp.saturation``).
+"""Saturation: an endpoint is saturated when its waiting queue (at a threshold times its
+capacity) or KV usage is at a threshold, or its metrics are stale (GIE's utilization detector:
+5 waiting, 80% KV, 200 ms by default; the policy's ``epp.saturation``).
 
 The queue counts the requests this picker sent since the last scrape too (those not over yet:
 one that is over queues nowhere), so a burst that arrives between two scrapes cannot pile onto
@@ -37,7 +37,7 @@ class SaturationDetector:
             for e in endpoints
             if (m := e.metrics).scraped_at
             and m.scraped_at >= oldest - e.metrics_grace
-            and m.waiting + e.dispatched < depth
+            and m.waiting + e.dispatched < depth * e.capacity
             and m.kv_usage < kv
         ]
 

@@ -32,10 +32,12 @@ class EndpointState:
     in_flight: int = 0
     url: str = field(init=False)
     address: str = field(init=False)  # the endpoint's host:port (read on every pick)
+    capacity: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.url = self.endpoint.url
         self.address = self.endpoint.address
+        self.capacity = self.endpoint.capacity
 
 
 class PickRequest:
@@ -128,8 +130,9 @@ class LeastInFlightPicker:
 
 
 class LeastInFlightRanking:
-    """Ranks lazily: each ``next`` takes the endpoint with the fewest requests in flight at that
-    moment (counting is cheaper than sorting, and a retry sees the counts as they are then)."""
+    """Ranks lazily: each ``next`` takes the endpoint with the fewest requests in flight per
+    unit of capacity at that moment (counting is cheaper than sorting, and a retry sees the
+    counts as they are then); of tied endpoints, each in proportion to its capacity."""
 
     __slots__ = ("_endpoints", "_random")
 
@@ -153,15 +156,16 @@ class LeastInFlightRanking:
         """The untried endpoint with the fewest requests in flight (``exclude`` holds the
         addresses already tried or blocked)."""
         best: EndpointState | None = None
-        least = ties = 0
+        least = ties = 0.0
         for endpoint in self._endpoints:
             if exclude and endpoint.address in exclude:
                 continue
-            count = endpoint.in_flight
-            if best is None or count < least:
-                best, least, ties = endpoint, count, 1
-            elif count == least:  # reservoir sampling: each of the tied equally likely
-                ties += 1
-                if self._random.random() * ties < 1.0:
+            capacity = endpoint.capacity
+            load = endpoint.in_flight / capacity
+            if best is None or load < least:
+                best, least, ties = endpoint, load, capacity
+            elif load == least:  # weighted reservoir sampling: each tied one by its capacity
+                ties += capacity
+                if self._random.random() * ties < capacity:
                     best = endpoint
         return best

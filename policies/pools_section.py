@@ -95,7 +95,15 @@ def _endpoint(parent: Fields, path: str, item: object) -> EndpointSpec | None:
         parent.source,
         item,
         path,
-        {"address", "role", "labels", "kv_events_port", "kv_events_replay_port", "kv_events_topic"},
+        {
+            "address",
+            "role",
+            "labels",
+            "capacity",
+            "kv_events_port",
+            "kv_events_replay_port",
+            "kv_events_topic",
+        },
     )
     address = f.text("address")
     scheme, _, rest = address.rpartition("://")
@@ -117,6 +125,7 @@ def _endpoint(parent: Fields, path: str, item: object) -> EndpointSpec | None:
         role=f.text("role", "both", choices=ROLES),
         tls=scheme == "https",
         labels=labels,
+        capacity=f.number("capacity", 1.0, low=0.01, high=1000.0),
         kv_events_port=port,
         kv_events_topic=f.opt_str("kv_events_topic"),
         kv_events_replay_port=f.opt_int("kv_events_replay_port", low=0, high=65535),

@@ -128,6 +128,9 @@ class EndpointSpec:
     kv_events_port: int | None = None  # overrides the pool's kv_events.port for this endpoint
     kv_events_topic: str | None = None  # kv_events.bind: the topic this engine publishes on
     kv_events_replay_port: int | None = None  # overrides the pool's kv_events.replay_port (0: none)
+    # its load against an endpoint of capacity 1: one of 3 carries 3 times the requests in
+    # flight, queue and token backlog before it counts as equally loaded (mixed hardware)
+    capacity: float = 1.0
 
     @property
     def url(self) -> str:

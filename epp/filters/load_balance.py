@@ -2,9 +2,9 @@
 
 An endpoint is dropped when it carries clearly more requests than the least loaded candidate:
 more than ``abs_threshold`` requests above it *and* more than ``rel_threshold`` times it (the
-picker's own in-flight counts, which move at once, not the scraped queues). What remains is
-scored as usual, so a request stays with the endpoint that holds its prefix until that
-endpoint is overloaded, then goes where the load is — the rule sglang-router's
+picker's own in-flight counts per unit of capacity, which move at once, not the scraped
+queues). What remains is scored as usual, so a request stays with the endpoint that holds its
+prefix until that endpoint is overloaded, then goes where the load is — the rule sglang-router's
 ``cache_aware`` applies (its defaults 64 and 1.5 are for hundreds of requests per worker; at a
 few per endpoint the absolute step must be small). Too small a step diverts warm requests on
 ordinary jitter, and each miss adds the load that diverts the next: 4 and 1.5 cost a fifth of
@@ -45,10 +45,11 @@ class LoadBalanceFilter:
     def filter(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
         if len(endpoints) < 2:
             return endpoints
-        least = min(e.in_flight for e in endpoints)
+        least = min(e.in_flight / e.capacity for e in endpoints)
         p = self.params
         return [
             e
             for e in endpoints
-            if e.in_flight - least <= p.abs_threshold or e.in_flight <= p.rel_threshold * least
+            if (load := e.in_flight / e.capacity) - least <= p.abs_threshold
+            or load <= p.rel_threshold * least
         ]

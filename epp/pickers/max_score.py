@@ -1,6 +1,8 @@
 """``max-score-picker``: highest total score first; ties broken at random, as GIE does (GIE
 shuffles, then sorts stably; here each endpoint gets a random second sort key: the same order
-distribution, without a Python-level shuffle)."""
+distribution, without a Python-level shuffle). Where endpoints differ in capacity, the key is
+``u ** (1 / capacity)`` (Efraimidis and Spirakis' weighted sampling): of tied endpoints, one of
+capacity 3 comes first three times as often as one of capacity 1."""
 
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ class MaxScorePicker:
         keys = sorted(
             zip(
                 [score for _, score in scored],
-                [rand() for _ in scored],
+                [rand() ** (1.0 / e.capacity) for e, _ in scored],
                 range(len(scored)),
                 strict=True,
             ),

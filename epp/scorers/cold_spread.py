@@ -14,10 +14,11 @@ caches that are all full differ by a few blocks from moment to moment (an engine
 holds fewer finished blocks), and scaling that noise to the full 0-1 range sent every new
 conversation to the busiest engine (precise mode on multi-turn). Among caches alike
 in fill, the new prompt content each endpoint was sent lately decides (``among_full: placed``,
-``epp.placement``): a new conversation's later turns will follow it, so this spreads the
-conversations, where full caches no longer can. ``among_full: fill`` scores the small
-differences in proportion instead. Fill, not blocks: a cache a quarter the size of another is
-full with a quarter of the blocks, and counting blocks sent every new prefix to it.
+``epp.placement``), per unit of the endpoint's capacity: a new conversation's later turns
+will follow it, so this spreads the conversations, where full caches no longer can.
+``among_full: fill`` scores the small differences in proportion instead. Fill, not blocks: a
+cache a quarter the size of another is full with a quarter of the blocks, and counting blocks
+sent every new prefix to it.
 
 A new prefix of a LoRA adapter goes where it fits (``epp.placement.adapter_fits``: an endpoint
 that serves that adapter already, or serves fewer adapters than it holds at once): those score
@@ -103,4 +104,4 @@ class ColdSpreadScorer:
             or max(fill.values()) - min(fill.values()) >= significant
         ):
             return min_max_low_is_best(fill, significant)
-        return min_max_low_is_best({e.address: int(placed(e)) for e in endpoints})
+        return min_max_low_is_best({e.address: placed(e) / e.capacity for e in endpoints})

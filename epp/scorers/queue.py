@@ -1,9 +1,12 @@
-"""``queue-scorer``: (max - q) / (max - min) over the endpoints' waiting queues (GIE's).
+"""``queue-scorer``: (max - q) / (max - min) over the endpoints' waiting queues (GIE's), each
+queue divided by its endpoint's capacity.
 
 Every endpoint scores 1.0 when all queues are equal.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from epp.framework import Endpoint, SchedulingRequest
 from epp.params import Parameterless
@@ -13,10 +16,10 @@ class QueueScorer(Parameterless):
     """Scores by waiting queue, min-max scaled: the shortest queue scores 1."""
 
     def score(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> dict[str, float]:
-        return min_max_low_is_best({e.address: e.metrics.waiting for e in endpoints})
+        return min_max_low_is_best({e.address: e.metrics.waiting / e.capacity for e in endpoints})
 
 
-def min_max_low_is_best(values: dict[str, int], significant: int = 0) -> dict[str, float]:
+def min_max_low_is_best(values: Mapping[str, float], significant: int = 0) -> dict[str, float]:
     """Scale so the lowest value scores 1 and the highest 0; with ``significant``, a spread
     smaller than that scores in proportion to it instead (the lowest gets less than 1)."""
     if not values:

@@ -1,4 +1,5 @@
-"""``running-requests-size-scorer``: min-max over running requests, fewer is better."""
+"""``running-requests-size-scorer``: min-max over running requests per unit of capacity, fewer
+is better."""
 
 from __future__ import annotations
 
@@ -11,4 +12,4 @@ class RunningRequestsScorer(Parameterless):
     """Scores by running requests, min-max scaled: the fewest score 1."""
 
     def score(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> dict[str, float]:
-        return min_max_low_is_best({e.address: e.metrics.running for e in endpoints})
+        return min_max_low_is_best({e.address: e.metrics.running / e.capacity for e in endpoints})

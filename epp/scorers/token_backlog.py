@@ -5,11 +5,12 @@ Each endpoint's load is the tokens the picker itself sent there and that are not
 ``prefill_tokens``, prompt tokens not cached there whose first token has not come back, plus
 ``decode_weight`` x its ``decode_tokens``, output still owed), plus the prompt tokens this
 request would have to compute there (what the prefix index says that endpoint does not hold).
-Fewest is best, scaled over the request's own prompt: endpoints whose loads differ by less than
-the whole prompt score in proportion. So a request stays where its prefix is cached until
-that endpoint's backlog exceeds what a cache miss elsewhere would cost, then goes where the
-load is (llm-d's "sticky until saturated"), with the threshold in the request's own tokens:
-no prefill rate to calibrate while the endpoints are alike.
+The sum is divided by the endpoint's capacity (a time to get through it, where capacities are
+relative speeds). Fewest is best, scaled over the request's own prompt: endpoints whose loads
+differ by less than the whole prompt score in proportion. So a request stays where its prefix
+is cached until that endpoint's backlog exceeds what a cache miss elsewhere would cost, then
+goes where the load is (llm-d's "sticky until saturated"), with the threshold in the request's
+own tokens: no prefill rate to calibrate while the endpoints are alike.
 
 Without a prefix index every request counts as uncached everywhere: the scorer then ranks by
 backlog alone. It reads the EPP's first prefix index (list a ``prefix-cache-scorer`` too).
@@ -56,7 +57,7 @@ class TokenBacklogScorer:
         for e in endpoints:
             own = index.uncached_tokens(request, e) if index is not None else 0
             prompt = max(prompt, own)
-            load[e.address] = e.prefill_tokens + weight * e.decode_tokens + own
+            load[e.address] = (e.prefill_tokens + weight * e.decode_tokens + own) / e.capacity
         if index is not None:
             prompt = max(prompt, index.prompt_tokens(request))
         low, high = min(load.values(), default=0.0), max(load.values(), default=0.0)

@@ -19,6 +19,7 @@ def make_endpoint(
     role: str = "both",
     fresh: bool = True,
     pool: str = "p",
+    capacity: float = 1.0,
 ) -> Endpoint:
     metrics = EndpointMetrics(
         waiting=queue,
@@ -31,7 +32,7 @@ def make_endpoint(
         max_loras=max_loras,
         scraped_at=time.monotonic() if fresh else 0.0,
     )
-    return Endpoint(address, pool, role, {}, metrics)
+    return Endpoint(address, pool, role, {}, metrics, capacity=capacity)
 
 
 def make_request(

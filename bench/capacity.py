@@ -1,0 +1,102 @@
+"""`python -m bench.capacity`: how a pool of mixed hardware splits its requests, with and
+without capacity weights.
+
+Two simulated backends whose cost models differ 3x (``FAST`` and ``SLOW``: every cost of one
+three times the other's), one gateway on the default profile, the fast endpoint listed with
+``capacity: 1`` (no weights) or ``capacity: 3``; ``kvgate loadtest`` sends ``--requests``
+streamed chats of a workload (random prompts: each a new prefix; or shared prefixes) at each
+``--rate``. The split is read from each backend's own ``vllm:request_success_total``. The
+setups are interleaved over ``--rounds``; the table gives each round's fast : slow ratio and
+the TTFT p90.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from loadtest.harness.processes import backend_process, free_port, gateway_process
+
+FAST = "0.004,0.00005,0.0001,0.0000001"
+SLOW = "0.012,0.00015,0.0003,0.0000003"
+WORKLOADS = {
+    "random": ["--workload", "random", "--input-tokens", "200"],
+    "shared-prefix": ["--workload", "shared-prefix", "--groups", "24"],
+}
+
+
+def served(url: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        lines = response.read().decode().splitlines()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in lines
+        if line.startswith("vllm:request_success_total")
+    )
+
+
+def one_run(
+    capacity: float, rate: float, args: argparse.Namespace, work: Path
+) -> tuple[float, float]:
+    """(fast : slow requests, TTFT p90 ms) of one run on fresh processes."""
+    ports = [free_port(), free_port()]
+    backends = [
+        backend_process(port, "--cost", cost, "--num-blocks", str(args.num_blocks),
+                        "--max-model-len", "4096")
+        for port, cost in zip(ports, (FAST, SLOW), strict=True)
+    ]  # fmt: skip
+    policy = work / "policy.yaml"
+    policy.write_text(
+        f"pools: {{p: {{endpoints: [{{address: 127.0.0.1:{ports[0]}, capacity: {capacity}}}, "
+        f"127.0.0.1:{ports[1]}]}}}}\nroutes: [{{model: kvgate-sim, pool: p}}]\n"
+    )
+    gateway_port = free_port()
+    out = work / f"run-{capacity}-{rate}"
+    with backends[0], backends[1], gateway_process(str(policy), gateway_port):
+        subprocess.run(
+            [sys.executable, "-m", "kvgate", "loadtest", "--url",
+             f"http://127.0.0.1:{gateway_port}", *WORKLOADS[args.workload],
+             "--output-tokens", str(args.output_tokens), "--rate", str(rate),
+             "--num-requests", str(args.requests), "--no-plots", "--no-progress",
+             "--out", str(out)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        fast, slow = (served(f"http://127.0.0.1:{port}") for port in ports)
+    results = json.loads((out / "results.json").read_text())
+    return fast / max(slow, 1.0), float(results["p90_ttft_ms"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, action="append", help="requests/s (repeat)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--output-tokens", type=int, default=64)
+    parser.add_argument("--num-blocks", type=int, default=4096)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="random")
+    args = parser.parse_args()
+    rates = args.rate or [4.0, 16.0]
+    rows: dict[tuple[float, float], list[tuple[float, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.rounds):
+            for rate in rates:
+                for capacity in (1.0, 3.0):
+                    rows.setdefault((rate, capacity), []).append(
+                        one_run(capacity, rate, args, Path(tmp))
+                    )
+    print("| rate (req/s) | fast endpoint's capacity | fast : slow, per round | TTFT p90 ms |")
+    print("|---|---|---|---|")
+    for (rate, capacity), runs in rows.items():
+        ratios = " / ".join(f"{ratio:.2f}" for ratio, _ in runs)
+        ttfts = " / ".join(f"{ttft:.0f}" for _, ttft in runs)
+        print(f"| {rate:g} | {capacity:g} | {ratios} | {ttfts} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
