@@ -205,7 +205,9 @@ class AsyncEngine:
                 continue
             self.num_steps += 1
             self.scheduler.kv_connector.after_step(step)
-            updated = self.scheduler.postprocess(out, output.tokens, output.logprobs)
+            updated = self.scheduler.postprocess(
+                out, output.tokens, output.logprobs, output.top_logprobs
+            )
             self._deliver(updated)
             if self.event_sink is not None:
                 events = self.block_manager.take_events()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from backends.engine.block_manager import BlockManager
 from backends.engine.kv_connector import KVConnector, NoKVConnector
-from backends.engine.sequence import FinishReason, Sequence, SequenceStatus
+from backends.engine.sequence import FinishReason, Sequence, SequenceStatus, TopLogprobs
 from backends.engine.step import ScheduledSeq
 
 
@@ -143,8 +143,10 @@ class Scheduler:
         out: SchedulerOutput,
         sampled: list[int | None],
         logprobs: list[float | None] | None = None,
+        top_logprobs: list[TopLogprobs | None] | None = None,
     ) -> list[Sequence]:
-        """Apply a step's results; ``sampled`` (and ``logprobs``) align with ``out.scheduled``.
+        """Apply a step's results; ``sampled`` (and ``logprobs``, ``top_logprobs``) align with
+        ``out.scheduled``.
 
         Returns the sequences that got a new token or finished in this step.
         """
@@ -165,6 +167,8 @@ class Scheduler:
             seq.token_ids.append(token)
             if logprobs is not None and (logprob := logprobs[index]) is not None:
                 seq.output_logprobs.append(logprob)
+            if top_logprobs is not None and (top := top_logprobs[index]) is not None:
+                seq.output_top_logprobs.append(top)
             stats.generation_tokens += 1
             reason = self._finish_reason(seq, token)
             if reason is not None:

@@ -28,11 +28,16 @@ class FinishReason(Enum):
     ABORT = "abort"
 
 
+MAX_LOGPROBS = 20  # alternatives per position, as vLLM's max_logprobs default
+TopLogprobs = tuple[tuple[int, float], ...]  # (token id, log-probability), most likely first
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """What to generate: at most ``max_tokens`` tokens; stop early on EOS or a stop token, but
     not before ``min_tokens``. ``temperature`` 0 is greedy; ``top_k`` 0 or -1 keeps every
-    token. ``logprobs`` asks for the chosen token's log-probability."""
+    token. ``logprobs`` asks for the chosen token's log-probability, ``top_logprobs`` (with it)
+    for that many of the most likely tokens at each position too (vLLM's limit: 20)."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -43,6 +48,7 @@ class SamplingParams:
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
     logprobs: bool = False
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -53,6 +59,10 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:
             raise ValueError(f"top_k must be -1 (disabled) or at least 0, got {self.top_k}")
+        if not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+            raise ValueError(
+                f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}"
+            )
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
             raise ValueError(f"seed must fit in 64 bits (as vLLM's), got {self.seed}")
         if not 0 <= self.min_tokens <= self.max_tokens:
@@ -91,6 +101,8 @@ class Sequence:
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
     output_logprobs: list[float] = field(default_factory=list)  # when sampling.logprobs
+    # the most likely tokens and their log-probabilities at each position, when asked for
+    output_top_logprobs: list[TopLogprobs] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backends.engine.sequence import SamplingParams, Sequence
+from backends.engine.sequence import SamplingParams, Sequence, TopLogprobs
 
 
 @dataclass(slots=True)
@@ -79,10 +79,12 @@ class StepInput:
 @dataclass(frozen=True, slots=True)
 class StepOutput:
     """A runner's result, aligned with ``StepInput.seqs``: the sampled token of each sequence
-    that samples (None for the others) and, where asked for, its log-probability."""
+    that samples (None for the others) and, where asked for, its log-probability and the most
+    likely tokens'."""
 
     tokens: list[int | None]
     logprobs: list[float | None] | None = None
+    top_logprobs: list[TopLogprobs | None] | None = None
 
 
 def build_step(scheduled: list[ScheduledSeq], block_size: int) -> StepInput:

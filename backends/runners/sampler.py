@@ -4,8 +4,9 @@ Per row: greedy when ``temperature`` is 0; otherwise logits / temperature, then 
 top-p (the smallest set of most likely tokens whose probability reaches ``top_p``), drawn from a
 generator seeded by the request's ``seed`` (so a seeded request is reproducible whatever else
 is in the batch) or from the runner's shared generator. End-of-sequence and stop tokens are
-masked until ``min_tokens`` tokens are out. The chosen token's log-probability is that of the
-unmodified distribution (vLLM's default ``logprobs_mode``, raw log-probabilities).
+masked until ``min_tokens`` tokens are out. The chosen token's log-probability, and those of
+the ``top_logprobs`` most likely tokens, are those of the unmodified distribution (vLLM's
+default ``logprobs_mode``, raw log-probabilities), from the same log-softmax.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backends.engine.sequence import SamplingParams
+from backends.engine.sequence import SamplingParams, TopLogprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +24,16 @@ class SampleRow:
     seq_id: int
     sampling: SamplingParams
     num_output_tokens: int  # tokens generated before this one
+
+
+@dataclass(frozen=True, slots=True)
+class Sampled:
+    """One step's draws: each row's token, and where a row asks, its log-probability and its
+    most likely tokens (aligned with the rows; None where not asked)."""
+
+    tokens: list[int]
+    logprobs: list[float | None] | None = None
+    top_logprobs: list[TopLogprobs | None] | None = None
 
 
 class Sampler:
@@ -34,11 +45,9 @@ class Sampler:
     def release(self, seq_id: int) -> None:
         self._generators.pop(seq_id, None)
 
-    def sample(
-        self, logits: torch.Tensor, rows: Sequence[SampleRow]
-    ) -> tuple[list[int], list[float | None] | None]:
-        """Tokens for each row of ``logits`` (``[rows, vocab]``), and their log-probs when any
-        row asks for them."""
+    def sample(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> Sampled:
+        """Tokens for each row of ``logits`` (``[rows, vocab]``), and their log-probs (and the
+        most likely tokens') when any row asks for them."""
         logits = logits.float()
         self._mask_early_stops(logits, rows)
         tokens = logits.argmax(dim=-1)
@@ -48,12 +57,21 @@ class Sampler:
             for i in random_rows:
                 tokens[i] = self._draw(logits[i], rows[i])
         chosen = tokens.tolist()
-        if not any(row.sampling.logprobs for row in rows):
-            return chosen, None
-        logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0].tolist()
-        return chosen, [
-            lp if row.sampling.logprobs else None for lp, row in zip(logprobs, rows, strict=True)
-        ]
+        asked = [row.sampling.top_logprobs if row.sampling.logprobs else -1 for row in rows]
+        if max(asked) < 0:
+            return Sampled(chosen)
+        log_probs = torch.log_softmax(logits, dim=-1)
+        logprobs = log_probs.gather(1, tokens[:, None])[:, 0].tolist()
+        most = max(asked)
+        tops: list[TopLogprobs | None] | None = None
+        if most > 0:
+            values, ids = (part.tolist() for part in log_probs.topk(most, dim=-1))
+            tops = [
+                tuple(zip(ids[i][:k], values[i][:k], strict=True)) if k > 0 else None
+                for i, k in enumerate(asked)
+            ]
+        kept = [lp if k >= 0 else None for lp, k in zip(logprobs, asked, strict=True)]
+        return Sampled(chosen, kept, tops)
 
     def _mask_early_stops(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> None:
         for i, row in enumerate(rows):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import xxhash
 
 from backends.engine.kv_blocks import BlockData
+from backends.engine.sequence import TopLogprobs
 from backends.engine.step import SeqStep, StepInput, StepOutput
 
 SIM_CACHE_DTYPE = "bfloat16"
@@ -120,7 +121,18 @@ class SimRunner:
         delay = self.cost.step_time(step, swaps)
         await asyncio.sleep(delay)
         sample = self._sample
-        return StepOutput([sample(seq) if seq.do_sample else None for seq in step.seqs])
+        tokens = [sample(seq) if seq.do_sample else None for seq in step.seqs]
+        if not any(seq.sampling.logprobs for seq in step.seqs):
+            return StepOutput(tokens)
+        asked = [
+            self._logprobs(seq, token) if token is not None and seq.sampling.logprobs else None
+            for seq, token in zip(step.seqs, tokens, strict=True)
+        ]
+        return StepOutput(
+            tokens,
+            [None if a is None else a[0] for a in asked],
+            [None if a is None or not a[1] else a[1] for a in asked],
+        )
 
     def is_alive(self) -> bool:
         return True
@@ -146,6 +158,19 @@ class SimRunner:
             swaps += 1
         self.num_lora_swaps += swaps
         return swaps
+
+    def _logprobs(self, seq: SeqStep, token: int) -> tuple[float, TopLogprobs]:
+        """Seeded, well-formed log-probabilities: the chosen token's in (-4, 0], and the most
+        likely tokens' (the chosen one first, then lower and lower), as many as asked."""
+        position = b"logprob" + seq.num_context_tokens.to_bytes(8, "little")
+        draw = xxhash.xxh3_64_intdigest(position, seed=self._seeds[seq.seq_id] ^ self.seed)
+        chosen = -(draw % 4096) / 1024
+        vocabulary = self.vocabulary
+        top = [(token, chosen)] + [
+            (vocabulary[((draw >> 12) + i) % len(vocabulary)], chosen - 0.5 * i)
+            for i in range(1, seq.sampling.top_logprobs)
+        ]
+        return chosen, tuple(top[: seq.sampling.top_logprobs])
 
     def _sample(self, seq: SeqStep) -> int:
         seq_seed = self._seeds.get(seq.seq_id)

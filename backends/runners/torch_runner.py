@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -135,18 +136,16 @@ class TorchRunner:
             cache,
             lora,
         )
-        tokens: list[int | None] = [None] * len(step.seqs)
-        logprobs: list[float | None] | None = None
-        if sample_rows:
-            logits = self.model.logits(hidden[torch.tensor(sample_rows, device=device)])
-            chosen, chosen_logprobs = self.sampler.sample(logits, rows)
-            for i, token in zip(targets, chosen, strict=True):
-                tokens[i] = token
-            if chosen_logprobs is not None:
-                logprobs = [None] * len(step.seqs)
-                for i, lp in zip(targets, chosen_logprobs, strict=True):
-                    logprobs[i] = lp
-        return StepOutput(tokens, logprobs)
+        if not sample_rows:
+            return StepOutput([None] * len(step.seqs))
+        logits = self.model.logits(hidden[torch.tensor(sample_rows, device=device)])
+        sampled, size = self.sampler.sample(logits, rows), len(step.seqs)
+        logprobs, tops = sampled.logprobs, sampled.top_logprobs
+        return StepOutput(
+            _placed(sampled.tokens, targets, size),
+            None if logprobs is None else _placed(logprobs, targets, size),
+            None if tops is None else _placed(tops, targets, size),
+        )
 
     def bytes_per_block(self) -> int:
         return KVCache.bytes_per_block(self.config, self.block_size, self.dtype)
@@ -230,3 +229,12 @@ def _torch_dtype(name: str) -> torch.dtype:
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"unknown KV transfer dtype {name!r}")
     return dtype
+
+
+def _placed(values: list[Any], targets: list[int], size: int) -> list[Any]:
+    """``values`` (one per sampling row) at their sequences' places among ``size``; None
+    elsewhere."""
+    placed: list[Any] = [None] * size
+    for index, value in zip(targets, values, strict=True):
+        placed[index] = value
+    return placed

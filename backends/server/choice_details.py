@@ -1,9 +1,13 @@
-"""The per-choice extras of a finished response: the chosen tokens' ``logprobs`` (OpenAI's
-completion and chat shapes) and vLLM's ``return_token_ids`` fields."""
+"""The per-choice extras of a finished response: the chosen tokens' ``logprobs`` and the most
+likely tokens' at each position (OpenAI's completion and chat shapes, as vLLM fills them) and
+vLLM's ``return_token_ids`` fields."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from backends.engine.engine import RequestStream
+from backends.engine.sequence import TopLogprobs
 from backends.server.protocol import GenerationRequest
 from kvgate.wire.request_tokenizer import RequestTokenizer
 
@@ -14,7 +18,7 @@ def logprobs_field(
     """The whole choice's ``logprobs`` (None unless asked for)."""
     seq = stream.seq
     ids = seq.token_ids[seq.num_prompt_tokens :][: len(seq.output_logprobs)]
-    return logprobs_of(req, tokenizer, ids, seq.output_logprobs)
+    return logprobs_of(req, tokenizer, ids, seq.output_logprobs, seq.output_top_logprobs)
 
 
 def logprobs_of(
@@ -22,17 +26,29 @@ def logprobs_of(
     tokenizer: RequestTokenizer,
     token_ids: list[int],
     logprobs: list[float],
+    tops: Sequence[TopLogprobs] = (),
     text_offset: int = 0,
 ) -> dict[str, object] | None:
-    """``logprobs`` of ``token_ids`` in the request's shape (chat or completion)."""
+    """``logprobs`` of ``token_ids`` in the request's shape (chat or completion), with each
+    position's most likely tokens (``tops``, aligned with ``token_ids``) where asked for."""
     if not req.sampling.logprobs:
         return None
     texts = [tokenizer.decode([token]) for token in token_ids]
+    alternatives = [
+        [(tokenizer.decode([token]), lp) for token, lp in top] for top in tops[: len(texts)]
+    ] or [[] for _ in texts]
     if req.is_chat:
         return {
             "content": [
-                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                for t, lp in zip(texts, logprobs, strict=False)
+                {
+                    "token": t,
+                    "logprob": lp,
+                    "bytes": list(t.encode()),
+                    "top_logprobs": [
+                        {"token": a, "logprob": alp, "bytes": list(a.encode())} for a, alp in alt
+                    ],
+                }
+                for t, lp, alt in zip(texts, logprobs, alternatives, strict=False)
             ]
         }
     offsets, offset = [], text_offset
@@ -42,7 +58,10 @@ def logprobs_of(
     return {
         "tokens": texts,
         "token_logprobs": logprobs[: len(texts)],
-        "top_logprobs": [{t: lp} for t, lp in zip(texts, logprobs, strict=False)],
+        # the chosen token and the most likely ones (vLLM's: up to logprobs + 1 entries)
+        "top_logprobs": [
+            {t: lp, **dict(alt)} for t, lp, alt in zip(texts, logprobs, alternatives, strict=False)
+        ],
         "text_offset": offsets,
     }
 

@@ -307,6 +307,7 @@ async def write_deltas(
             state.tokenizer,
             tokens,
             seq.output_logprobs[emitted[index] : emitted[index] + len(tokens)],
+            seq.output_top_logprobs[emitted[index] : emitted[index] + len(tokens)],
         )
         first = emitted[index] == 0
         emitted[index] += len(tokens)

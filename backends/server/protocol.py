@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from backends.engine.kv_transfer_params import KVTransferParams, KVTransferParamsError
-from backends.engine.sequence import SamplingParams
+from backends.engine.sequence import MAX_LOGPROBS, SamplingParams
 from kvgate.wire.request_tokenizer import RequestTokenizer
 from kvgate.wire.tokenizer import ChatTemplateError
 
@@ -178,7 +178,7 @@ def parse_request(
     seed = _get_int(body, "seed", None)
     ignore_eos = _get_bool(body, "ignore_eos")
     stop_token_ids = _stop_token_ids(body)
-    logprobs = _wants_logprobs(body, is_chat)
+    logprobs, top_logprobs = _wanted_logprobs(body, is_chat)
     try:
         sampling = SamplingParams(
             max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
@@ -190,6 +190,7 @@ def parse_request(
             min_tokens=_get_int(body, "min_tokens", 0) or 0,
             stop_token_ids=stop_token_ids,
             logprobs=logprobs,
+            top_logprobs=top_logprobs,
         )
     except ValueError as exc:
         raise RequestError(str(exc), str(exc).split(" ", 1)[0]) from exc
@@ -262,18 +263,23 @@ def _stop_token_ids(body: Mapping[str, object]) -> tuple[int, ...]:
     return tuple(t for t in value if isinstance(t, int))
 
 
-def _wants_logprobs(body: Mapping[str, object], is_chat: bool) -> bool:
-    """Chat: ``logprobs: true`` (``top_logprobs`` > 0 is not offered); completions:
-    ``logprobs: 0`` (the chosen token only; more alternatives are not offered)."""
+def _wanted_logprobs(body: Mapping[str, object], is_chat: bool) -> tuple[bool, int]:
+    """Whether the chosen tokens' log-probabilities are asked for, and how many of the most
+    likely tokens' at each position: chat's ``logprobs: true`` with ``top_logprobs`` (0-20,
+    only with ``logprobs``), completions' ``logprobs`` (0-20), as vLLM reads them."""
     value = body.get("logprobs")
-    if value is None or value is False:
-        return False
     if is_chat:
-        if value is not True:
+        if value is not None and not isinstance(value, bool):
             raise RequestError("logprobs must be a boolean", "logprobs")
-        if body.get("top_logprobs") not in (None, 0):
-            raise RequestError("top_logprobs is not supported; use 0", "top_logprobs")
-        return True
-    if isinstance(value, bool) or not isinstance(value, int) or value != 0:
-        raise RequestError("only logprobs=0 (the chosen token) is supported", "logprobs")
-    return True
+        top = _get_int(body, "top_logprobs", 0) or 0
+        if top and value is not True:
+            raise RequestError("top_logprobs needs logprobs set to true", "top_logprobs")
+        name = "top_logprobs"
+    else:
+        asked = _get_int(body, "logprobs", None)
+        if asked is None:
+            return False, 0
+        top, name = asked, "logprobs"
+    if not 0 <= top <= MAX_LOGPROBS:
+        raise RequestError(f"{name} must be in [0, {MAX_LOGPROBS}]; got {top}", name)
+    return value is not None and value is not False, top

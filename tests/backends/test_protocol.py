@@ -53,7 +53,9 @@ def test_prompt_forms(prompt: object, expected: list[list[int]]) -> None:
         ({"model": "m", "prompt": "x", "top_k": -2}, "top_k"),
         ({"model": "m", "prompt": "x", "min_tokens": 99}, "min_tokens"),
         ({"model": "m", "prompt": "x", "stop_token_ids": ["a"]}, "stop_token_ids"),
-        ({"model": "m", "prompt": "x", "logprobs": 3}, "logprobs"),
+        ({"model": "m", "prompt": "x", "logprobs": 21}, "logprobs"),
+        ({"model": "m", "prompt": "x", "logprobs": -1}, "logprobs"),
+        ({"model": "m", "prompt": "x", "logprobs": True}, "logprobs"),
         ({"model": "m", "prompt": "x", "seed": 2**63}, "seed"),  # vLLM: a torch.long
         ({"model": "m", "prompt": "x", "seed": -(2**63) - 1}, "seed"),
     ],
@@ -63,6 +65,24 @@ def test_bad_completion_requests(body: object, param: str | None) -> None:
         parse(body)
     assert err.value.status == 400
     assert err.value.param == param
+
+
+def test_logprobs_and_their_alternatives_are_read_as_vllm_reads_them() -> None:
+    sampling = parse({"model": "m", "prompt": "x", "logprobs": 5}).sampling
+    assert (sampling.logprobs, sampling.top_logprobs) == (True, 5)
+    sampling = parse({"model": "m", "prompt": "x", "logprobs": 0}).sampling
+    assert (sampling.logprobs, sampling.top_logprobs) == (True, 0)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    sampling = parse({**chat, "logprobs": True, "top_logprobs": 20}, chat=True).sampling
+    assert (sampling.logprobs, sampling.top_logprobs) == (True, 20)
+    for bad, param in (
+        ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"logprobs": 1}, "logprobs"),
+    ):
+        with pytest.raises(RequestError) as err:
+            parse({**chat, **bad}, chat=True)
+        assert err.value.param == param
 
 
 def test_a_seed_at_either_end_of_64_bits_is_accepted() -> None:

@@ -10,10 +10,12 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionTokenLogprob
 
 from loadtest.harness.processes import backend_process, free_port
 from tests.integration.metrics_util import scrape, value
@@ -127,6 +129,48 @@ def test_chat_stream_and_determinism(served: Served) -> None:
     whole = api.chat.completions.create(**kwargs)  # type: ignore[call-overload]
     assert whole.choices[0].message.content == streamed
     assert whole.object == "chat.completion"
+
+
+def flat(entry: ChatCompletionTokenLogprob) -> list[float]:
+    return [entry.logprob, *(alternative.logprob for alternative in entry.top_logprobs)]
+
+
+def test_chat_logprobs_with_alternatives_are_well_formed_and_streamed_alike(
+    served: Served,
+) -> None:
+    """Both runners: each token's log-probability and its 3 likeliest alternatives, sorted,
+    never above 0, the same when asked again and when streamed."""
+    api = served.client()
+    kwargs: dict[str, Any] = {
+        "model": served.model,
+        "messages": [{"role": "user", "content": "Say something"}],
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "extra_body": {"ignore_eos": True},
+    }
+    whole = api.chat.completions.create(**kwargs).choices[0].logprobs
+    assert whole is not None and whole.content is not None and len(whole.content) == 6
+    for entry in whole.content:
+        values = [alternative.logprob for alternative in entry.top_logprobs]
+        assert len(values) == 3 and values == sorted(values, reverse=True)
+        assert entry.logprob <= 0 and all(value <= 0 for value in values)
+    again = api.chat.completions.create(**kwargs).choices[0].logprobs
+    streamed = [
+        entry
+        for chunk in api.chat.completions.create(stream=True, **kwargs)
+        if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content
+        for entry in chunk.choices[0].logprobs.content
+    ]
+    assert again is not None and again.content is not None
+    for other in (again.content, streamed):  # a cached prefix may move the last digits
+        assert [e.token for e in other] == [e.token for e in whole.content]
+        assert [v for e in other for v in flat(e)] == pytest.approx(
+            [v for e in whole.content for v in flat(e)], abs=1e-4
+        )
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        api.chat.completions.create(**{**kwargs, "top_logprobs": 21})
 
 
 def test_stop_string_ends_generation(served: Served) -> None:

@@ -174,9 +174,9 @@ def rows(*params: SamplingParams) -> list[SampleRow]:
 def test_a_seeded_request_draws_the_same_tokens_whatever_else_is_in_the_batch() -> None:
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
     seeded = SamplingParams(temperature=1.0, seed=42)
-    alone = [Sampler(()).sample(logits[:1], rows(seeded))[0][0] for _ in range(2)]
+    alone = [Sampler(()).sample(logits[:1], rows(seeded)).tokens[0] for _ in range(2)]
     sampler = Sampler(())
-    mixed = sampler.sample(logits, rows(seeded, SamplingParams(), SamplingParams()))[0][0]
+    mixed = sampler.sample(logits, rows(seeded, SamplingParams(), SamplingParams())).tokens[0]
     assert alone[0] == alone[1] == mixed
 
 
@@ -184,8 +184,8 @@ def test_top_k_one_is_greedy_and_top_p_keeps_only_the_nucleus() -> None:
     logits = torch.tensor([[0.0, 5.0, 4.9, -3.0]])
     sampler = Sampler((), seed=1)
     for _ in range(20):
-        assert sampler.sample(logits, rows(SamplingParams(top_k=1)))[0] == [1]
-        (token,), _ = sampler.sample(logits, rows(SamplingParams(top_p=0.9)))
+        assert sampler.sample(logits, rows(SamplingParams(top_k=1))).tokens == [1]
+        (token,) = sampler.sample(logits, rows(SamplingParams(top_p=0.9))).tokens
         assert token in (1, 2)
 
 
@@ -194,16 +194,26 @@ def test_min_tokens_masks_eos_and_stop_tokens_until_reached() -> None:
     sampler = Sampler(eos_token_ids=(2,))
     early = SampleRow(0, SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=(3,)), 1)
     late = SampleRow(0, SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=(3,)), 3)
-    assert sampler.sample(logits.clone(), [early])[0] == [4]
-    assert sampler.sample(logits.clone(), [late])[0] == [2]
+    assert sampler.sample(logits.clone(), [early]).tokens == [4]
+    assert sampler.sample(logits.clone(), [late]).tokens == [2]
 
 
 def test_logprobs_are_those_of_the_unmodified_distribution() -> None:
-    logits = torch.randn(2, 30, generator=torch.Generator().manual_seed(5))
-    tokens, logprobs = Sampler(()).sample(
+    logits = torch.randn(3, 30, generator=torch.Generator().manual_seed(5))
+    sampled = Sampler(()).sample(
         logits,
-        rows(SamplingParams(temperature=0.0, logprobs=True), SamplingParams(temperature=0.5)),
+        rows(
+            SamplingParams(temperature=0.0, logprobs=True),
+            SamplingParams(temperature=0.5),
+            SamplingParams(temperature=0.7, logprobs=True, top_logprobs=4),
+        ),
     )
+    tokens, logprobs, tops = sampled.tokens, sampled.logprobs, sampled.top_logprobs
     assert logprobs is not None and logprobs[1] is None
-    expected = torch.log_softmax(logits[0], -1)[tokens[0]].item()
-    assert logprobs[0] == pytest.approx(expected, abs=1e-6)
+    expected = torch.log_softmax(logits, -1)
+    for row in (0, 2):
+        assert logprobs[row] == pytest.approx(expected[row, tokens[row]].item(), abs=1e-6)
+    assert tops is not None and tops[0] is None and tops[1] is None and tops[2] is not None
+    most = torch.topk(expected[2], 4)
+    assert [token for token, _ in tops[2]] == most.indices.tolist()
+    assert [lp for _, lp in tops[2]] == pytest.approx(most.values.tolist(), abs=1e-6)

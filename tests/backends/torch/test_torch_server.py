@@ -13,6 +13,8 @@ from typing import Any
 
 import openai
 import pytest
+import torch
+from openai.types.chat import ChatCompletionMessageParam
 
 from loadtest.harness.processes import backend_process, free_port
 from tests.backends.torch.conftest import hf_greedy
@@ -91,6 +93,49 @@ def test_greedy_completion_is_transformers_own_with_usage_and_token_ids(
     assert choice.text == post(f"{url}/detokenize", {"tokens": expected}).json()["prompt"]
     assert result.usage is not None
     assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (len(tokens), 16)
+
+
+def test_top_logprobs_are_transformers_log_softmax(
+    served: tuple[str, Path, Path], hf_models: dict[str, object]
+) -> None:
+    """Each position's 5 most likely tokens and their log-probabilities, as a chat carries them,
+    against transformers' log-softmax on the same weights (one forward pass over the prompt and
+    what was generated), within 1e-4; a completion's have the same values, keyed by text."""
+    url, _, _ = served
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "where is it"}]
+    prompt = post(f"{url}/tokenize", {"messages": messages}).json()["tokens"]
+    chat = api(url).chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=5,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    choice = chat.choices[0]
+    assert choice.model_extra is not None and choice.logprobs is not None
+    generated = choice.model_extra["token_ids"]
+    with torch.no_grad():
+        logits = hf_models["llama"](torch.tensor([prompt + generated])).logits[0]  # type: ignore[operator]
+    expected = torch.topk(torch.log_softmax(logits.float(), -1)[len(prompt) - 1 : -1], 5)
+    content = choice.logprobs.content
+    assert content is not None and len(content) == 6
+    for entry, values, ids in zip(content, expected.values, expected.indices, strict=True):
+        assert [a.logprob for a in entry.top_logprobs] == pytest.approx(values.tolist(), abs=1e-4)
+        texts = post(f"{url}/detokenize", {"tokens": ids[:1].tolist()}).json()["prompt"]
+        assert entry.top_logprobs[0].token == entry.token == texts  # greedy: the likeliest
+        assert entry.logprob == pytest.approx(float(values[0]), abs=1e-4)
+    completion = api(url).completions.create(
+        model=MODEL, prompt=prompt, max_tokens=3, temperature=0, logprobs=2
+    )
+    logprobs = completion.choices[0].logprobs
+    assert logprobs is not None and logprobs.top_logprobs and logprobs.tokens
+    for alternatives, token, chosen in zip(
+        logprobs.top_logprobs, logprobs.tokens, logprobs.token_logprobs or [], strict=True
+    ):
+        assert 1 <= len(alternatives) <= 3 and alternatives[token] == chosen  # chosen + top 2
+        assert all(value <= 0 for value in alternatives.values())
 
 
 def test_chat_uses_the_models_template_and_streams_what_it_returns_whole(
