@@ -90,7 +90,11 @@ class BlockManager:
         At least one token is always left to compute, so the runner has a position to sample
         from; a fully cached prompt therefore reuses all but its last block.
         """
-        if not self.enable_prefix_caching or seq.num_computed_tokens > 0:
+        if (
+            not self.enable_prefix_caching
+            or seq.num_computed_tokens > 0
+            or seq.sampling.prompt_logprobs is not None  # every position's logits are needed
+        ):
             return [], 0
         max_blocks = (seq.num_tokens - 1) // self.block_size
         self._ensure_hashes(seq, max_blocks)

@@ -206,7 +206,7 @@ class AsyncEngine:
             self.num_steps += 1
             self.scheduler.kv_connector.after_step(step)
             updated = self.scheduler.postprocess(
-                out, output.tokens, output.logprobs, output.top_logprobs
+                out, output.tokens, output.logprobs, output.top_logprobs, output.prompt_logprobs
             )
             self._deliver(updated)
             if self.event_sink is not None:

@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 
 from backends.engine.block_manager import BlockManager
 from backends.engine.kv_connector import KVConnector, NoKVConnector
-from backends.engine.sequence import FinishReason, Sequence, SequenceStatus, TopLogprobs
+from backends.engine.sequence import (
+    FinishReason,
+    PromptLogprob,
+    Sequence,
+    SequenceStatus,
+    TopLogprobs,
+)
 from backends.engine.step import ScheduledSeq
 
 
@@ -144,9 +150,10 @@ class Scheduler:
         sampled: list[int | None],
         logprobs: list[float | None] | None = None,
         top_logprobs: list[TopLogprobs | None] | None = None,
+        prompt_logprobs: list[list[PromptLogprob] | None] | None = None,
     ) -> list[Sequence]:
-        """Apply a step's results; ``sampled`` (and ``logprobs``, ``top_logprobs``) align with
-        ``out.scheduled``.
+        """Apply a step's results; ``sampled`` (and ``logprobs``, ``top_logprobs``,
+        ``prompt_logprobs``) align with ``out.scheduled``.
 
         Returns the sequences that got a new token or finished in this step.
         """
@@ -158,6 +165,10 @@ class Scheduler:
             seq = item.seq
             if seq.status is not running:
                 continue  # aborted while the step ran
+            if prompt_logprobs is not None and (entries := prompt_logprobs[index]):
+                # entry i is position i's: a recomputed prompt (preempted) replaces its own
+                del seq.prompt_logprobs[seq.num_computed_tokens :]
+                seq.prompt_logprobs.extend(entries)
             seq.num_computed_tokens += item.num_new_tokens
             if token is None:
                 continue

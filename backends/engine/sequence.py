@@ -30,6 +30,9 @@ class FinishReason(Enum):
 
 MAX_LOGPROBS = 20  # alternatives per position, as vLLM's max_logprobs default
 TopLogprobs = tuple[tuple[int, float], ...]  # (token id, log-probability), most likely first
+# a prompt token's log-probability given the tokens before it, its rank in that distribution
+# (1: the most likely) and the most likely tokens there
+PromptLogprob = tuple[float, int, TopLogprobs]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +40,9 @@ class SamplingParams:
     """What to generate: at most ``max_tokens`` tokens; stop early on EOS or a stop token, but
     not before ``min_tokens``. ``temperature`` 0 is greedy; ``top_k`` 0 or -1 keeps every
     token. ``logprobs`` asks for the chosen token's log-probability, ``top_logprobs`` (with it)
-    for that many of the most likely tokens at each position too (vLLM's limit: 20)."""
+    for that many of the most likely tokens at each position too (vLLM's limit: 20);
+    ``prompt_logprobs`` (0-20) for the prompt's tokens (the prompt is then computed whole: no
+    prefix-cache hits, as each position's logits are needed)."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -49,6 +54,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     logprobs: bool = False
     top_logprobs: int = 0
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -62,6 +68,10 @@ class SamplingParams:
         if not 0 <= self.top_logprobs <= MAX_LOGPROBS:
             raise ValueError(
                 f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}"
+            )
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise ValueError(
+                f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}"
             )
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
             raise ValueError(f"seed must fit in 64 bits (as vLLM's), got {self.seed}")
@@ -103,6 +113,8 @@ class Sequence:
     output_logprobs: list[float] = field(default_factory=list)  # when sampling.logprobs
     # the most likely tokens and their log-probabilities at each position, when asked for
     output_top_logprobs: list[TopLogprobs] = field(default_factory=list)
+    # the second prompt token's onwards, when sampling.prompt_logprobs asks
+    prompt_logprobs: list[PromptLogprob] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

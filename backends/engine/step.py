@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backends.engine.sequence import SamplingParams, Sequence, TopLogprobs
+from backends.engine.sequence import PromptLogprob, SamplingParams, Sequence, TopLogprobs
 
 
 @dataclass(slots=True)
@@ -80,11 +80,13 @@ class StepInput:
 class StepOutput:
     """A runner's result, aligned with ``StepInput.seqs``: the sampled token of each sequence
     that samples (None for the others) and, where asked for, its log-probability and the most
-    likely tokens'."""
+    likely tokens', and the prompt tokens' log-probabilities this step's positions give (for
+    sequences that ask ``prompt_logprobs``)."""
 
     tokens: list[int | None]
     logprobs: list[float | None] | None = None
     top_logprobs: list[TopLogprobs | None] | None = None
+    prompt_logprobs: list[list[PromptLogprob] | None] | None = None
 
 
 def build_step(scheduled: list[ScheduledSeq], block_size: int) -> StepInput:

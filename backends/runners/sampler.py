@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backends.engine.sequence import SamplingParams, TopLogprobs
+from backends.engine.sequence import PromptLogprob, SamplingParams, TopLogprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,3 +106,19 @@ class Sampler:
             generator = torch.Generator().manual_seed(row.sampling.seed & (2**63 - 1))
             self._generators[row.seq_id] = generator
         return generator
+
+
+def prompt_logprobs(
+    logits: torch.Tensor, next_tokens: Sequence[int], top: int
+) -> list[PromptLogprob]:
+    """For each row of ``logits`` (``[rows, vocab]``, the logits at one prompt position), the
+    log-probability of the prompt's next token, its rank (1: the most likely) and the ``top``
+    most likely tokens, from the unmodified distribution."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = log_probs.gather(1, torch.tensor(next_tokens, device=logits.device)[:, None])
+    ranks = ((log_probs > chosen).sum(-1) + 1).tolist()
+    likeliest: list[TopLogprobs] = [()] * len(next_tokens)
+    if top:
+        values, ids = (part.tolist() for part in log_probs.topk(top, dim=-1))
+        likeliest = [tuple(zip(i, v, strict=True)) for i, v in zip(ids, values, strict=True)]
+    return list(zip(chosen[:, 0].tolist(), ranks, likeliest, strict=True))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import xxhash
 
 from backends.engine.kv_blocks import BlockData
-from backends.engine.sequence import TopLogprobs
+from backends.engine.sequence import PromptLogprob, TopLogprobs
 from backends.engine.step import SeqStep, StepInput, StepOutput
 
 SIM_CACHE_DTYPE = "bfloat16"
@@ -120,18 +120,20 @@ class SimRunner:
         swaps = self._make_resident(step.lora_names)
         delay = self.cost.step_time(step, swaps)
         await asyncio.sleep(delay)
-        sample = self._sample
-        tokens = [sample(seq) if seq.do_sample else None for seq in step.seqs]
-        if not any(seq.sampling.logprobs for seq in step.seqs):
+        seqs, sample = step.seqs, self._sample
+        tokens = [sample(seq) if seq.do_sample else None for seq in seqs]
+        wanted = [seq.sampling.prompt_logprobs is not None and not seq.is_decode for seq in seqs]
+        if not any(seq.sampling.logprobs for seq in seqs) and not any(wanted):
             return StepOutput(tokens)
         asked = [
             self._logprobs(seq, token) if token is not None and seq.sampling.logprobs else None
-            for seq, token in zip(step.seqs, tokens, strict=True)
+            for seq, token in zip(seqs, tokens, strict=True)
         ]
         return StepOutput(
             tokens,
             [None if a is None else a[0] for a in asked],
             [None if a is None or not a[1] else a[1] for a in asked],
+            [self._prompt_logprobs(s) if w else None for s, w in zip(seqs, wanted, strict=True)],
         )
 
     def is_alive(self) -> bool:
@@ -171,6 +173,28 @@ class SimRunner:
             for i in range(1, seq.sampling.top_logprobs)
         ]
         return chosen, tuple(top[: seq.sampling.top_logprobs])
+
+    def _prompt_logprobs(self, seq: SeqStep) -> list[PromptLogprob]:
+        """Seeded, well-formed log-probabilities of the prompt tokens whose positions this step
+        computes: a rank of 1 to 4, the likeliest tokens above it in steps of 0.5."""
+        prompt, vocabulary = seq.prompt_token_ids, self.vocabulary
+        seed = xxhash.xxh3_64_intdigest(array("I", prompt).tobytes()) ^ self.seed
+        entries: list[PromptLogprob] = []
+        for position in range(seq.start_position, min(seq.num_context_tokens, len(prompt) - 1)):
+            draw = xxhash.xxh3_64_intdigest(b"prompt" + position.to_bytes(8, "little"), seed=seed)
+            rank = 1 + draw % 4
+            chosen = -((draw >> 8) % 4096) / 1024 - 0.5 * (rank - 1)
+            top = tuple(
+                (
+                    prompt[position + 1]
+                    if i == rank - 1
+                    else vocabulary[((draw >> 20) + i) % len(vocabulary)],
+                    chosen + 0.5 * (rank - 1 - i),
+                )
+                for i in range(seq.sampling.prompt_logprobs or 0)
+            )
+            entries.append((chosen, rank, top))
+        return entries
 
     def _sample(self, seq: SeqStep) -> int:
         seq_seed = self._seeds.get(seq.seq_id)

@@ -17,13 +17,14 @@ from typing import Any
 import torch
 
 from backends.engine.kv_blocks import BlockData
-from backends.engine.step import StepInput, StepOutput
+from backends.engine.sequence import PromptLogprob
+from backends.engine.step import SeqStep, StepInput, StepOutput
 from backends.models.attention import SeqAttention, build_metadata
 from backends.models.config import ModelConfig
 from backends.models.decoder import Decoder, KVCache
 from backends.models.weights import ModelWeights
 from backends.runners.lora_weights import LoraRegistry
-from backends.runners.sampler import Sampler, SampleRow
+from backends.runners.sampler import Sampler, SampleRow, prompt_logprobs
 from backends.runners.torch_thread import TorchThread
 
 log = logging.getLogger(__name__)
@@ -112,8 +113,11 @@ class TorchRunner:
         sample_rows: list[int] = []  # the step row of each sampled token's logits
         targets: list[int] = []  # the sequence each of them is for
         rows: list[SampleRow] = []
+        prompt_rows: list[tuple[int, list[int], list[int]]] = []  # seq, rows, next tokens
         for number, seq in enumerate(step.seqs):
             offset = len(input_ids)
+            if seq.sampling.prompt_logprobs is not None and not seq.is_decode:
+                prompt_rows.append((number, *_prompt_positions(seq, offset)))
             input_ids.extend(seq.input_ids)
             positions.extend(seq.positions)
             slots.extend(seq.slot_mapping)
@@ -136,16 +140,35 @@ class TorchRunner:
             cache,
             lora,
         )
+        size = len(step.seqs)
+        of_prompts = self._prompt_logprobs(step, hidden, prompt_rows) if prompt_rows else None
         if not sample_rows:
-            return StepOutput([None] * len(step.seqs))
+            return StepOutput([None] * size, prompt_logprobs=of_prompts)
         logits = self.model.logits(hidden[torch.tensor(sample_rows, device=device)])
-        sampled, size = self.sampler.sample(logits, rows), len(step.seqs)
+        sampled = self.sampler.sample(logits, rows)
         logprobs, tops = sampled.logprobs, sampled.top_logprobs
         return StepOutput(
             _placed(sampled.tokens, targets, size),
             None if logprobs is None else _placed(logprobs, targets, size),
             None if tops is None else _placed(tops, targets, size),
+            of_prompts,
         )
+
+    def _prompt_logprobs(
+        self,
+        step: StepInput,
+        hidden: torch.Tensor,
+        prompt_rows: list[tuple[int, list[int], list[int]]],
+    ) -> list[list[PromptLogprob] | None]:
+        """The prompt tokens' log-probabilities from this step's logits at their positions
+        (each sequence that asks, a row per prompt position it computes)."""
+        placed: list[list[PromptLogprob] | None] = [None] * len(step.seqs)
+        for number, positions, next_tokens in prompt_rows:
+            if positions:
+                logits = self.model.logits(hidden[torch.tensor(positions, device=self.device)])
+                top = step.seqs[number].sampling.prompt_logprobs or 0
+                placed[number] = prompt_logprobs(logits, next_tokens, top)
+        return placed
 
     def bytes_per_block(self) -> int:
         return KVCache.bytes_per_block(self.config, self.block_size, self.dtype)
@@ -238,3 +261,12 @@ def _placed(values: list[Any], targets: list[int], size: int) -> list[Any]:
     for index, value in zip(targets, values, strict=True):
         placed[index] = value
     return placed
+
+
+def _prompt_positions(seq: SeqStep, offset: int) -> tuple[list[int], list[int]]:
+    """The step rows (from ``offset``) of ``seq``'s positions whose next token is a prompt
+    token, and those tokens."""
+    prompt = seq.prompt_token_ids
+    start = seq.start_position
+    last = min(seq.num_context_tokens, len(prompt) - 1)  # positions before a prompt token
+    return [offset + p - start for p in range(start, last)], prompt[start + 1 : last + 1]

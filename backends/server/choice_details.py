@@ -66,6 +66,32 @@ def logprobs_of(
     }
 
 
+def prompt_logprobs_field(
+    req: GenerationRequest, tokenizer: RequestTokenizer, stream: RequestStream
+) -> list[dict[str, dict[str, object]] | None] | None:
+    """vLLM's ``prompt_logprobs`` (None unless asked for): None for the first prompt token, then
+    each one's ``{token id: {logprob, rank, decoded_token}}``, the prompt's token first and the
+    likeliest tokens at its position after it."""
+    if req.sampling.prompt_logprobs is None:
+        return None
+    seq = stream.seq
+    positions: list[dict[str, dict[str, object]] | None] = [None]
+    for token, (logprob, rank, top) in zip(
+        seq.prompt_token_ids[1:], seq.prompt_logprobs, strict=False
+    ):
+        position = {str(token): _logprob(tokenizer, token, logprob, rank)}
+        for likeliest, (other, other_logprob) in enumerate(top, start=1):
+            position.setdefault(str(other), _logprob(tokenizer, other, other_logprob, likeliest))
+        positions.append(position)
+    return positions
+
+
+def _logprob(
+    tokenizer: RequestTokenizer, token: int, logprob: float, rank: int
+) -> dict[str, object]:
+    return {"logprob": logprob, "rank": rank, "decoded_token": tokenizer.decode([token])}
+
+
 def token_id_fields(req: GenerationRequest, stream: RequestStream) -> dict[str, object]:
     """``token_ids`` of the choice (and, for completions, ``prompt_token_ids``) when asked."""
     if not req.return_token_ids:

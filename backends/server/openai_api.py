@@ -18,7 +18,12 @@ from aiohttp import web
 
 from backends.engine.engine import RequestStream
 from backends.engine.sequence import FinishReason
-from backends.server.choice_details import logprobs_field, logprobs_of, token_id_fields
+from backends.server.choice_details import (
+    logprobs_field,
+    logprobs_of,
+    prompt_logprobs_field,
+    token_id_fields,
+)
 from backends.server.errors import error_response
 from backends.server.prefill_hop import prefillers, run_prefill_hop
 from backends.server.protocol import GenerationRequest, RequestError, parse_request
@@ -235,6 +240,7 @@ async def _complete(
                 "finish_reason": reasons[i],
                 "stop_reason": None,
                 **token_id_fields(req, streams[i]),
+                **_prompt_logprobs(req, state, streams[i]),
             }
             for i, t in enumerate(texts)
         ]
@@ -249,9 +255,18 @@ async def _complete(
     }
     if req.is_chat and req.return_token_ids:
         body["prompt_token_ids"] = list(streams[0].seq.prompt_token_ids)
+    if req.is_chat:  # vLLM's chat response carries them beside the choices
+        body.update(_prompt_logprobs(req, state, streams[0]))
     if state.pd is not None and (held := state.pd.response_params(streams[0].seq)) is not None:
         body["kv_transfer_params"] = held.to_json()
     return web.json_response(body, headers={"x-request-id": request_id})
+
+
+def _prompt_logprobs(
+    req: GenerationRequest, state: ServerState, stream: RequestStream
+) -> dict[str, object]:
+    field = prompt_logprobs_field(req, state.tokenizer, stream)
+    return {} if field is None else {"prompt_logprobs": field}
 
 
 async def _stream(

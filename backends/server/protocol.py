@@ -191,6 +191,7 @@ def parse_request(
             stop_token_ids=stop_token_ids,
             logprobs=logprobs,
             top_logprobs=top_logprobs,
+            prompt_logprobs=_prompt_logprobs(body),
         )
     except ValueError as exc:
         raise RequestError(str(exc), str(exc).split(" ", 1)[0]) from exc
@@ -261,6 +262,22 @@ def _stop_token_ids(body: Mapping[str, object]) -> tuple[int, ...]:
     ):
         raise RequestError("stop_token_ids must be a list of token ids", "stop_token_ids")
     return tuple(t for t in value if isinstance(t, int))
+
+
+def _prompt_logprobs(body: Mapping[str, object]) -> int | None:
+    """vLLM's ``prompt_logprobs``: 0-20, not with a stream (vLLM's rule)."""
+    value = _get_int(body, "prompt_logprobs", None)
+    if value is None:
+        return None
+    if not 0 <= value <= MAX_LOGPROBS:
+        raise RequestError(
+            f"prompt_logprobs must be in [0, {MAX_LOGPROBS}]; got {value}", "prompt_logprobs"
+        )
+    if value and body.get("stream") is True:
+        raise RequestError(
+            "prompt_logprobs are not available when stream is true", "prompt_logprobs"
+        )
+    return value
 
 
 def _wanted_logprobs(body: Mapping[str, object], is_chat: bool) -> tuple[bool, int]:

@@ -56,6 +56,8 @@ def test_prompt_forms(prompt: object, expected: list[list[int]]) -> None:
         ({"model": "m", "prompt": "x", "logprobs": 21}, "logprobs"),
         ({"model": "m", "prompt": "x", "logprobs": -1}, "logprobs"),
         ({"model": "m", "prompt": "x", "logprobs": True}, "logprobs"),
+        ({"model": "m", "prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs"),
+        ({"model": "m", "prompt": "x", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
         ({"model": "m", "prompt": "x", "seed": 2**63}, "seed"),  # vLLM: a torch.long
         ({"model": "m", "prompt": "x", "seed": -(2**63) - 1}, "seed"),
     ],
