@@ -143,8 +143,11 @@ class AsyncEngine:
         request_id: str = "",
         cache_salt: str | None = None,
         kv_transfer: KVTransferParams | None = None,
+        parent: RequestStream | None = None,
     ) -> RequestStream:
-        """Queue a request; raises ValueError if it cannot fit in the model's context."""
+        """Queue a request (another sample of ``parent``'s prompt, if given: it starts once that
+        prompt is computed and shares its cached blocks); raises ValueError if it cannot fit in
+        the model's context."""
         max_len = self.config.max_model_len
         if len(prompt_token_ids) + sampling.max_tokens > max_len:
             raise ValueError(
@@ -160,6 +163,7 @@ class AsyncEngine:
             priority=priority,
             request_id=request_id,
             kv_transfer=kv_transfer,
+            parent=None if parent is None else parent.seq,
         )
         self.scheduler.add(seq)
         stream = RequestStream(seq)

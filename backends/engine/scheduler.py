@@ -248,6 +248,9 @@ class Scheduler:
             if lora and lora not in active_loras and len(active_loras) >= self.config.max_loras:
                 skipped.append(heapq.heappop(self.waiting))
                 continue
+            if seq.waits_for_parent():  # its prompt's blocks are on their way into the cache
+                skipped.append(heapq.heappop(self.waiting))
+                continue
             cached, num_cached = self.block_manager.get_computed_blocks(seq)
             if self._start_load(seq, cached, num_cached):
                 continue

@@ -99,6 +99,9 @@ class Sequence:
     priority: int = 0
     request_id: str = ""
     kv_transfer: KVTransferParams | None = None  # prefill/decode: where its KV goes or is
+    # another sample of the same prompt (``n`` > 1): this one is admitted once that one's prompt
+    # is computed, and takes its prompt blocks from the prefix cache, shared, not computed again
+    parent: Sequence | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     scheduled_time: float = 0.0  # monotonic, when first scheduled (0: still waiting)
     seq_id: int = field(default_factory=lambda: next(_ids))
@@ -126,6 +129,15 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    def waits_for_parent(self) -> bool:
+        """Whether this sample's parent is still computing the prompt they share."""
+        parent = self.parent
+        return (
+            parent is not None
+            and not parent.is_finished
+            and parent.num_computed_tokens < len(parent.prompt_token_ids)
+        )
 
     @property
     def num_prompt_tokens(self) -> int:

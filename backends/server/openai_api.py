@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from backends.engine.engine import RequestStream
-from backends.engine.sequence import FinishReason
+from backends.engine.sequence import FinishReason, SamplingParams
 from backends.server.choice_details import (
     logprobs_field,
     logprobs_of,
@@ -103,17 +103,20 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
     streams: list[RequestStream] = []
     try:
         for prompt in req.prompts:
-            streams.append(
-                state.engine.add_request(
+            first = None  # the first sample computes the prompt; the others share its blocks
+            for sample in range(req.n):
+                stream = state.engine.add_request(
                     prompt,
-                    req.sampling,
+                    _sampling_of(req.sampling, sample),
                     lora_name=lora,
                     cache_salt=req.cache_salt,
                     priority=req.priority,
                     request_id=request_id,
                     kv_transfer=req.kv_transfer if state.pd is not None else None,
+                    parent=first,
                 )
-            )
+                first = first or stream
+                streams.append(stream)
     except ValueError as exc:
         for stream in streams:
             state.engine.abort(stream)
@@ -127,6 +130,14 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
             state.engine.abort(stream)
             if state.tracer is not None:
                 state.tracer.record(request.headers, stream, body.get("model", ""))
+
+
+def _sampling_of(sampling: SamplingParams, sample: int) -> SamplingParams:
+    """A prompt's ``sample``-th sampling: a seeded request's samples differ by their seeds
+    (``seed + sample``, as vLLM seeds them), else they are the same parameters."""
+    if sample == 0 or sampling.seed is None:
+        return sampling
+    return dataclasses.replace(sampling, seed=(sampling.seed + sample + 2**63) % 2**64 - 2**63)
 
 
 async def choice_events(
@@ -195,10 +206,11 @@ async def _merged_choice_events(
             task.cancel()
 
 
-def _usage(streams: list[RequestStream]) -> dict[str, object]:
-    prompt = sum(s.seq.num_prompt_tokens for s in streams)
+def _usage(streams: list[RequestStream], n: int) -> dict[str, object]:
+    """Each prompt counted once (its first sample's), every sample's output."""
+    prompt = sum(s.seq.num_prompt_tokens for s in streams[::n])
     completion = sum(s.seq.num_output_tokens for s in streams)
-    cached = sum(s.seq.num_cached_tokens for s in streams)
+    cached = sum(s.seq.num_cached_tokens for s in streams[::n])
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -251,7 +263,7 @@ async def _complete(
         "created": created,
         "model": req.model,
         "choices": choices,
-        "usage": _usage(streams),
+        "usage": _usage(streams, req.n),
     }
     if req.is_chat and req.return_token_ids:
         body["prompt_token_ids"] = list(streams[0].seq.prompt_token_ids)
@@ -287,7 +299,7 @@ async def _stream(
     try:
         tail = await write_deltas(response, fmt, state, req, streams)
         if req.include_usage:
-            tail.append(fmt.usage(_usage(streams)))
+            tail.append(fmt.usage(_usage(streams, req.n)))
         tail.append(DONE)
     except EngineAborted as exc:
         tail = [fmt.error(str(exc))]  # and no [DONE]: the client must not see a clean end

@@ -27,6 +27,9 @@ class RequestError(ValueError):
         self.status = status
 
 
+MAX_N = 128  # samples per prompt a request may ask for
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """What the server needs to run a completion or chat request."""
@@ -42,6 +45,7 @@ class GenerationRequest:
     return_token_ids: bool = False
     cache_salt: str | None = None  # vLLM's: prefix-cache sharing only within one salt
     kv_transfer: KVTransferParams | None = None  # prefill/decode disaggregation (vLLM's)
+    n: int = 1  # samples of each prompt: choice prompt_index * n + sample
 
 
 def _get_int(body: Mapping[str, object], key: str, default: int | None) -> int | None:
@@ -167,8 +171,9 @@ def parse_request(
             raise RequestError("prompt is required", "prompt")
         prompts = parse_prompts(body["prompt"], tokenizer, vocab_size or tokenizer.vocab_size)
         max_tokens = _get_int(body, "max_tokens", default_max_tokens)
-    if _get_int(body, "n", 1) != 1:
-        raise RequestError("only n=1 is supported", "n")
+    n = _get_int(body, "n", 1) or 0
+    if not 1 <= n <= MAX_N:
+        raise RequestError(f"n must be in [1, {MAX_N}]; got {n}", "n")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, Mapping):
         raise RequestError("stream_options must be an object", "stream_options")
@@ -206,7 +211,8 @@ def parse_request(
         is_chat=is_chat,
         return_token_ids=_get_bool(body, "return_token_ids"),
         cache_salt=_cache_salt(body),
-        kv_transfer=_kv_transfer(body, len(prompts)),
+        kv_transfer=_kv_transfer(body, len(prompts) * n),
+        n=n,
     )
 
 
@@ -244,7 +250,9 @@ def _kv_transfer(body: Mapping[str, object], num_prompts: int) -> KVTransferPara
         name = "kv_transfer_params" + (f".{exc.field}" if exc.field else "")
         raise RequestError(str(exc), name) from exc
     if num_prompts != 1 and (params.do_remote_decode or params.do_remote_prefill):
-        raise RequestError("kv_transfer_params needs a single prompt", "kv_transfer_params")
+        raise RequestError(
+            "kv_transfer_params needs a single prompt and n of 1", "kv_transfer_params"
+        )
     if params.do_remote_decode and _get_bool(body, "stream"):
         raise RequestError(
             "a prefill for a remote decode (do_remote_decode) must not stream",

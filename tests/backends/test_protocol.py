@@ -44,7 +44,8 @@ def test_prompt_forms(prompt: object, expected: list[list[int]]) -> None:
         ({"model": "m", "prompt": "x", "max_tokens": -3}, "max_tokens"),
         ({"model": "m", "prompt": "x", "top_p": 0}, "top_p"),
         ({"model": "m", "prompt": "x", "temperature": "hot"}, "temperature"),
-        ({"model": "m", "prompt": "x", "n": 2}, "n"),
+        ({"model": "m", "prompt": "x", "n": 0}, "n"),
+        ({"model": "m", "prompt": "x", "n": 129}, "n"),
         ({"model": "m", "prompt": "x", "stream": "yes"}, "stream"),
         ({"model": "m", "prompt": "x", "stop": [1]}, "stop"),
         ({"model": "m", "prompt": "x", "stream_options": 3}, "stream_options"),
@@ -67,6 +68,10 @@ def test_bad_completion_requests(body: object, param: str | None) -> None:
         parse(body)
     assert err.value.status == 400
     assert err.value.param == param
+
+
+def test_n_samples_of_each_prompt() -> None:
+    assert parse({"model": "m", "prompt": ["a", "b"], "n": 3}).n == 3
 
 
 def test_logprobs_and_their_alternatives_are_read_as_vllm_reads_them() -> None:

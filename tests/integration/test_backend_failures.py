@@ -19,7 +19,7 @@ from tests.integration.metrics_util import value
         ("/v1/completions", b"[1, 2]", 400),
         (
             "/v1/completions",
-            b'{"model": "kvgate-sim", "prompt": "x", "max_tokens": null, "n": 3}',
+            b'{"model": "kvgate-sim", "prompt": "x", "max_tokens": null, "n": 0}',
             400,
         ),
         ("/v1/chat/completions", b'{"model": "kvgate-sim", "messages": [{"role": 1}]}', 400),

@@ -194,6 +194,39 @@ def test_prompt_logprobs_are_well_formed_for_both_runners(served: Served) -> Non
     assert again is not None and len(again) == len(positions)
 
 
+def test_n_greedy_samples_equal_one_and_compute_the_prompt_once(served: Served) -> None:
+    """``n`` = 4 greedy samples: four choices (index 0-3) each the text a single request gets,
+    the prompt counted once in the usage and computed once: the other three take its blocks
+    from the prefix cache (the engine's hit counter); streamed, each choice by its index."""
+    api = served.client()
+    prompt = served.tokens("n samples: " + "the parcel went up the river to the depot. " * 4)
+    body: dict[str, Any] = {
+        "model": served.model,
+        "prompt": prompt,
+        "max_tokens": 5,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
+    hits = value(served.url, "vllm:prefix_cache_hits_total")
+    four = api.completions.create(n=4, **body)
+    shared = (len(prompt) - 1) // 16 * 16  # the prompt's full blocks, but the last token's
+    assert value(served.url, "vllm:prefix_cache_hits_total") - hits == 3 * shared
+    assert sorted(c.index for c in four.choices) == [0, 1, 2, 3]
+    one = api.completions.create(**body).choices[0].text
+    assert [c.text for c in four.choices] == [one] * 4
+    assert four.usage is not None and four.usage.prompt_tokens == len(prompt)
+    assert four.usage.completion_tokens == 20
+    texts = ["", ""]
+    for chunk in api.completions.create(n=2, stream=True, **body):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert texts == [one, one]
+    seeded = api.completions.create(**{**body, "temperature": 1.0}, n=3, seed=7)
+    assert len({c.text for c in seeded.choices}) > 1  # each sample has its own seed
+    again = api.completions.create(**{**body, "temperature": 1.0}, n=3, seed=7)
+    assert [c.text for c in again.choices] == [c.text for c in seeded.choices]
+
+
 def test_stop_string_ends_generation(served: Served) -> None:
     api = served.client()
     # a seeded sample: varied text to cut, the same each time
