@@ -41,7 +41,7 @@ class MaxScorePicker:
         keys = sorted(
             zip(
                 [score for _, score in scored],
-                [rand() ** (1.0 / e.capacity) for e, _ in scored],
+                [rand() if (c := e.capacity) == 1.0 else rand() ** (1.0 / c) for e, _ in scored],
                 range(len(scored)),
                 strict=True,
             ),
