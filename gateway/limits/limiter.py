@@ -141,7 +141,7 @@ class Limiter:
     def estimate_parts(
         self, body: Mapping[str, object], context_length: int | None = None
     ) -> tuple[int, int]:
-        """``estimate``'s prompt and output tokens."""
+        """``estimate``'s prompt and output tokens (the output of each of ``n`` samples)."""
         name = next((name for name in OUTPUT_LIMITS if name in body), "max_tokens")
         out = body.get(name)
         if out is not None and (isinstance(out, bool) or not isinstance(out, int) or out < 1):
@@ -156,7 +156,10 @@ class Limiter:
         prompt = chars // self.limits.chars_per_token
         if context_length is not None and prompt + max_tokens > context_length:
             prompt = min(prompt, context_length)
-            return prompt, context_length - prompt
+            max_tokens = context_length - prompt
+        samples = body.get("n")  # each of n samples may write max_tokens
+        if type(samples) is int and samples > 1:
+            max_tokens *= samples
         return prompt, max_tokens
 
     async def reserve(

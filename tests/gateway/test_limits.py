@@ -83,6 +83,8 @@ def test_estimate_counts_prompt_and_max_tokens() -> None:
     lim = limiter(LimitRule("r", {}, 10))
     assert lim.estimate({"prompt": "x" * 400, "max_tokens": 50}) == 150
     assert lim.estimate({"prompt": "x" * 400}) == 200  # default_max_tokens
+    assert lim.estimate({"prompt": "x" * 400, "max_tokens": 50, "n": 4}) == 300  # 4 samples
+    assert lim.estimate({"prompt": "x" * 400, "max_tokens": 50, "n": True}) == 150
     assert (
         lim.estimate({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5})
         > 5
