@@ -180,7 +180,7 @@ async def test_refusals_and_answers_over_the_entry_size_are_not_kept(
     url, _ = start_gateway(
         policy(backend.removeprefix("http://"), "response_cache: {max_entry: 400}")
     )
-    refused = {**GREEDY, "n": 2}  # the engine serves n=1 only: a 400
+    refused = {**GREEDY, "n": 0}  # the engine refuses it: a 400
     assert [(await post(url, refused))[0] for _ in range(2)] == [400, 400]
     long = {**GREEDY, "max_tokens": 256}
     assert [(await post(url, long))[1] for _ in range(2)] == ["miss", "miss"]
