@@ -8,6 +8,7 @@ import json
 
 import aiohttp
 
+from backends.server.messages_api import STOP_REASONS
 from tests.backends.pd.servers import ServerFactory, start_worker
 
 SYSTEM = "You answer questions about parcels in one short sentence. " * 8
@@ -28,7 +29,8 @@ async def test_a_message_whole_and_streamed_with_anthropics_usage(
     async with aiohttp.ClientSession() as session:
         status, first = await worker.post(session, BODY, "/v1/messages")
         assert status == 200 and first["type"] == "message" and first["role"] == "assistant"
-        assert first["stop_reason"] == "max_tokens" and first["content"][0]["type"] == "text"
+        assert first["stop_reason"] == STOP_REASONS["length"] == "max_tokens"
+        assert first["content"][0]["type"] == "text"
         usage = first["usage"]
         assert usage["output_tokens"] == 4 and usage["cache_read_input_tokens"] == 0
         prompt = usage["input_tokens"]
