@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from kvgate.wire.sse import SSERelay
+from kvgate.wire.sse import SSERelay, event_object
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -104,7 +104,7 @@ class Progress:
         progress = cls(chat)
         for batch in recorded:
             for event in batch.split(b"\n\n"):
-                chunk = _json_of(event)
+                chunk = event_object(event)
                 if chunk is not None:
                     progress.learn(chunk)
         return progress
@@ -248,7 +248,7 @@ class ContinuationRelay(SSERelay):
                 self.saw_done = True
                 out.append(_DONE)
                 continue
-            data = _json_of(event)
+            data = event_object(event)
             if data is None:
                 continue
             rewritten = self._rewrite(data)
@@ -300,20 +300,6 @@ def _usage_chunk(progress: Progress, usage: dict[str, object]) -> dict[str, obje
 
 def _event(data: Mapping[str, object]) -> bytes:
     return b"data: " + orjson.dumps(data) + b"\n\n"
-
-
-def _json_of(event: bytes) -> dict[str, object] | None:
-    for line in event.split(b"\n"):
-        if line.startswith(b"data:"):
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                return None
-            try:
-                parsed = orjson.loads(payload)
-            except ValueError:
-                return None
-            return parsed if isinstance(parsed, dict) else None
-    return None
 
 
 def _int(value: object) -> int:

@@ -65,11 +65,8 @@ class Sampler:
         most = max(asked)
         tops: list[TopLogprobs | None] | None = None
         if most > 0:
-            values, ids = (part.tolist() for part in log_probs.topk(most, dim=-1))
-            tops = [
-                tuple(zip(ids[i][:k], values[i][:k], strict=True)) if k > 0 else None
-                for i, k in enumerate(asked)
-            ]
+            likeliest = _likeliest(log_probs, most)
+            tops = [likeliest[i][:k] if k > 0 else None for i, k in enumerate(asked)]
         kept = [lp if k >= 0 else None for lp, k in zip(logprobs, asked, strict=True)]
         return Sampled(chosen, kept, tops)
 
@@ -117,8 +114,11 @@ def prompt_logprobs(
     log_probs = torch.log_softmax(logits.float(), dim=-1)
     chosen = log_probs.gather(1, torch.tensor(next_tokens, device=logits.device)[:, None])
     ranks = ((log_probs > chosen).sum(-1) + 1).tolist()
-    likeliest: list[TopLogprobs] = [()] * len(next_tokens)
-    if top:
-        values, ids = (part.tolist() for part in log_probs.topk(top, dim=-1))
-        likeliest = [tuple(zip(i, v, strict=True)) for i, v in zip(ids, values, strict=True)]
+    likeliest = _likeliest(log_probs, top) if top else [()] * len(next_tokens)
     return list(zip(chosen[:, 0].tolist(), ranks, likeliest, strict=True))
+
+
+def _likeliest(log_probs: torch.Tensor, k: int) -> list[TopLogprobs]:
+    """Each row's ``k`` most likely tokens with their log-probabilities, most likely first."""
+    values, ids = (part.tolist() for part in log_probs.topk(k, dim=-1))
+    return [tuple(zip(i, v, strict=True)) for i, v in zip(ids, values, strict=True)]

@@ -2,31 +2,19 @@
 
 from __future__ import annotations
 
-import json
-
 from aiohttp import web
 
 from backends.server.errors import error_response
+from backends.server.request_body import BodyError, read_object
 from backends.server.state import STATE
-
-
-async def _read_object(request: web.Request) -> dict[str, object] | web.Response:
-    try:
-        body = json.loads(await request.read())
-    except ValueError as exc:
-        return error_response(400, f"invalid JSON body: {exc}")
-    except web.RequestPayloadError as exc:
-        return error_response(400, f"cannot read the request body: {exc}")
-    if not isinstance(body, dict):
-        return error_response(400, "the request body must be a JSON object")
-    return body
 
 
 async def load_lora_adapter(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    body = await _read_object(request)
-    if isinstance(body, web.Response):
-        return body
+    try:
+        body = await read_object(request)
+    except BodyError as exc:
+        return error_response(exc.status, exc.message)
     name, path = body.get("lora_name"), body.get("lora_path")
     if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
         return error_response(400, "Both 'lora_name' and 'lora_path' must be provided.")
@@ -42,9 +30,10 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
 
 async def unload_lora_adapter(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    body = await _read_object(request)
-    if isinstance(body, web.Response):
-        return body
+    try:
+        body = await read_object(request)
+    except BodyError as exc:
+        return error_response(exc.status, exc.message)
     name = body.get("lora_name")
     if not isinstance(name, str) or not name:
         return error_response(400, "'lora_name' must be provided.")

@@ -21,6 +21,7 @@ from aiohttp import web
 from backends.engine.engine import RequestStream
 from backends.server.openai_api import EngineAborted, SSEResponse, choice_events, parse_generation
 from backends.server.protocol import GenerationRequest, RequestError
+from backends.server.request_body import BodyError, read_object
 from backends.server.state import STATE, ServerState
 from kvgate.wire.messages_api import MESSAGES_PATH, ContentError, chat_messages, error_body
 from kvgate.wire.messages_api import error_event as stream_error_event
@@ -37,11 +38,9 @@ def _error(status: int, message: str) -> web.Response:
 async def create(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     try:
-        body = json.loads(await request.read())
-    except ValueError as exc:
-        return _error(400, f"invalid JSON body: {exc}")
-    if not isinstance(body, dict):
-        return _error(400, "the request body must be a JSON object")
+        body = await read_object(request)
+    except BodyError as exc:
+        return _error(exc.status, exc.message)
     if "max_tokens" not in body:
         return _error(400, "max_tokens: Field required")
     try:

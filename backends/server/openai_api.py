@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 import uuid
@@ -27,6 +26,7 @@ from backends.server.choice_details import (
 from backends.server.errors import error_response
 from backends.server.prefill_hop import prefillers, run_prefill_hop
 from backends.server.protocol import GenerationRequest, RequestError, parse_request
+from backends.server.request_body import BodyError, read_object
 from backends.server.sse import DONE, ChunkFormatter
 from backends.server.state import STATE, ServerState
 from backends.server.text_stream import TextStream
@@ -79,13 +79,9 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
     state = request.app[STATE]
     request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
     try:
-        body = json.loads(await request.read())
-    except web.HTTPRequestEntityTooLarge:
-        return error_response(413, "request body too large")
-    except web.RequestPayloadError as exc:  # e.g. a body that is not what its encoding says
-        return error_response(400, f"cannot read the request body: {exc}")
-    except ValueError as exc:
-        return error_response(400, f"invalid JSON body: {exc}")
+        body = await read_object(request)
+    except BodyError as exc:
+        return error_response(exc.status, exc.message)
     try:
         req, lora = parse_generation(state, body, is_chat=is_chat)
     except RequestError as exc:
@@ -129,7 +125,7 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
         for stream in streams:
             state.engine.abort(stream)
             if state.tracer is not None:
-                state.tracer.record(request.headers, stream, body.get("model", ""))
+                state.tracer.record(request.headers, stream, req.model)
 
 
 def _sampling_of(sampling: SamplingParams, sample: int) -> SamplingParams:

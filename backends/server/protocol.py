@@ -273,14 +273,9 @@ def _stop_token_ids(body: Mapping[str, object]) -> tuple[int, ...]:
 
 
 def _prompt_logprobs(body: Mapping[str, object]) -> int | None:
-    """vLLM's ``prompt_logprobs``: 0-20, not with a stream (vLLM's rule)."""
+    """vLLM's ``prompt_logprobs``, not with a stream (vLLM's rule; its range is
+    ``SamplingParams``')."""
     value = _get_int(body, "prompt_logprobs", None)
-    if value is None:
-        return None
-    if not 0 <= value <= MAX_LOGPROBS:
-        raise RequestError(
-            f"prompt_logprobs must be in [0, {MAX_LOGPROBS}]; got {value}", "prompt_logprobs"
-        )
     if value and body.get("stream") is True:
         raise RequestError(
             "prompt_logprobs are not available when stream is true", "prompt_logprobs"

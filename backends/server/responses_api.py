@@ -25,6 +25,7 @@ from backends.server.openai_api import (
     request_error,
 )
 from backends.server.protocol import GenerationRequest, RequestError
+from backends.server.request_body import BodyError, read_object
 from backends.server.response_store import StoredResponse
 from backends.server.state import STATE, ServerState
 from kvgate.wire.openai_errors import responses_error_event
@@ -41,11 +42,9 @@ def _not_found(response_id: str) -> web.Response:
 async def create(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     try:
-        body = json.loads(await request.read())
-    except ValueError as exc:
-        return error_response(400, f"invalid JSON body: {exc}")
-    if not isinstance(body, dict):
-        return error_response(400, "the request body must be a JSON object")
+        body = await read_object(request)
+    except BodyError as exc:
+        return error_response(exc.status, exc.message)
     if body.get("background") is True:
         return error_response(400, "background responses are not supported", "background")
     history: list[dict[str, str]] = []

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import json
-
 from aiohttp import web
 
 from backends.server.errors import error_response
 from backends.server.protocol import RequestError, parse_messages, parse_prompts
+from backends.server.request_body import BodyError, read_object
 from backends.server.state import STATE
 
 
 async def _body(request: web.Request) -> dict[str, object]:
     try:
-        body = json.loads(await request.read())
-    except ValueError as exc:
-        raise RequestError(f"invalid JSON body: {exc}") from exc
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
+        body = await read_object(request)
+    except BodyError as exc:
+        raise RequestError(exc.message, status=exc.status) from exc
     if "model" in body:
         request.app[STATE].resolve_model(str(body["model"]))
     return body

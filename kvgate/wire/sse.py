@@ -159,12 +159,8 @@ class ResponsesRelay(SSERelay):
         return _RESPONSE not in events and _ERROR not in events
 
     def _keep(self, event: bytes) -> bool:
-        payload = _data_of(event)
-        try:
-            parsed = orjson.loads(payload) if payload is not None else None
-        except ValueError:
-            return True
-        if not isinstance(parsed, dict):
+        parsed = event_object(event)
+        if parsed is None:
             return True
         kind, response = parsed.get("type"), parsed.get("response")
         if kind == "error":
@@ -195,12 +191,8 @@ class MessagesRelay(SSERelay):
         return _USAGE not in events and _MESSAGE_STOP not in events and _ERROR not in events
 
     def _keep(self, event: bytes) -> bool:
-        payload = _data_of(event)
-        try:
-            parsed = orjson.loads(payload) if payload is not None else None
-        except ValueError:
-            return True
-        if not isinstance(parsed, dict):
+        parsed = event_object(event)
+        if parsed is None:
             return True
         kind = parsed.get("type")
         if kind in ("message_stop", "error"):
@@ -267,6 +259,18 @@ def _object_end(data: bytes, start: int) -> int:
         index = close + 1
         if depth == 0:
             return index
+
+
+def event_object(event: bytes) -> dict[str, object] | None:
+    """An event's data as a JSON object (None when it has no data, or data of another kind)."""
+    payload = _data_of(event)
+    if payload is None:
+        return None
+    try:
+        parsed = orjson.loads(payload)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
 
 
 def _data_of(event: bytes) -> bytes | None:
