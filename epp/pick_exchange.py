@@ -10,10 +10,11 @@ record the keys in the same indexes (``PrefixIndex.learn_keys``) and the new con
 adapter in what the endpoint was placed lately (``epp.placement``), so that where new prefixes
 and adapters go is decided on every worker's picks. Datagrams are hints: one that cannot be
 sent at once (a full buffer, a worker restarting) is dropped, never waited for. The directory
-is rescanned every second (every 50 ms while no other worker is found), so restarted workers
-are found; a worker that starts later has not seen the picks made before it (they are not
-replayed) and learns from there on. A socket that cannot be bound (a path too long for one)
-leaves that worker without the exchange, with one warning.
+is rescanned every second (at every datagram while no other worker is found, so the first
+picks after a sibling starts reach it), and a sibling is known from the first datagram it
+sends, so restarted workers are found; a worker that starts later has not seen the picks made
+before it (they are not replayed) and learns from there on. A socket that cannot be bound (a
+path too long for one) leaves that worker without the exchange, with one warning.
 
 The workers share their metrics scrapes the same way: each scrape a worker makes is sent to
 the others (the endpoint's address and the picker's view of its metrics), which take it as
@@ -43,7 +44,6 @@ from epp.framework import EndpointMetrics
 log = logging.getLogger("kvgate.epp")
 ENV = "KVGATE_PICKS_DIR"
 RESCAN = 1.0  # seconds between looks for the other workers' sockets
-RESCAN_ALONE = 0.05  # ... while none has been found (the others are still starting)
 MAX_DATAGRAM = 65_000
 
 MAX_PATH = 100  # a Unix socket's path must fit in sun_path (108 bytes on Linux)
@@ -176,7 +176,7 @@ class PickExchange:
 
     def _others(self) -> list[str]:
         now = time.monotonic()
-        if now - self._scanned >= (RESCAN if self._peers else RESCAN_ALONE):
+        if not self._peers or now - self._scanned >= RESCAN:
             self._scanned = now
             self._peers = [str(p) for p in self.directory.glob("*.sock") if p != self.path]
         return self._peers
@@ -206,7 +206,7 @@ class PickExchange:
         assert self._sock is not None
         for _ in range(256):  # what has arrived, then back to the loop
             try:
-                data = self._sock.recv(MAX_DATAGRAM)
+                data, sender = self._sock.recvfrom(MAX_DATAGRAM)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -223,6 +223,8 @@ class PickExchange:
             except (ValueError, TypeError, msgpack.UnpackException) as exc:
                 log.debug("pick exchange: a malformed datagram (%s)", exc)
                 continue
+            if sender and sender not in self._peers:  # a sibling started since the last scan
+                self._peers.append(sender)
             if pick is not None:
                 self.on_pick(pick)
             elif scraped is not None and self.on_metrics is not None:

@@ -36,6 +36,57 @@ async def test_a_pick_reaches_every_other_worker_and_not_the_sender(tmp_path: Pa
     assert _sockets(tmp_path) == []
 
 
+async def test_a_sibling_that_binds_just_after_a_lonely_publish_gets_the_next_pick(
+    tmp_path: Path,
+) -> None:
+    """A worker alone looks for the others at every pick: the first picks after a sibling
+    starts reach it (they are the ones that place the first prefixes)."""
+    got: list[SiblingPick] = []
+    early = PickExchange(str(tmp_path), lambda pick: None)
+    late = PickExchange(str(tmp_path), got.append)
+    early.start()
+    try:
+        early.publish(PICK)  # nobody to tell yet
+        late.start()
+        early.publish(PICK)  # at once, well within any rescan interval
+        for _ in range(100):
+            if got:
+                break
+            await asyncio.sleep(0.01)
+        assert got == [PICK]
+    finally:
+        late.stop()
+        early.stop()
+
+
+async def test_a_sibling_is_known_from_its_first_datagram(tmp_path: Path) -> None:
+    """A worker that has found the others is not rescanned for a second; one that starts
+    meanwhile is known from the first datagram it sends (its first scrape or pick)."""
+    got: list[SiblingPick] = []
+    first = PickExchange(str(tmp_path), lambda pick: None)
+    second = PickExchange(str(tmp_path), lambda pick: None)
+    third = PickExchange(str(tmp_path), got.append)
+    first.start()
+    second.start()
+    try:
+        first.publish(PICK)  # finds the second, and will not look again for a second
+        third.start()
+        third.publish(SiblingPick("h:1"))  # finds both
+        for _ in range(100):
+            if first.received:
+                break
+            await asyncio.sleep(0.01)
+        first.publish(PICK)
+        for _ in range(100):
+            if got:
+                break
+            await asyncio.sleep(0.01)
+        assert got == [PICK]
+    finally:
+        for end in (first, second, third):
+            end.stop()
+
+
 def _sockets(directory: Path) -> list[Path]:
     return list(directory.glob("*.sock"))
 
