@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
 from backends.engine.block_manager import BlockManager
 from backends.engine.scheduler import Scheduler, SchedulerConfig
 from backends.engine.sequence import SamplingParams, Sequence
@@ -83,3 +86,18 @@ class ManualClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=Closable)
+CLOSE_AFTER_TEST: list[Callable[[], None]] = []
+
+
+def close_after_test(thing: C) -> C:
+    """``thing``, closed when the running test ends (the shared conftest's ``_close_after``):
+    for helpers that build what a test does not close itself."""
+    CLOSE_AFTER_TEST.append(thing.close)
+    return thing

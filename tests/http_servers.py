@@ -4,7 +4,7 @@ upstream speaking raw HTTP/1.1."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -113,7 +113,22 @@ class Upstream:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         self.closed.append(number)
-        writer.close()
+
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def loopback_server(serve: Handler) -> asyncio.Server:
+    """``asyncio.start_server`` on a free loopback port, each connection closed when ``serve``
+    returns, raises or is cancelled (the test's loop ending with connections still open)."""
+
+    async def closing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await serve(reader, writer)
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(closing, "127.0.0.1", 0)
 
 
 async def started(
@@ -121,6 +136,6 @@ async def started(
 ) -> tuple[Upstream, asyncio.Server]:
     """A scripted upstream listening on a free loopback port."""
     up = Upstream(answer, silent)
-    server = await asyncio.start_server(up.serve, "127.0.0.1", 0)
+    server = await loopback_server(up.serve)
     up.port = server.sockets[0].getsockname()[1]
     return up, server

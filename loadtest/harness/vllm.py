@@ -124,10 +124,18 @@ class VllmServer:
         env = {**os.environ, **ENV}
         if self.cpu is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu
-        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            self.command(), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        log = open(self.log, "ab") if self.log else None  # noqa: SIM115 (the child's from here)
+        try:
+            self.proc = subprocess.Popen(
+                self.command(),
+                env=env,
+                stdout=log or subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            if log is not None:
+                log.close()
         return self
 
     def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> None:

@@ -126,7 +126,7 @@ BAD_TOKENS: dict[str, Callable[[Keys], str]] = {
     "garbage": lambda k: "aaa.bbb.ccc",
     "HS256 on the RSA issuer": lambda k: jwt.encode(
         {"iss": "https://idp.test", "aud": "kvgate", "org": "acme", "exp": 4102444800},
-        "secret",
+        "a shared secret of 32 bytes or more",
         algorithm="HS256",
         headers={"kid": "rsa-1"},
     ),

@@ -16,7 +16,7 @@ from gateway.finished_requests import RequestTotals
 from gateway.slo.tracker import SloTracker
 from policies.loader import load_policy_text
 from policies.schema import Policy
-from tests.fakes import ManualClock
+from tests.fakes import ManualClock, close_after_test
 
 POLICY = """pools: {{a: {{endpoints: [127.0.0.1:8001]}}, b: {{endpoints: [127.0.0.1:8002]}}}}
 routes:
@@ -52,7 +52,7 @@ def stack(state: Path) -> tuple[SloTracker, Canaries, ManualClock, CollectorRegi
     clock, registry = ManualClock(1_000_000.0), CollectorRegistry()
     slos = SloTracker(registry, clock)
     slos.update(policy(state, canary=""))
-    canaries = Canaries(registry, clock)
+    canaries = close_after_test(Canaries(registry, clock))
     canaries.budget_spent = slos.budget_spent
     return slos, canaries, clock, registry
 

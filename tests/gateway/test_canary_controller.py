@@ -14,7 +14,7 @@ from gateway.canary.controller import CanaryController
 from gateway.canary.state import StateFile, state_file_name
 from policies.loader import load_policy_text
 from policies.schema import Policy
-from tests.fakes import ManualClock
+from tests.fakes import ManualClock, close_after_test
 
 POLICY = """pools: {{a: {{endpoints: [127.0.0.1:8001]}}, b: {{endpoints: [127.0.0.1:8002]}}}}
 routes:
@@ -35,7 +35,7 @@ def policy(state: Path, gates: str = "", shadow: str = "") -> Policy:
 
 def canaries(state: Path, clock: ManualClock, **kwargs: str) -> tuple[Canaries, CollectorRegistry]:
     registry = CollectorRegistry()
-    manager = Canaries(registry, clock)
+    manager = close_after_test(Canaries(registry, clock))
     manager.update(policy(state, **kwargs))
     return manager, registry
 

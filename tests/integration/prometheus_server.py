@@ -31,17 +31,17 @@ class PrometheusServer:
     def start(self, config: dict[str, Any]) -> PrometheusServer:
         path = self.directory / "prometheus.yml"
         path.write_text(yaml.safe_dump(config))
-        log = open(self.directory / "prometheus.log", "wb")  # noqa: SIM115 (the server's)
-        self.proc = subprocess.Popen(
-            [
-                self.binary,
-                f"--config.file={path}",
-                f"--storage.tsdb.path={self.directory / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        with open(self.directory / "prometheus.log", "wb") as log:  # the child keeps its copy
+            self.proc = subprocess.Popen(
+                [
+                    self.binary,
+                    f"--config.file={path}",
+                    f"--storage.tsdb.path={self.directory / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, (self.directory / "prometheus.log").read_text()[-2000:]

@@ -82,12 +82,12 @@ auth: {{api_keys: [{{sha256: {hashlib.sha256(KEY.encode()).hexdigest()}, tenant:
             )
         assert json.loads(translated.text)["path"] == "/v1/audio/translations"
 
-        with pytest.raises(openai.AuthenticationError):
-            await openai.AsyncOpenAI(
-                base_url=f"{url}/v1", api_key="sk-wrong", max_retries=0
-            ).audio.transcriptions.create(model="whisper", file=("a.wav", AUDIO))
-        with pytest.raises(openai.NotFoundError, match="not enabled"):
-            await client.audio.transcriptions.create(model="chat-only", file=("a.wav", AUDIO))
+        stranger = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-wrong", max_retries=0)
+        async with stranger, client:
+            with pytest.raises(openai.AuthenticationError):
+                await stranger.audio.transcriptions.create(model="whisper", file=("a.wav", AUDIO))
+            with pytest.raises(openai.NotFoundError, match="not enabled"):
+                await client.audio.transcriptions.create(model="chat-only", file=("a.wav", AUDIO))
 
         auth = {"Authorization": f"Bearer {KEY}"}
         async with aiohttp.ClientSession() as session:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from collections.abc import Callable
 
@@ -40,10 +41,10 @@ async def test_bad_http_requests(backend_url: str, path: str, data: bytes, statu
 
 
 async def test_oversized_body_is_413(backend_url: str) -> None:
-    payload = json.dumps({"model": "kvgate-sim", "prompt": "x" * (40 * 1024 * 1024)})
+    payload = json.dumps({"model": "kvgate-sim", "prompt": "x" * (40 * 1024 * 1024)}).encode()
     async with (
         aiohttp.ClientSession() as session,
-        session.post(backend_url + "/v1/completions", data=payload) as response,
+        session.post(backend_url + "/v1/completions", data=io.BytesIO(payload)) as response,
     ):
         assert response.status == 413
         assert "error" in await response.json()

@@ -11,6 +11,7 @@ import openai
 import zmq
 
 from loadtest.harness.processes import free_port
+from tests.fakes import close_after_test
 
 
 def subscribe(port: int) -> zmq.Socket[bytes]:
@@ -49,7 +50,7 @@ def test_block_stored_and_removed(start_backend: Callable[..., str]) -> None:
         "zero",
     )
     sock = subscribe(events_port)
-    api = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    api = close_after_test(openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0))
     prompt = list(range(40, 40 + 48))  # 3 full blocks, the last one left to compute
     time.sleep(0.3)  # ZMQ slow joiner: let the subscription reach the publisher first
     api.completions.create(model="kvgate-sim", prompt=prompt, max_tokens=1)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import aiohttp
 import openai
 
+from tests.fakes import close_after_test
 from tests.integration.metrics_util import scrape
 
 
@@ -18,7 +19,7 @@ def newest_lora_info(url: str) -> dict[str, str]:
 
 async def test_lora_lifecycle_and_residency(start_backend: Callable[..., str]) -> None:
     url = start_backend("--cost", "0.005,0,0,0", "--max-loras", "1")
-    api = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    api = close_after_test(openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0))
     async with aiohttp.ClientSession() as session:
         load = {"lora_name": "sql", "lora_path": "/adapters/sql"}
         async with session.post(f"{url}/v1/load_lora_adapter", json=load) as response:
@@ -68,7 +69,7 @@ async def _load(session: aiohttp.ClientSession, url: str, name: str) -> None:
 
 def test_adapter_name_separates_prefix_cache(start_backend: Callable[..., str]) -> None:
     url = start_backend("--lora-modules", "sql=/adapters/sql", "--cost", "zero")
-    api = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    api = close_after_test(openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0))
     prompt = "shared prefix " * 10
     api.completions.create(model="kvgate-sim", prompt=prompt, max_tokens=1)
     other = api.completions.create(model="sql", prompt=prompt, max_tokens=1)

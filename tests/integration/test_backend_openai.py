@@ -18,6 +18,7 @@ import pytest
 from openai.types.chat import ChatCompletionTokenLogprob
 
 from loadtest.harness.processes import backend_process, free_port
+from tests.fakes import close_after_test
 from tests.integration.metrics_util import scrape, value
 
 LONG_PROMPT = "The quarterly logistics report covers parcels, pallets and containers. " * 30
@@ -42,7 +43,9 @@ class Served:
         return tokens
 
     def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=60)
+        return close_after_test(
+            openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=60)
+        )
 
 
 def _torch_model(folder: Path) -> list[str]:

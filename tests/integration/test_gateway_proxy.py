@@ -12,6 +12,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from loadtest.harness.processes import KvgateProcess
+from tests.fakes import close_after_test
 from tests.integration.gateway_stack import API_KEY, OTHER_KEY, Stack, gateway_stack
 from tests.integration.metrics_util import scrape
 
@@ -23,7 +24,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def client(stack: Stack, key: str = API_KEY) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key=key, max_retries=0, timeout=20)
+    return close_after_test(
+        openai.OpenAI(base_url=f"{stack.url}/v1", api_key=key, max_retries=0, timeout=20)
+    )
 
 
 def test_chat_and_completions_streaming_and_not(stack: Stack) -> None:
@@ -211,6 +214,8 @@ def test_the_openai_client_needs_no_registered_key_where_auth_is_off(
     url, _ = start_gateway(
         f"pools: {{p: {{endpoints: [{backend}]}}}}\nroutes: [{{model: kvgate-sim, pool: p}}]\n"
     )
-    sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-not-registered-anywhere", max_retries=0)
+    sdk = close_after_test(
+        openai.OpenAI(base_url=f"{url}/v1", api_key="sk-not-registered-anywhere", max_retries=0)
+    )
     answer = sdk.completions.create(model="kvgate-sim", prompt="x", max_tokens=2)
     assert answer.usage is not None and answer.usage.completion_tokens == 2

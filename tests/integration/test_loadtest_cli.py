@@ -197,12 +197,16 @@ def test_the_demo_compares_and_cleans_up(run_kvgate: Callable[..., Done], tmp_pa
 
 
 def test_sigterm_stops_the_demo_and_every_child(tmp_path: Path) -> None:
-    demo = subprocess.Popen(
+    with subprocess.Popen(
         [*KVGATE, *DEMO, "--requests", "4000", "--rate", "20", "--out", str(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )
+    ) as demo:
+        _stops_on_sigterm_with_its_children(demo)
+
+
+def _stops_on_sigterm_with_its_children(demo: subprocess.Popen[str]) -> None:
     try:
         assert demo.stdout is not None
         line = demo.stdout.readline()  # printed once the stack serves

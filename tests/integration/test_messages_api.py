@@ -18,6 +18,7 @@ import anthropic
 import pytest
 
 from loadtest.harness.processes import KvgateProcess
+from tests.fakes import close_after_test
 from tests.http_servers import started
 from tests.integration.metrics_util import scrape
 
@@ -38,7 +39,7 @@ timeouts: {{connect: 1s, first_byte: 10s, idle: {idle}}}
 
 
 def client(url: str, key: str = KEY) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=url, api_key=key, max_retries=0)
+    return close_after_test(anthropic.Anthropic(base_url=url, api_key=key, max_retries=0))
 
 
 def post(url: str, data: bytes) -> tuple[int, dict[str, Any]]:

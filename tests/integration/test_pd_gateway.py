@@ -20,6 +20,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from bench.envoy_messages import body_messages, headers_message
 from loadtest.harness.processes import KvgateProcess, backend_process, epp_process, free_port
+from tests.fakes import close_after_test
 from tests.integration.metrics_util import scrape
 
 Gateway = Callable[..., tuple[str, KvgateProcess]]
@@ -66,7 +67,9 @@ def total(address: str, name: str, **labels: str) -> float:
 
 def client(url: str) -> openai.OpenAI:
     """A client of the gateway (its key) or of a worker (which ignores it)."""
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="pd-test-key", max_retries=0, timeout=30)
+    return close_after_test(
+        openai.OpenAI(base_url=f"{url}/v1", api_key="pd-test-key", max_retries=0, timeout=30)
+    )
 
 
 def wait_until(condition: Callable[[], bool], within: float = 5.0) -> None:

@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from loadtest.harness.processes import KvgateProcess
+from tests.fakes import close_after_test
 from tests.http_servers import started
 from tests.integration.metrics_util import scrape
 
@@ -34,7 +35,9 @@ timeouts: {{connect: 1s, first_byte: 10s, idle: {idle}}}
 
 
 def client(url: str, tenant: str = "acme") -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key=KEYS[tenant], max_retries=0)
+    return close_after_test(
+        openai.OpenAI(base_url=f"{url}/v1", api_key=KEYS[tenant], max_retries=0)
+    )
 
 
 def test_responses_are_created_and_reached_by_id_on_the_backend_holding_them(

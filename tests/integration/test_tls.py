@@ -71,8 +71,8 @@ def listen_tls(server: Pem, client_ca: str | None = None) -> str:
 
 
 def complete(url: str, http_client: openai.DefaultHttpxClient) -> str:
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="k", http_client=http_client)
-    done = client.completions.create(model="kvgate-sim", prompt="hello", max_tokens=4)
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="k", http_client=http_client) as client:
+        done = client.completions.create(model="kvgate-sim", prompt="hello", max_tokens=4)
     assert done.usage is not None and done.usage.completion_tokens == 4
     return done.choices[0].text
 
@@ -162,13 +162,15 @@ routes: [{{model: kvgate-sim, pool: p}}]
 retries: {{attempts: 0}}
 """
     url, _ = start_tls_gateway(tmp_path, policy, started, client_context(ca.path))
-    client = openai.OpenAI(
-        base_url=f"{url}/v1",
-        api_key="k",
-        http_client=openai.DefaultHttpxClient(verify=client_context(ca.path)),
-        max_retries=0,
-    )
-    with pytest.raises(openai.APIStatusError) as err:
+    with (
+        openai.OpenAI(
+            base_url=f"{url}/v1",
+            api_key="k",
+            http_client=openai.DefaultHttpxClient(verify=client_context(ca.path)),
+            max_retries=0,
+        ) as client,
+        pytest.raises(openai.APIStatusError) as err,
+    ):
         client.completions.create(model="kvgate-sim", prompt="hello", max_tokens=4)
     assert err.value.status_code in (502, 503)
     skipping = policy.replace(f"{{ca: {stranger.path}}}", "{insecure_skip_verify: true}")

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from loadtest.harness.processes import KvgateProcess
+from tests.fakes import close_after_test
 from tests.integration.metrics_util import scrape
 
 KEY = "sk-too-large"
@@ -26,7 +27,9 @@ routes: [{{model: kvgate-sim, pool: p}}]
 auth: {{api_keys: [{{sha256: {hashlib.sha256(KEY.encode()).hexdigest()}, tenant: t}}]}}
 limits: {{rules: [{{name: tpm, match: {{tenant: "*"}}, tokens_per_min: 200000}}]}}
 """)
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY)  # the default: 2 retries
+    client = close_after_test(
+        openai.OpenAI(base_url=f"{url}/v1", api_key=KEY)
+    )  # the default: 2 retries
     started = time.monotonic()
     with pytest.raises(openai.RateLimitError) as err:
         client.completions.create(model="kvgate-sim", prompt="x", max_tokens=1_000_000)
@@ -50,7 +53,7 @@ routes: [{{model: kvgate-sim, pool: p}}]
 auth: {{api_keys: [{{sha256: {hashlib.sha256(KEY.encode()).hexdigest()}, tenant: t}}]}}
 limits: {{rules: [{{name: tpm, match: {{tenant: "*"}}, tokens_per_min: 200000}}]}}
 """)
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    client = close_after_test(openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0))
     # the estimate is at most the context length, so the limit admits it; the engine is the
     # one to say that a million output tokens cannot fit its context
     with pytest.raises(openai.BadRequestError) as err:

@@ -31,6 +31,7 @@ from epp.tokenize import make_tokenizer, request_token_ids
 from loadtest.client.sse import stream_request
 from loadtest.harness.processes import epp_process, free_port, gateway_process
 from loadtest.harness.vllm import VllmServer
+from tests.fakes import close_after_test
 from tests.http_servers import ConnectionCount
 from tests.integration.metrics_util import scrape as scrape_gateway
 
@@ -112,7 +113,7 @@ epp:
 
 def test_the_gateway_proxies_vllm_for_the_official_client(gateway: tuple[str, str]) -> None:
     url, _ = gateway
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    client = close_after_test(openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0))
     completion = client.completions.create(model="tiny-llama", prompt="hello", max_tokens=4)
     assert completion.usage is not None and completion.usage.completion_tokens == 4
     stream = client.chat.completions.create(
@@ -144,7 +145,7 @@ def test_responses_through_the_gateway_reach_the_engine_that_stored_them(
 ) -> None:
     """vLLM keeps each response in its own process: retrieve and continue must go there."""
     url, _ = gateway
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    client = close_after_test(openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0))
     made = [
         client.responses.create(
             model="tiny-llama", instructions=SYSTEM, input=f"parcel {n}?", max_output_tokens=3
@@ -180,7 +181,7 @@ def test_anthropic_messages_through_the_gateway_are_served_by_vllm_natively(
         return {s.labels["direction"]: s.value for s in tokens}
 
     before = metered()
-    client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+    client = close_after_test(anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0))
     hello: list[anthropic.types.MessageParam] = [{"role": "user", "content": "hi"}]
     answers = [
         client.messages.create(model="tiny-llama", system=SYSTEM, messages=hello, max_tokens=3)
@@ -239,7 +240,9 @@ def test_lora_residency_from_real_lora_requests_info(
     server = vllm_servers[1]
     adapter = Path(tiny_model).parent / "lora-sql"
     server.post("/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": str(adapter)})
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    client = close_after_test(
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    )
     done = threading.Event()
 
     def keep_the_adapter_busy() -> None:
@@ -270,11 +273,13 @@ async def test_precise_routing_follows_the_engines_kv_events(
         {"role": "user", "content": "q"},
     ]
     # cached on b behind the gateway's back: only b's KV events can tell
-    direct = openai.OpenAI(base_url=f"{b.url}/v1", api_key="unused", max_retries=0)
+    direct = close_after_test(
+        openai.OpenAI(base_url=f"{b.url}/v1", api_key="unused", max_retries=0)
+    )
     direct.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=1)
     await asyncio.sleep(1.0)
     before = [counter(s, "vllm:prefix_cache_hits_total") for s in (a, b)]
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    client = close_after_test(openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0))
     for turn in range(3):
         question: ChatCompletionMessageParam = {"role": "user", "content": f"question {turn}"}
         asked = [*messages[:1], question]

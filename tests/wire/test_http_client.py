@@ -15,7 +15,7 @@ from kvgate.wire.http.client import (
     UpstreamResponse,
 )
 from kvgate.wire.http.connection_pool import ConnectionPool
-from tests.http_servers import Upstream, started
+from tests.http_servers import Upstream, loopback_server, started
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 
@@ -67,7 +67,7 @@ async def answer_once_and_close(reply: bytes) -> tuple[int, asyncio.Server]:
         await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    server = await loopback_server(serve)
     return server.sockets[0].getsockname()[1], server
 
 
@@ -210,7 +210,7 @@ async def test_a_stalled_body_times_out_after_idle_seconds() -> None:
         await asyncio.sleep(5)  # then a stall
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    server = await loopback_server(serve)
     pool = ConnectionPool(connect_timeout=1)
     port = server.sockets[0].getsockname()[1]
     response = await pool.request(f"127.0.0.1:{port}", "POST", "/", b"", b"{}")
@@ -234,7 +234,7 @@ async def test_a_large_body_is_read_whole_through_backpressure() -> None:
         await writer.drain()
         await reader.read()  # keep the connection until the client is done
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    server = await loopback_server(serve)
     pool = ConnectionPool(connect_timeout=1)
     port = server.sockets[0].getsockname()[1]
     response = await pool.request(f"127.0.0.1:{port}", "POST", "/", b"", b"{}")
@@ -257,7 +257,7 @@ async def test_a_connection_paused_by_a_large_body_is_reused_unpaused() -> None:
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(payload) + payload)
             await writer.drain()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    server = await loopback_server(serve)
     pool = ConnectionPool(connect_timeout=1)
     address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
     for _ in range(3):  # the same kept-alive connection each time
@@ -304,7 +304,7 @@ async def chunked_server(*parts: bytes, pause: float = 0.05) -> asyncio.Server:
         await writer.drain()
         await reader.read()
 
-    return await asyncio.start_server(serve, "127.0.0.1", 0)
+    return await loopback_server(serve)
 
 
 class Sink:
@@ -424,7 +424,7 @@ async def test_bytes_an_idle_connection_receives_retire_it() -> None:
             await asyncio.sleep(0.1)  # the connection is back in the pool by now
             writer.write(UNSOLICITED)
 
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    server = await loopback_server(answer)
     up = Upstream(lambda n: OK, port=server.sockets[0].getsockname()[1])
     pool = ConnectionPool(connect_timeout=1)
     assert await call(pool, up) == b"{}"

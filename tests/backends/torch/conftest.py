@@ -3,6 +3,7 @@ tokenizer: the peer the torch runner is checked against (nothing is downloaded).
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -74,12 +75,15 @@ def hf_greedy(model: object, prompt: list[int], num_tokens: int) -> list[int]:
     """transformers' greedy continuation of ``prompt`` through its own KV cache, never stopping
     at EOS (as ``ignore_eos``; ``generate``'s ``min_new_tokens`` would mask EOS instead)."""
     tokens: list[int] = []
+    # the cache's argument and output field: ``cache`` from transformers 5.2x, before that
+    # ``past_key_values`` (which the newer ones warn of)
+    arguments = inspect.signature(model.forward).parameters  # type: ignore[attr-defined]
+    cache = "cache" if "cache" in arguments else "past_key_values"
     with torch.no_grad():
         out = model(torch.tensor([prompt]), use_cache=True)  # type: ignore[operator]
         for _ in range(num_tokens):
             token = int(out.logits[0, -1].argmax())
             tokens.append(token)
-            out = model(  # type: ignore[operator]
-                torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True
-            )
+            past = {cache: getattr(out, cache)}
+            out = model(torch.tensor([[token]]), use_cache=True, **past)  # type: ignore[operator]
     return tokens

@@ -19,6 +19,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from loadtest.harness.processes import backend_process, free_port
 from tests.backends.torch.conftest import hf_greedy
 from tests.backends.torch.test_lora_and_sampling import merged, save_adapter
+from tests.fakes import close_after_test
 from tests.integration.metrics_util import scrape
 
 MODEL = "tiny-llama"
@@ -70,7 +71,9 @@ def served(
 
 
 def api(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+    return close_after_test(
+        openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+    )
 
 
 def test_greedy_completion_is_transformers_own_with_usage_and_token_ids(
