@@ -164,7 +164,7 @@ bench-inprocess: $(STAMP) compiled
 
 bench-instructions: $(STAMP) valgrind compiled
 	$(BIN)/python -m bench.instructions $(if $(AGAINST),--against $(AGAINST)) \
-		$(if $(REF_HARNESS),--ref-harness)
+		$(if $(REF_HARNESS),--ref-harness) $(if $(FEATURES),--features $(FEATURES))
 
 valgrind:
 	@command -v valgrind >/dev/null || (apt-get update -qq && apt-get install -y -qq valgrind >/dev/null)

@@ -50,14 +50,33 @@ UPSTREAMS_ADDRESSES = ("127.0.0.1:1", "127.0.0.1:2")  # never connected: transpo
 CONNECTIONS = 8  # client connections, each with one request in flight
 POLICY = f"""
 pools: {{mocks: {{endpoints: [{", ".join(UPSTREAMS_ADDRESSES)}]}}}}
-routes: [{{model: mock, pool: mocks}}]
+routes: [{{model: mock, pool: mocks{{route}}}}]
 observability: {{access_log: "off"}}
 epp: {{picker: least-in-flight}}
 """
-# --slos: the SLO tracker's share (objectives on every SLI of the route)
-SLOS = """
-slos: {objectives: [{route: mock, ttft_p95: 500ms, tpot_p95: 40ms, availability: 99.9%}]}
-"""
+# --feature NAME: the policy uses one optional part, to measure what it costs when used:
+# (what the route adds, a section of the policy)
+FEATURES = {
+    "slos": (
+        "",
+        "slos: {objectives: [{route: mock, ttft_p95: 500ms, tpot_p95: 40ms, availability: 99.9%}]}",
+    ),
+    "cache": (", cache: true", ""),  # the harness's chat request is greedy: hits after the first
+    "spend": (
+        "",
+        "spend: {prices: {mock: {input: 0.2, cached_input: 0.05, output: 0.6}}, "
+        "budgets: [{tenant: '*', per: day, limit: 1000000000}]}",
+    ),
+    "explain": (", explain: {tenants: ['*'], sample: 0.01}", ""),
+}
+
+
+def policy_text(feature: str | None = None) -> str:
+    """The harness's policy, with ``feature`` (a key of ``FEATURES``) in use."""
+    route, section = FEATURES[feature] if feature else ("", "")
+    return POLICY.replace("{route}", route) + section + "\n"
+
+
 _BODY = orjson.dumps(CHAT)
 REQUEST = (
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n"
@@ -184,9 +203,11 @@ def _layers_handler(pool: ConnectionPool) -> Handler:
     return handler
 
 
-async def measure(requests: int, peer: str, slos: bool = False, stream: bool = False) -> float:
+async def measure(
+    requests: int, peer: str, feature: str | None = None, stream: bool = False
+) -> float:
     """CPU seconds per request over ``requests`` requests (after 500 of warm-up)."""
-    app = create_app(load_policy_text(POLICY + (SLOS if slos else "")))
+    app = create_app(load_policy_text(policy_text(feature)))
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     try:
@@ -227,12 +248,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--peer", choices=["kvgate", "layers"], default="kvgate")
     parser.add_argument("--label", help="the name to print (default: the peer's)")
-    parser.add_argument("--slos", action="store_true", help="with SLOs on the route")
+    parser.add_argument("--feature", choices=sorted(FEATURES), help="with this part in use")
     parser.add_argument("--stream", action="store_true", help="streamed chat completions")
     args = parser.parse_args()
     if args.stream and args.peer != "kvgate":
         parser.error("--stream measures kvgate only")
-    seconds = uvloop.run(measure(args.requests, args.peer, args.slos, args.stream))
+    seconds = uvloop.run(measure(args.requests, args.peer, args.feature, args.stream))
     label = args.label or args.peer
     print(f"{label}: {seconds * 1e6:.1f} us of CPU per request over {args.requests:,}")
 

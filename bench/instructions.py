@@ -43,7 +43,7 @@ def harness_module(checkout: Path) -> str:
     return ".".join(path.with_suffix("").parts)
 
 
-def instructions(checkout: Path, peer: str, requests: int, slos: bool = False) -> int:
+def instructions(checkout: Path, peer: str, requests: int, feature: str | None = None) -> int:
     """Instructions that ``requests`` requests add to a run of the in-process harness (the two
     runs side by side, one per core)."""
     env = dict(os.environ, PYTHONPATH=str(checkout))
@@ -61,7 +61,7 @@ def instructions(checkout: Path, peer: str, requests: int, slos: bool = False) -
                 str(total),
                 "--peer",
                 peer,
-                *(["--slos"] if slos else []),
+                *(["--feature", feature] if feature else []),
             ],
             cwd=checkout,
             env=env,
@@ -117,7 +117,11 @@ def main() -> int:
         "--ref-harness", action="store_true", help="run REF with its own bench.inprocess"
     )
     parser.add_argument(
-        "--slos", action="store_true", help="SLOs on the route (this checkout's rows only)"
+        "--features",
+        type=lambda text: [f for f in text.split(",") if f],
+        default=[],
+        metavar="A,B",
+        help="also this checkout with each of these parts in use (bench.inprocess.FEATURES)",
     )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
@@ -140,14 +144,14 @@ def main() -> int:
         print("| checkout | kvgate instructions/request | http layers only | gateway's own |")
         print("|---|---:|---:|---:|")
         for name, path in checkouts:
-            slos = args.slos and path in (ROOT, compiled)
             counts = {
-                peer: instructions(path, peer, args.requests, slos and peer == "kvgate")
-                for peer in ("kvgate", "layers")
+                peer: instructions(path, peer, args.requests) for peer in ("kvgate", "layers")
             }
             results[name] = counts
             own = counts["kvgate"] - counts["layers"]
             print(f"| {name} | {counts['kvgate']:,} | {counts['layers']:,} | {own:,} |")
+        ours = [c for c in checkouts if c[1] in (ROOT, compiled)]
+        _feature_rows(args.features, ours, results, args.requests)
         if args.against:
             before, after = results[args.against]["kvgate"], results["this checkout"]["kvgate"]
             print(f"\nthis checkout ÷ {args.against}: {after / before:.3f}")
@@ -164,6 +168,25 @@ def main() -> int:
             )
         shutil.rmtree(scratch, ignore_errors=True)
     return 0
+
+
+def _feature_rows(
+    features: list[str],
+    checkouts: list[tuple[str, Path]],
+    plain: dict[str, dict[str, int]],
+    requests: int,
+) -> None:
+    """One row per part in use and build: its instructions per request and the ratio to the
+    same build without it."""
+    if not features:
+        return
+    print("\n| part in use | build | kvgate instructions/request | ÷ without it |")
+    print("|---|---|---:|---:|")
+    for feature in features:
+        for name, path in checkouts:
+            count = instructions(path, "kvgate", requests, feature)
+            ratio = count / plain[name]["kvgate"]
+            print(f"| {feature} | {name} | {count:,} | {ratio:.3f} |")
 
 
 if __name__ == "__main__":

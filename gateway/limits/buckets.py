@@ -69,7 +69,8 @@ class MemoryStore:
         return self.take_now(specs, time.monotonic(), force=force)
 
     def take_now(self, specs: list[BucketSpec], now: float, *, force: bool = False) -> TakeResult:
-        scaled = [replace(s, capacity=s.capacity / self.share) for s in specs]
+        share = self.share
+        scaled = specs if share == 1 else [replace(s, capacity=s.capacity / share) for s in specs]
         levels = []
         wait = 0.0
         for spec in scaled:

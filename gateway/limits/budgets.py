@@ -10,6 +10,7 @@ real cost is settled when its usage is known.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -32,10 +33,15 @@ class BudgetSpent(GatewayError):
 
 def period_bounds(period: str, now: datetime) -> tuple[str, datetime]:
     """The calendar period holding ``now`` (UTC): its name and when the next one starts."""
+    return _period_of_day(period, now.replace(hour=0, minute=0, second=0, microsecond=0))
+
+
+@functools.lru_cache(maxsize=16)
+def _period_of_day(period: str, day: datetime) -> tuple[str, datetime]:
+    """``period_bounds`` of a day's midnight (formatted once a day, not per request)."""
     if period == "day":
-        start = now.replace(hour=0, minute=0, second=0, microsecond=0)
-        return start.strftime("%Y-%m-%d"), start + timedelta(days=1)
-    first = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        return day.strftime("%Y-%m-%d"), day + timedelta(days=1)
+    first = day.replace(day=1)
     following = (first + timedelta(days=32)).replace(day=1)
     return first.strftime("%Y-%m"), following
 
