@@ -3,11 +3,12 @@ without capacity weights.
 
 Two simulated backends whose cost models differ 3x (``FAST`` and ``SLOW``: every cost of one
 three times the other's), one gateway on the default profile, the fast endpoint listed with
-``capacity: 1`` (no weights) or ``capacity: 3``; ``kvgate loadtest`` sends ``--requests``
+``capacity: 1`` (no weights) or ``capacity: 3``, or the pool's ``capacity: measured`` (the
+picker reads each engine's decode speed); ``kvgate loadtest`` sends ``--requests``
 streamed chats of a workload (random prompts: each a new prefix; or shared prefixes) at each
 ``--rate``. The split is read from each backend's own ``vllm:request_success_total``. The
 setups are interleaved over ``--rounds``; the table gives each round's fast : slow ratio and
-the TTFT p90.
+the TTFT p90 (and, measured, the capacity the picker ended with for the fast endpoint).
 """
 
 from __future__ import annotations
@@ -40,10 +41,25 @@ def served(url: str) -> float:
     )
 
 
+def measured(url: str, port: int) -> float:
+    """The capacity the gateway's picker gives the endpoint on ``port``, relative to the other."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        lines = response.read().decode().splitlines()
+    values = {
+        line.split('endpoint="', 1)[1].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in lines
+        if line.startswith("kvgate_epp_endpoint_capacity{")
+    }
+    mine = values.get(f"127.0.0.1:{port}", 1.0)
+    others = [v for address, v in values.items() if address != f"127.0.0.1:{port}"]
+    return mine / max(others[0] if others else 1.0, 1e-9)
+
+
 def one_run(
-    capacity: float, rate: float, args: argparse.Namespace, work: Path
-) -> tuple[float, float]:
-    """(fast : slow requests, TTFT p90 ms) of one run on fresh processes."""
+    capacity: str, rate: float, args: argparse.Namespace, work: Path
+) -> tuple[float, float, float]:
+    """(fast : slow requests, TTFT p90 ms, fast : slow capacity at the end) of one run on
+    fresh processes."""
     ports = [free_port(), free_port()]
     backends = [
         backend_process(port, "--cost", cost, "--num-blocks", str(args.num_blocks),
@@ -51,9 +67,13 @@ def one_run(
         for port, cost in zip(ports, (FAST, SLOW), strict=True)
     ]  # fmt: skip
     policy = work / "policy.yaml"
+    fast = f"127.0.0.1:{ports[0]}"
+    if capacity != "measured":
+        fast = f"{{address: {fast}, capacity: {capacity}}}"
     policy.write_text(
-        f"pools: {{p: {{endpoints: [{{address: 127.0.0.1:{ports[0]}, capacity: {capacity}}}, "
-        f"127.0.0.1:{ports[1]}]}}}}\nroutes: [{{model: kvgate-sim, pool: p}}]\n"
+        f"pools: {{p: {{capacity: {'measured' if capacity == 'measured' else 'configured'}, "
+        f"endpoints: [{fast}, 127.0.0.1:{ports[1]}]}}}}\n"
+        "routes: [{model: kvgate-sim, pool: p}]\n"
     )
     gateway_port = free_port()
     out = work / f"run-{capacity}-{rate}"
@@ -66,9 +86,10 @@ def one_run(
              "--out", str(out)],
             check=True, capture_output=True,
         )  # fmt: skip
-        fast, slow = (served(f"http://127.0.0.1:{port}") for port in ports)
+        requests = [served(f"http://127.0.0.1:{port}") for port in ports]
+        weight = measured(f"http://127.0.0.1:{gateway_port}", ports[0])
     results = json.loads((out / "results.json").read_text())
-    return fast / max(slow, 1.0), float(results["p90_ttft_ms"])
+    return requests[0] / max(requests[1], 1.0), float(results["p90_ttft_ms"]), weight
 
 
 def main() -> int:
@@ -79,22 +100,29 @@ def main() -> int:
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--num-blocks", type=int, default=4096)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="random")
+    parser.add_argument(
+        "--capacity", action="append", help="1, 3 or measured (repeat; default: all three)"
+    )
     args = parser.parse_args()
     rates = args.rate or [4.0, 16.0]
-    rows: dict[tuple[float, float], list[tuple[float, float]]] = {}
+    rows: dict[tuple[float, str], list[tuple[float, float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
             for rate in rates:
-                for capacity in (1.0, 3.0):
+                for capacity in args.capacity or ["1", "3", "measured"]:
                     rows.setdefault((rate, capacity), []).append(
                         one_run(capacity, rate, args, Path(tmp))
                     )
-    print("| rate (req/s) | fast endpoint's capacity | fast : slow, per round | TTFT p90 ms |")
-    print("|---|---|---|---|")
+    print(
+        "| rate (req/s) | fast endpoint's capacity | fast : slow, per round | TTFT p90 ms "
+        "| capacity at the end |"
+    )
+    print("|---|---|---|---|---|")
     for (rate, capacity), runs in rows.items():
-        ratios = " / ".join(f"{ratio:.2f}" for ratio, _ in runs)
-        ttfts = " / ".join(f"{ttft:.0f}" for _, ttft in runs)
-        print(f"| {rate:g} | {capacity:g} | {ratios} | {ttfts} |")
+        ratios = " / ".join(f"{ratio:.2f}" for ratio, _, _ in runs)
+        ttfts = " / ".join(f"{ttft:.0f}" for _, ttft, _ in runs)
+        weights = " / ".join(f"{weight:.2f}" for _, _, weight in runs)
+        print(f"| {rate:g} | {capacity} | {ratios} | {ttfts} | {weights} |")
     return 0
 
 

@@ -33,6 +33,8 @@ class Datastore:
             for name, pool in policy.pools.items()
         }
         self.engines = {name: pool.engine for name, pool in policy.pools.items()}
+        # the pools whose endpoints' capacities are measured (``epp.measured_capacity``)
+        self.measured = {name for name, pool in policy.pools.items() if pool.measured_capacity}
         self.metric_names = {
             name: names_for(pool.engine, dict(pool.metric_names))
             for name, pool in policy.pools.items()

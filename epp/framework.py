@@ -27,6 +27,10 @@ class EndpointMetrics:
     running_loras: frozenset[str] = frozenset()
     waiting_loras: frozenset[str] = frozenset()
     max_loras: int = 0
+    # the engine's inter-token latency histogram so far: how many gaps between a request's
+    # output tokens, and their seconds in all (measured capacity)
+    token_gaps: float = 0.0
+    token_gap_seconds: float = 0.0
     scraped_at: float = 0.0  # time.monotonic() of the last good scrape; 0: never
 
     def age(self, now: float | None = None) -> float:
@@ -65,7 +69,9 @@ class Endpoint:
     # scraper's idle interval while it polls an idle endpoint slowly (its state cannot change
     # by this picker's doing until a pick wakes the poller), else 0
     metrics_grace: float = 0.0
-    capacity: float = 1.0  # the policy's: the load scorers and saturation read load / capacity
+    # the policy's, or measured (``epp.measured_capacity``): the load scorers and saturation
+    # read load / capacity
+    capacity: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,6 +87,15 @@ class EppMetrics:
             multiprocess_mode="livemax",
         )
 
+        self.endpoint_capacity = Gauge(
+            "kvgate_epp_endpoint_capacity",
+            "The load the endpoint carries against one of capacity 1: the policy's, or measured "
+            "from its decode speed (a pool's `capacity: measured`).",
+            ["endpoint"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+
     def _declare_sources(self, r: CollectorRegistry) -> None:
         """Where its view comes from: scrapes, KV events, the picks replicas share, tokens
         seen in responses."""

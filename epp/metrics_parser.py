@@ -11,7 +11,8 @@ per engine (label ``engine``); they combine per metric, so a saturated engine st
 - KV-cache usage: the highest engine's;
 - ``cache_config_info``: the block size of any engine, the KV blocks summed;
 - LoRA residency: each engine's newest ``lora_requests_info`` series, adapters united, the
-  largest ``max_lora``.
+  largest ``max_lora``;
+- the inter-token latency histogram's count and sum (for a measured capacity): summed.
 
 vLLM's older ``vllm:gpu_cache_usage_perc`` is read when ``vllm:kv_cache_usage_perc`` is absent.
 """
@@ -40,12 +41,14 @@ class MetricNames:
     block_size_label: str
     num_blocks_label: str
     kv_usage_fallback: str | None = None  # read when ``kv_usage`` is absent
+    token_gaps: str | None = None  # the inter-token latency histogram (measured capacity)
 
     def series(self) -> tuple[str, ...]:
         """Every series name the picker reads, for a scrape that asks for only those."""
         names = (self.waiting, self.running, self.kv_usage, self.cache_info)
         optional = (self.kv_usage_fallback, self.lora_info)
-        return names + tuple(name for name in optional if name is not None)
+        gaps = (self.token_gaps + "_sum", self.token_gaps + "_count") if self.token_gaps else ()
+        return names + tuple(name for name in optional if name is not None) + gaps
 
 
 VLLM = MetricNames(
@@ -57,6 +60,7 @@ VLLM = MetricNames(
     "block_size",
     "num_gpu_blocks",
     "vllm:gpu_cache_usage_perc",
+    "vllm:inter_token_latency_seconds",
 )
 SGLANG = MetricNames(
     "sglang:num_queue_reqs",
@@ -66,6 +70,7 @@ SGLANG = MetricNames(
     None,
     "page_size",
     "num_pages",
+    token_gaps="sglang:inter_token_latency_seconds",
 )
 NAMES = {"vllm": VLLM, "kvgate": VLLM, "sglang": SGLANG}
 
@@ -161,6 +166,10 @@ def parse_metrics(text: str, names: MetricNames = VLLM) -> EndpointMetrics:
     _cache_config(metrics, text, names)
     if names.lora_info is not None:
         _lora_info(metrics, text, names.lora_info)
+    if names.token_gaps is not None:
+        gaps = names.token_gaps
+        metrics.token_gaps = sum(_finite(v) for _, v in samples(text, gaps + "_count"))
+        metrics.token_gap_seconds = sum(_finite(v) for _, v in samples(text, gaps + "_sum"))
     return metrics
 
 

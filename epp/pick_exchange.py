@@ -92,13 +92,15 @@ def encode_metrics(address: str, metrics: EndpointMetrics) -> bytes:
     m = metrics
     items = [_METRICS, address, m.waiting, m.running, m.kv_usage, m.block_size]
     items += [m.num_gpu_blocks, sorted(m.running_loras), sorted(m.waiting_loras), m.max_loras]
+    items += [m.token_gaps, m.token_gap_seconds]
     data: bytes = msgpack.packb(items)
     return data
 
 
 def decode_metrics(items: list[Any]) -> tuple[str, EndpointMetrics]:
     """The address and metrics in a datagram's items after the first, scraped as of now."""
-    address, waiting, running, usage, block_size, blocks, run, wait, max_loras = items
+    address, waiting, running, usage, block_size, blocks, run, wait, max_loras, *gaps = items
+    gaps_count, gaps_seconds = gaps
     return str(address), EndpointMetrics(
         waiting=int(waiting),
         running=int(running),
@@ -108,6 +110,8 @@ def decode_metrics(items: list[Any]) -> tuple[str, EndpointMetrics]:
         running_loras=frozenset(str(a) for a in run),
         waiting_loras=frozenset(str(a) for a in wait),
         max_loras=int(max_loras),
+        token_gaps=float(gaps_count),
+        token_gap_seconds=float(gaps_seconds),
         scraped_at=time.monotonic(),
     )
 

@@ -55,6 +55,7 @@ from urllib.parse import quote
 from epp.datastore import Datastore
 from epp.doorbell import Doorbell
 from epp.framework import Endpoint, EndpointMetrics
+from epp.measured_capacity import DecodeSpeeds
 from epp.metrics_parser import VLLM, MetricNames, parse_metrics
 from epp.tasks import cancel_all
 from kvgate.wire.http.client import UpstreamConnectionError
@@ -129,6 +130,7 @@ class MetricsScraper:
         # by id(endpoint): its last answer and what it parsed to; an idle endpoint answers the
         # same text scrape after scrape, which then needs no parsing
         self._last: dict[int, tuple[str, EndpointMetrics]] = {}
+        self.speeds = DecodeSpeeds()  # for the pools whose capacity is measured
 
     async def start(self) -> None:
         # the gateway's raw keep-alive client: a scrape costs ~5x less CPU than with aiohttp's
@@ -158,6 +160,8 @@ class MetricsScraper:
         then skips its next scrape of that endpoint)."""
         endpoint.metrics = metrics
         endpoint.dispatched = 0
+        if endpoint.pool in self.datastore.measured:
+            self.speeds.observe(endpoint, self.datastore.endpoints(endpoint.pool))
 
     def accounted(self, endpoint: Endpoint) -> bool:
         """What the endpoint's last scrape showed is this picker's own doing, far from

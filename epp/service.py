@@ -310,6 +310,7 @@ class EppService:
             address = endpoint.address
             tokens.labels(address, "prefill").set(endpoint.prefill_tokens)
             tokens.labels(address, "decode").set(endpoint.decode_tokens)
+            self.metrics.endpoint_capacity.labels(address).set(endpoint.capacity)
             if self.prefix is not None:
                 self.metrics.index_blocks.labels(address).set(self.prefix.blocks_of(address))
                 self.metrics.index_capacity.labels(address).set(self.prefix.capacity_of(endpoint))

@@ -10,6 +10,7 @@ from policies.fields import Fields
 from policies.schema import ENGINES, METRIC_OVERRIDES, ROLES, EndpointSpec, Pool
 from policies.tls_section import load_client_tls
 
+CAPACITY = ("configured", "measured")  # a pool's capacity: each endpoint's, or measured
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$|^\[[0-9a-fA-F:]+\]:[0-9]{1,5}$")
 
 
@@ -26,6 +27,7 @@ POOL_KEYS = {
     "metrics",
     "tls",
     "token_ids",
+    "capacity",
 }
 
 
@@ -54,6 +56,7 @@ def load_pools(top: Fields, base_dir: Path) -> dict[str, Pool]:
             pd_max_prefill_in_flight=pd.opt_int("max_prefill_in_flight", low=1),
             max_concurrency=f.opt_int("max_concurrency", low=1),
             max_model_len=f.opt_int("max_model_len", low=1),
+            measured_capacity=f.text("capacity", "configured", choices=CAPACITY) == "measured",
             tls=load_client_tls(f, base_dir),
             metric_names=metric_names,
             token_ids=f.flag("token_ids", False) if f.has("token_ids") else None,
