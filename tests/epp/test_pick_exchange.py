@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import msgpack
@@ -16,6 +17,14 @@ from policies.loader import load_policy_text
 PICK = SiblingPick("10.0.0.1:8000", 1_200, "sql", [(7, [1, 2, 3]), (9, [2**64 - 1])])
 
 
+async def _soon(condition: Callable[[], object]) -> None:
+    """Until ``condition`` holds, for at most a second (datagrams take a turn of the loop)."""
+    for _ in range(100):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+
+
 async def test_a_pick_reaches_every_other_worker_and_not_the_sender(tmp_path: Path) -> None:
     got: dict[str, list[SiblingPick]] = {"a": [], "b": [], "c": []}
     ends = {name: PickExchange(str(tmp_path), got[name].append) for name in got}
@@ -24,10 +33,7 @@ async def test_a_pick_reaches_every_other_worker_and_not_the_sender(tmp_path: Pa
     try:
         ends["a"].publish(PICK)
         ends["a"].publish(SiblingPick("10.0.0.2:8000"))  # the base model, nothing placed
-        for _ in range(100):
-            if len(got["b"]) == len(got["c"]) == 2:
-                break
-            await asyncio.sleep(0.01)
+        await _soon(lambda: len(got["b"]) == len(got["c"]) == 2)
         assert got["b"] == got["c"] == [PICK, SiblingPick("10.0.0.2:8000")]
         assert got["a"] == [] and ends["a"].sent == 4
     finally:
@@ -49,10 +55,7 @@ async def test_a_sibling_that_binds_just_after_a_lonely_publish_gets_the_next_pi
         early.publish(PICK)  # nobody to tell yet
         late.start()
         early.publish(PICK)  # at once, well within any rescan interval
-        for _ in range(100):
-            if got:
-                break
-            await asyncio.sleep(0.01)
+        await _soon(lambda: got)
         assert got == [PICK]
     finally:
         late.stop()
@@ -72,15 +75,9 @@ async def test_a_sibling_is_known_from_its_first_datagram(tmp_path: Path) -> Non
         first.publish(PICK)  # finds the second, and will not look again for a second
         third.start()
         third.publish(SiblingPick("h:1"))  # finds both
-        for _ in range(100):
-            if first.received:
-                break
-            await asyncio.sleep(0.01)
+        await _soon(lambda: first.received)
         first.publish(PICK)
-        for _ in range(100):
-            if got:
-                break
-            await asyncio.sleep(0.01)
+        await _soon(lambda: got)
         assert got == [PICK]
     finally:
         for end in (first, second, third):
@@ -107,10 +104,7 @@ async def test_garbage_and_gone_peers_are_survived(tmp_path: Path) -> None:
         raw.sendto(msgpack.packb(["h:1", 0, None, [["tag", [1]]]]), str(receiver.path))
         raw.close()
         sender.publish(SiblingPick("h:1", keys=[(1, [9])]))
-        for _ in range(100):
-            if got:
-                break
-            await asyncio.sleep(0.01)
+        await _soon(lambda: got)
         assert got == [SiblingPick("h:1", keys=[(1, [9])])]
         assert sender.dropped == 1  # the dead socket
     finally:
@@ -173,11 +167,9 @@ async def test_a_sibling_pick_counts_in_the_receivers_placement_and_index(
         assert request.lora == "sql"
         sent_to = sender.datastore.all()[0]
         sender.dispatched(request, sent_to)
-        assert receiver.exchange is not None
-        for _ in range(100):
-            if receiver.exchange.received:
-                break
-            await asyncio.sleep(0.01)
+        exchange = receiver.exchange
+        assert exchange is not None
+        await _soon(lambda: exchange.received)
         there, other = receiver.datastore.all()
         assert there.address == sent_to.address
         assert there.placed_adapters == pytest.approx({"sql": 1.0}, rel=1e-3)
@@ -217,10 +209,7 @@ async def test_a_scrape_reaches_the_other_workers_as_of_its_arrival(tmp_path: Pa
     )
     try:
         sender.publish_metrics("h:1", scraped)
-        for _ in range(100):
-            if got:
-                break
-            await asyncio.sleep(0.01)
+        await _soon(lambda: got)
     finally:
         receiver.stop()
         sender.stop()
