@@ -21,6 +21,9 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
 from loadtest.harness.processes import backend_process, free_port, gateway_process
 
 FAST = "0.004,0.00005,0.0001,0.0000001"
@@ -31,25 +34,21 @@ WORKLOADS = {
 }
 
 
-def served(url: str) -> float:
+def samples(url: str, name: str) -> list[Sample]:
+    """The samples of series ``name`` on ``url``'s /metrics."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-        lines = response.read().decode().splitlines()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in lines
-        if line.startswith("vllm:request_success_total")
-    )
+        text = response.read().decode()
+    families = text_string_to_metric_families(text)
+    return [s for family in families for s in family.samples if s.name == name]
+
+
+def served(url: str) -> float:
+    return sum(s.value for s in samples(url, "vllm:request_success_total"))
 
 
 def measured(url: str, port: int) -> float:
     """The capacity the gateway's picker gives the endpoint on ``port``, relative to the other."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-        lines = response.read().decode().splitlines()
-    values = {
-        line.split('endpoint="', 1)[1].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in lines
-        if line.startswith("kvgate_epp_endpoint_capacity{")
-    }
+    values = {s.labels["endpoint"]: s.value for s in samples(url, "kvgate_epp_endpoint_capacity")}
     mine = values.get(f"127.0.0.1:{port}", 1.0)
     others = [v for address, v in values.items() if address != f"127.0.0.1:{port}"]
     return mine / max(others[0] if others else 1.0, 1e-9)

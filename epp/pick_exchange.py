@@ -99,8 +99,9 @@ def encode_metrics(address: str, metrics: EndpointMetrics) -> bytes:
 
 def decode_metrics(items: list[Any]) -> tuple[str, EndpointMetrics]:
     """The address and metrics in a datagram's items after the first, scraped as of now."""
-    address, waiting, running, usage, block_size, blocks, run, wait, max_loras, *gaps = items
-    gaps_count, gaps_seconds = gaps
+    address, waiting, running, usage, block_size, blocks, run, wait, max_loras, gaps, seconds = (
+        items
+    )
     return str(address), EndpointMetrics(
         waiting=int(waiting),
         running=int(running),
@@ -110,8 +111,8 @@ def decode_metrics(items: list[Any]) -> tuple[str, EndpointMetrics]:
         running_loras=frozenset(str(a) for a in run),
         waiting_loras=frozenset(str(a) for a in wait),
         max_loras=int(max_loras),
-        token_gaps=float(gaps_count),
-        token_gap_seconds=float(gaps_seconds),
+        token_gaps=float(gaps),
+        token_gap_seconds=float(seconds),
         scraped_at=time.monotonic(),
     )
 
