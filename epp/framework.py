@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
+from kvgate.in_flight import InFlight
+
 T = TypeVar("T")
 
 
@@ -51,7 +53,9 @@ class Endpoint:
     metrics_port: int | None = None  # where /metrics is served, if not on ``address``
     # picks since the last scrape, not yet visible in ``metrics`` and not over yet
     dispatched: int = 0
-    in_flight: int = 0  # requests sent here and not yet finished (the picker's own count)
+    # requests sent here and not yet finished: the picker's own count, or the gateway's that
+    # embeds it (``in_flight`` reads it)
+    load: InFlight = field(default_factory=InFlight)
     # the picker's own token counts of what it sent here: prompt tokens not cached here whose
     # first output token has not come back yet, and output tokens still owed (output limits)
     prefill_tokens: int = 0
@@ -72,6 +76,14 @@ class Endpoint:
     # the policy's, or measured (``epp.measured_capacity``): the load scorers and saturation
     # read load / capacity
     capacity: float = 1.0
+
+    @property
+    def in_flight(self) -> int:
+        return self.load.count
+
+    @in_flight.setter
+    def in_flight(self, count: int) -> None:
+        self.load.count = count
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from epp.scraper import MetricsScraper
 from epp.shared_picks import SharedPicks
 from epp.stored_responses import StoredResponses
 from epp.upstream_tls import upstream_tls
+from kvgate.in_flight import InFlight
 from kvgate.wire.output_limit import requested_output_tokens
 from policies.schema import Policy
 
@@ -61,6 +62,9 @@ class EppService:
     def __init__(self, policy: Policy, metrics: EppMetrics | None = None) -> None:
         self.policy = policy
         self.datastore = Datastore(policy)
+        # whether each pick counts in its endpoint's ``in_flight`` until it is over; not when
+        # embedded in a gateway whose attempts keep the count (``share_in_flight``)
+        self.counts_in_flight = True
         self.metrics = metrics or EppMetrics()
         self.saturation = SaturationDetector(policy.epp.saturation)
         self.handle = PluginHandle(
@@ -228,11 +232,21 @@ class EppService:
         self.metrics.child(self.metrics.pick_latency, pool).observe(elapsed)
         return decision
 
+    def share_in_flight(self, counts: Mapping[tuple[str, str], InFlight]) -> None:
+        """Read each endpoint's requests in flight from ``counts`` (by pool and address), which
+        its owner keeps, instead of counting picks: one count per request, not two."""
+        for endpoint in self.datastore.all():
+            count = counts.get((endpoint.pool, endpoint.address))
+            if count is not None:
+                endpoint.load = count
+        self.counts_in_flight = False
+
     def dispatched(self, request: SchedulingRequest, endpoint: Endpoint) -> Dispatch:
         """``request`` is being sent to ``endpoint``: count it until the next scrape shows it
         (or it is over first), and let the prefix indexes and learning plugins record it."""
         endpoint.dispatched += 1
-        endpoint.in_flight += 1
+        if self.counts_in_flight:
+            endpoint.in_flight += 1
         # before the indexes learn this pick: what the endpoint does not hold yet
         prefill = self.prefix.uncached_tokens(request, endpoint) if self.prefix else 0
         decode = requested_output_tokens(request.body) or DEFAULT_OUTPUT_TOKENS
@@ -277,7 +291,8 @@ class EppService:
         if dispatch.open:
             dispatch.open = False
             endpoint = dispatch.endpoint
-            endpoint.in_flight -= 1
+            if self.counts_in_flight:
+                endpoint.in_flight -= 1
             if endpoint.metrics.scraped_at == dispatch.scraped_at and endpoint.dispatched > 0:
                 endpoint.dispatched -= 1  # over before a scrape showed it: not queued there
             self.prefilled(dispatch)

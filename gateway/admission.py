@@ -133,20 +133,32 @@ class AdmissionQueue:
         queue = self.pools.get(pool)
         return queue.classes[cls].size if queue and cls in queue.classes else 0
 
-    def try_admit(self, pool: str) -> bool:
-        """Take a slot in ``pool`` now if nobody is queued and there is capacity (the common
-        case, without a coroutine). Pair a True with ``done(pool)``."""
+    def classify(self, identity_class: str | None, objective_class: str | None) -> PriorityClass:
+        """A request's class: its identity's, or its objective's when that one is lighter (an
+        objective never makes a request heavier)."""
+        cls = self.class_of(identity_class)
+        if objective_class:
+            lighter = self.classes.get(objective_class)
+            if lighter is not None and lighter.weight <= cls.weight:
+                return lighter
+        return cls
+
+    def try_enter(self, pool: str) -> Admitted | None:
+        """A slot in ``pool`` now if nobody is queued and there is capacity (the common case,
+        without a coroutine), else None."""
         queue = self.pools.get(pool)
         if (queue is None or queue.empty) and self.gate.has_capacity(pool):
             self.gate.acquire(pool)
-            return True
-        return False
+            return Admitted(self, pool, 0.0)
+        return None
 
-    async def admit(self, pool: str, cls_name: str | None, tenant: str) -> float:
-        """Wait for a slot in ``pool``; returns the seconds waited. Pair with ``done(pool)``."""
+    async def enter(self, pool: str, cls_name: str | None, tenant: str) -> Admitted:
+        """A slot in ``pool``, waiting in ``cls_name``'s queue (tenants taking turns) while
+        there is none."""
         spec = self.class_of(cls_name)
-        if self.try_admit(pool):
-            return 0.0
+        admitted = self.try_enter(pool)
+        if admitted is not None:
+            return admitted
         queue = self.pools.get(pool)
         if queue is None:
             queue = self.pools[pool] = PoolQueue(pool, self.classes)
@@ -170,10 +182,10 @@ class AdmissionQueue:
             if not class_queue.remove(ticket) and ticket.future.done():
                 self.done(pool)  # dispatched just as the client left: give the slot back
             raise
-        return time.monotonic() - ticket.queued_at
+        return Admitted(self, pool, time.monotonic() - ticket.queued_at)
 
     def done(self, pool: str) -> None:
-        """A dispatched request of ``pool`` finished: its slot may go to the next in line."""
+        """A slot of ``pool`` came back (``Admitted.release``): it may go to the next in line."""
         self.gate.release(pool)
         queue = self.pools.get(pool)
         if queue is not None and not queue.empty:
@@ -200,3 +212,23 @@ class AdmissionQueue:
         while not queue.empty:
             self._dispatch(pool)
             await asyncio.sleep(POLL_INTERVAL)
+
+
+class Admitted:
+    """A request's slot in a pool, from its admission (``AdmissionQueue.try_enter`` or
+    ``enter``) to its release: the one owner of both, as ``Attempt`` is of a try (a plain
+    slots class: one is made per request)."""
+
+    __slots__ = ("_queue", "pool", "waited")
+
+    def __init__(self, queue: AdmissionQueue, pool: str, waited: float) -> None:
+        self._queue: AdmissionQueue | None = queue
+        self.pool = pool
+        self.waited = waited  # seconds spent queued
+
+    def release(self) -> None:
+        """Give the slot back (once; later calls do nothing)."""
+        queue = self._queue
+        if queue is not None:
+            self._queue = None
+            queue.done(self.pool)

@@ -60,7 +60,7 @@ class Attempt:
         self._open = True
         self._undecided = False
         self._probe = not endpoint.breaker.closed
-        endpoint.in_flight += 1
+        endpoint.load.count += 1
         if self._probe:
             endpoint.breaker.on_dispatch()  # half-open: uses up a probe
 
@@ -118,7 +118,7 @@ class Attempt:
         self._open = False
         if self._undecided:  # a 5xx nobody absolved counts
             self.blame()
-        self.endpoint.in_flight -= 1
+        self.endpoint.load.count -= 1
         if self._ranking is not None:
             self._ranking.finished(self.endpoint, prompt_tokens)
         if self.response is not None:

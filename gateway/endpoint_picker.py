@@ -19,6 +19,7 @@ from typing import Protocol
 
 from gateway.breaker import BreakerState, CircuitBreaker
 from gateway.identity import Identity
+from kvgate.in_flight import InFlight
 from policies.schema import EndpointSpec, Policy
 
 
@@ -29,7 +30,9 @@ class EndpointState:
     endpoint: EndpointSpec
     pool: str
     breaker: CircuitBreaker
-    in_flight: int = 0
+    # requests this process sent here and not yet finished, kept by the attempts (the picker
+    # embedded in the gateway reads the same count)
+    load: InFlight = field(default_factory=InFlight)
     url: str = field(init=False)
     address: str = field(init=False)  # the endpoint's host:port (read on every pick)
     capacity: float = field(init=False)
@@ -38,6 +41,14 @@ class EndpointState:
         self.url = self.endpoint.url
         self.address = self.endpoint.address
         self.capacity = self.endpoint.capacity
+
+    @property
+    def in_flight(self) -> int:
+        return self.load.count
+
+    @in_flight.setter
+    def in_flight(self, count: int) -> None:
+        self.load.count = count
 
 
 class PickRequest:
@@ -161,7 +172,7 @@ class LeastInFlightRanking:
             if exclude and endpoint.address in exclude:
                 continue
             capacity = endpoint.capacity
-            load = endpoint.in_flight / capacity
+            load = endpoint.load.count / capacity
             if best is None or load < least:
                 best, least, ties = endpoint, load, capacity
             elif load == least:  # weighted reservoir sampling: each tied one by its capacity

@@ -13,35 +13,28 @@ at once.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
-from gateway.admission import AdmissionQueue
+from gateway.admission import Admitted
 from gateway.attempt import Attempt
 from gateway.context import RequestContext
 from gateway.disaggregation import run_prefill
-from gateway.endpoint_picker import PickRequest, Ranking
+from gateway.endpoint_picker import Ranking
 from gateway.errors import (
-    BadRequest,
     Evicted,
-    ModelNotFound,
     NoEndpoint,
-    NotFound,
     Rejected,
-    SloShed,
     UpstreamError,
     UpstreamTimeout,
 )
-from gateway.explain import explain_mode, record_explanation
-from gateway.form_body import FormBody
+from gateway.explain import record_explanation
+from gateway.forward import Forward, parse
 from gateway.keys import ADMISSION, CANARIES, METRICS, RESPONSE_CACHE, RUNTIME, SHADOW, SLOS
 from gateway.limits.limiter import Reservation
-from gateway.metrics import GatewayMetrics
 from gateway.relay import body_response, read_upstream_body, relay_body, relay_stream
-from gateway.request_body import read_body
-from gateway.response_cache.cache import Keep
 from gateway.routing.selector import Selection, select
 from gateway.routing.shadow import Outcome, text_of
-from gateway.runtime import Runtime
 from gateway.spend import settled_cost
 from gateway.stored_responses import continuing, created
 from gateway.stream_resume import StreamResume, asks_token_ids, stream_resume
@@ -49,13 +42,12 @@ from gateway.tracing import decision_attributes, span
 from gateway.upstream import UpstreamCall, client_request_headers, open_upstream
 from gateway.upstream_payload import KV_TRANSFER, payload_for, pool_body
 from kvgate.wire.http.messages import AnyResponse, Request, Response, StreamResponse
-from kvgate.wire.messages_api import MESSAGES_PATH, chat_messages
+from kvgate.wire.messages_api import MESSAGES_PATH
 from kvgate.wire.model_name import model_restorer
-from kvgate.wire.openai_errors import MODEL_REQUIRED, unknown_model
-from kvgate.wire.responses_api import RESPONSES_PATH, id_in_body, input_messages
+from kvgate.wire.responses_api import RESPONSES_PATH, id_in_body
 from kvgate.wire.routing_headers import INFERENCE_OBJECTIVE
 from kvgate.wire.sse import MessagesRelay, ResponsesRelay, SSERelay
-from policies.schema import Policy, Pool, Route
+from policies.schema import Pool
 
 # the streams that report usage in a last chunk only when stream_options asks for it
 OPENAI_STREAMS = frozenset({"/v1/chat/completions", "/v1/completions"})
@@ -65,182 +57,114 @@ async def proxy(
     request: Request, ctx: RequestContext, path: str, streams: bool = True
 ) -> AnyResponse:
     """Proxy one OpenAI API request (``path``: the upstream path; ``streams``: whether the
-    endpoint can stream): read it, find its route and arm, answer from the response cache or
-    reserve its limits, send it to a pool (with its shadow copy), settle what it used."""
-    app = request.app
-    runtime = app[RUNTIME].current
-    policy = runtime.policy
-    listen = policy.listen
-    forms = path in policy.passthrough_paths
-    raw, body, form = read_body(request, listen.max_body_bytes, listen.max_json_depth, forms)
-    route = _route(policy, ctx, path, body)
-    if route.explain is not None:
-        ctx.explain = explain_mode(route.explain, request.headers, ctx)
-    stream = body.get("stream")
-    ctx.stream = (streams and stream is True) or (form is not None and stream == "true")
-    options = body.get("stream_options")
-    # a form's stream is passed on as it is: nothing is added to it, so nothing is stripped
-    client_wants_usage = form is not None or (
-        isinstance(options, dict) and options.get("include_usage") is True
-    )
-    selection = _arm(request, ctx, route, body)
-    keep = None
-    if route.cache is not None and form is None:
-        cache, headers = app[RESPONSE_CACHE], request.headers
-        hit, keep = await cache.look_up(ctx, route.cache, path, body, headers, selection.pool)
+    endpoint can stream), step by step: parse it and find its route, choose the route's arm,
+    answer from the response cache or reserve its limits, serve it from the arm's pool (or its
+    fallbacks; with its shadow copy), settle what it used."""
+    runtime = request.app[RUNTIME].current
+    forward = parse(request, runtime, ctx, path, streams)
+    selection = _arm(forward)
+    if forward.route.cache is not None and forward.form is None:
+        hit = await _cached(forward, selection.pool)
         if hit is not None:  # spends no limit, reaches no engine
             return hit
-    reservation = None
-    if runtime.limiter.active:
-        reservation = await _reserve(request, runtime, ctx, body, selection.pool)
-    routed = _routed_body(path, body)
-    pick = PickRequest(ctx.model, routed, request.headers, ctx.identity, ctx.request_id)
-    shadow = None
-    if route.shadow and form is None:  # a shadow copy is sent as JSON
-        shadow = app[SHADOW].start(
-            policy, runtime.picker, route, path, body, pick, runtime.upstream_tls
-        )
-    forward = Forward(
-        request, runtime, ctx, path, raw, body, pick, client_wants_usage, form, route.resume, keep
-    )
+    reservation = await _reserve(forward, selection.pool) if runtime.limiter.active else None
+    shadow = _shadow(forward)
     try:
-        if route.fallback:
-            response = await _serve_with_fallbacks(forward, route, selection.pool)
+        if forward.route.fallback:
+            response = await _serve_with_fallbacks(forward, selection.pool)
         else:
-            response = await _serve_pool(forward, policy.pools[selection.pool])
+            response = await _serve_pool(forward, runtime.policy.pools[selection.pool])
     finally:
-        _settle(request, runtime, ctx, reservation, selection.ab_arm)
+        _settle(forward, reservation, selection.ab_arm)
     if shadow is not None:
-        primary = Outcome(
-            ctx.status,
-            time.perf_counter() - ctx.start,
-            ctx.completion_tokens if ctx.usage_known else None,
-            text_of(response.body) if isinstance(response, Response) else None,
-        )
-        app[SHADOW].compare(route, shadow, primary)
+        _compare(forward, shadow, response)
     return response
 
 
-def _routed_body(path: str, body: dict[str, object]) -> dict[str, object]:
-    """The body the picker reads: a response's input and a message's system prompt and content
-    blocks as the chat messages they render to."""
-    if path == RESPONSES_PATH:
-        return {**body, "messages": input_messages(body)}
-    if path == MESSAGES_PATH:
-        return {**body, "messages": chat_messages(body)}
-    return body
-
-
-def _route(policy: Policy, ctx: RequestContext, path: str, body: dict[str, object]) -> Route:
-    """The route of the body's model, which the caller must be allowed and which must take
-    ``path``."""
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest(MODEL_REQUIRED, param="model")
-    ctx.model = model
-    route = policy.route_for(model)
-    if route is None or (ctx.identity is not None and not ctx.identity.may_use(model)):
-        raise ModelNotFound(unknown_model(model), param="model")
-    if path in policy.passthrough_paths and path not in route.paths:
-        raise NotFound(f"{path} is not enabled for the model `{model}` (its route's paths)")
-    return route
-
-
-def _arm(request: Request, ctx: RequestContext, route: Route, body: dict[str, object]) -> Selection:
+def _arm(forward: Forward) -> Selection:
     """The pool of the route that serves this request: its canary's or A/B test's arm."""
+    request, ctx, route = forward.request, forward.ctx, forward.route
     if route.auto_canary is None:
-        selection = select(route, body, request.headers, ctx.identity)
+        selection = select(route, forward.body, request.headers, ctx.identity)
     else:
         split = request.app[CANARIES].split(ctx.model)
-        selection = select(route, body, request.headers, ctx.identity, canary=split)
+        selection = select(route, forward.body, request.headers, ctx.identity, canary=split)
         ctx.canary_arm = selection.pool
     if selection.ab_arm:
         ctx.add_headers({"x-kvgate-ab-arm": selection.ab_arm})
     return selection
 
 
-async def _reserve(
-    request: Request, runtime: Runtime, ctx: RequestContext, body: dict[str, object], pool: str
-) -> Reservation | None:
+async def _cached(forward: Forward, pool: str) -> Response | None:
+    """The response cache's answer, or None (then ``forward.keep`` keeps this answer)."""
+    request, route = forward.request, forward.route
+    assert route.cache is not None
+    cache = request.app[RESPONSE_CACHE]
+    hit, forward.keep = await cache.look_up(
+        forward.ctx, route.cache, forward.path, forward.body, request.headers, pool
+    )
+    return hit
+
+
+async def _reserve(forward: Forward, pool: str) -> Reservation | None:
     """Take what the request may use from its rate limits and spend budgets."""
-    limiter = runtime.limiter
+    runtime, ctx = forward.runtime, forward.ctx
     context_length = runtime.policy.pools[pool].max_model_len
     with span(runtime.calls[pool].tracer, "limits"):
-        reservation = await limiter.reserve(
-            ctx.identity, ctx.model, request.path, body, context_length
+        reservation = await runtime.limiter.reserve(
+            ctx.identity, ctx.model, forward.request.path, forward.body, context_length
         )
     if reservation is not None:
         ctx.add_headers(reservation.headers)
     return reservation
 
 
-def _settle(
-    request: Request,
-    runtime: Runtime,
-    ctx: RequestContext,
-    reservation: Reservation | None,
-    ab_arm: str | None,
-) -> None:
+def _shadow(forward: Forward) -> asyncio.Task[Outcome | None] | None:
+    """The route's shadow copy of the request, sent now (as JSON: never a form)."""
+    route = forward.route
+    if not route.shadow or forward.form is not None:
+        return None
+    runtime = forward.runtime
+    return forward.request.app[SHADOW].start(
+        runtime.policy,
+        runtime.picker,
+        route,
+        forward.path,
+        forward.body,
+        forward.pick,
+        runtime.upstream_tls,
+    )
+
+
+def _compare(forward: Forward, shadow: asyncio.Task[Outcome | None], response: AnyResponse) -> None:
+    ctx = forward.ctx
+    primary = Outcome(
+        ctx.status,
+        time.perf_counter() - ctx.start,
+        ctx.completion_tokens if ctx.usage_known else None,
+        text_of(response.body) if isinstance(response, Response) else None,
+    )
+    forward.request.app[SHADOW].compare(forward.route, shadow, primary)
+
+
+def _settle(forward: Forward, reservation: Reservation | None, ab_arm: str | None) -> None:
     """Count what the request cost, settle its limits and budgets, record its A/B arm."""
+    runtime, ctx, metrics = forward.runtime, forward.ctx, forward.request.app[METRICS]
     prices = runtime.policy.spend.prices
     price = prices.get(ctx.model) if prices else None
-    cost = None if price is None else settled_cost(price, ctx, request.app[METRICS])
+    cost = None if price is None else settled_cost(price, ctx, metrics)
     if reservation is not None:
         used = ctx.prompt_tokens + ctx.completion_tokens if ctx.usage_known else None
         runtime.limiter.settle(reservation, used, cost)
     if ab_arm:
-        _record_ab(request.app[METRICS], ab_arm, ctx)
+        test, _, name = ab_arm.partition("=")
+        metrics.child(metrics.ab_requests, test, name, str(ctx.status or 0)).inc()
 
 
-class Forward:
-    """What sending one request upstream needs, whichever pool serves it (a plain slots class:
-    one is made per request)."""
-
-    __slots__ = (
-        "body",
-        "client_wants_usage",
-        "ctx",
-        "form",
-        "keep",
-        "path",
-        "pick",
-        "raw",
-        "request",
-        "resume",
-        "runtime",
-    )
-
-    def __init__(
-        self,
-        request: Request,
-        runtime: Runtime,
-        ctx: RequestContext,
-        path: str,
-        raw: bytes,
-        body: dict[str, object],
-        pick: PickRequest,
-        client_wants_usage: bool,
-        form: FormBody | None = None,
-        resume: bool = False,
-        keep: Keep | None = None,
-    ) -> None:
-        self.request = request
-        self.runtime = runtime
-        self.ctx = ctx
-        self.path = path  # the upstream path
-        self.raw = raw  # the client's body as sent
-        self.body = body  # ... parsed
-        self.pick = pick
-        self.client_wants_usage = client_wants_usage
-        self.form = form  # a multipart body: forwarded as sent, but for its model field
-        self.resume = resume  # the route lets a broken stream go on elsewhere
-        self.keep = keep  # where the answer is kept (the response cache missed)
-
-
-async def _serve_with_fallbacks(forward: Forward, route: Route, first_pool: str) -> AnyResponse:
+async def _serve_with_fallbacks(forward: Forward, first_pool: str) -> AnyResponse:
     """Serve from ``first_pool``; if it is saturated or none of its endpoints can answer before
     the first byte, from the pools of the route's fallback models, in order."""
-    runtime, ctx = forward.runtime, forward.ctx
+    runtime, ctx, route = forward.runtime, forward.ctx, forward.route
     policy, metrics = runtime.policy, forward.request.app[METRICS]
     admission = forward.request.app[ADMISSION]
     pools = [first_pool]
@@ -263,54 +187,111 @@ async def _serve_with_fallbacks(forward: Forward, route: Route, first_pool: str)
 
 
 async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
-    """Wait for capacity in ``pool`` (in the caller's priority class), send the request to one
-    of its endpoints (after its prefill hop, where the pool disaggregates) and relay the
-    answer: a stream event by event, a JSON body read whole, anything else as it comes."""
-    request, runtime, ctx = forward.request, forward.runtime, forward.ctx
-    admission = request.app[ADMISSION]
-    if not _admitted_at_once(forward, pool, admission):
-        await _queued(forward, pool, admission)
+    """Serve the request from ``pool``, step by step: classify it, shed it while its SLO budget
+    is spent, admit it (waiting for capacity in its class), rank the pool's endpoints,
+    prefill it first where the pool disaggregates, dispatch it, relay the answer."""
+    ctx = forward.ctx
+    admitted = _admitted(forward, pool)
+    if admitted is None:
+        admitted = await _queued(forward, pool)
+    ctx.queue_wait = admitted.waited
     try:
-        body, form = forward.body, forward.form
         call, headers, ranking = _ranked(forward, pool)
-        prefiller = ranking.prefill() if form is None else None
-        params = None
-        if prefiller is not None:  # a prefill/decode pool disaggregates this request
-            hop = (
-                body if not pool.model or pool.model == ctx.model else {**body, "model": pool.model}
-            )
-            params = await run_prefill(call, pool, forward.path, hop, headers, prefiller, ranking)
-        resumes = form is None and stream_resume(call, ctx, forward.path, body, forward.resume)
+        params = await _prefill(forward, pool, call, headers, ranking)
+        resumes = forward.form is None and stream_resume(
+            call, ctx, forward.path, forward.body, forward.route.resume
+        )
         payload = _upstream_payload(forward, pool, params, resumes)
-        responses = forward.path == RESPONSES_PATH
-        if responses and "previous_response_id" in body:
-            previous = body["previous_response_id"]
-            ranking = await continuing(request, ctx, pool.name, previous, ranking)
+        if forward.path == RESPONSES_PATH and "previous_response_id" in forward.body:
+            previous = forward.body["previous_response_id"]
+            ranking = await continuing(forward.request, ctx, pool.name, previous, ranking)
         attempt = await open_upstream(
             call, ctx, pool, forward.path, payload, headers, forward.pick, ranking
         )
-        ctx.endpoint = attempt.endpoint.address
-        upstream = attempt.response
-        assert upstream is not None  # an open attempt has its response head
-        idle = runtime.policy.timeouts.idle
         try:
-            if upstream.content_type == "text/event-stream":
-                return await _streamed(forward, pool, attempt, payload, headers, resumes)
-            data = upstream.read_now()  # a whole JSON body usually comes with the headers
-            if data is None:
-                if upstream.content_type != "application/json":  # nothing in it to read
-                    return await relay_body(request, ctx, attempt, upstream, idle)
-                data = await read_upstream_body(ctx, attempt, upstream, idle)
-            if responses and upstream.status == 200:
-                created(request, ctx, id_in_body(data))
-            response = body_response(ctx, upstream, data, model_restorer(pool.model, ctx.model))
-            if forward.keep is not None:
-                forward.keep.body(upstream.status, upstream.content_type, response.body)
-            return response
+            return await _relayed(forward, pool, attempt, payload, headers, resumes)
         finally:
             attempt.close(ctx.prompt_tokens if ctx.usage_known else None)
     finally:
-        admission.done(pool.name)
+        admitted.release()
+
+
+def _admitted(forward: Forward, pool: Pool) -> Admitted | None:
+    """Classify the request (its identity's class, or its objective's when lighter), shed it
+    while an SLO budget of its route is spent, and admit it if there is room and nobody
+    queued (the common case)."""
+    request, ctx = forward.request, forward.ctx
+    admission = request.app[ADMISSION]
+    ctx.pool = pool.name
+    objective = request.headers.get(INFERENCE_OBJECTIVE)
+    cls = admission.classify(
+        ctx.identity.priority_class if ctx.identity else None,
+        forward.runtime.policy.epp.class_of(objective) if objective else None,
+    )
+    ctx.priority_class = cls.name
+    slos = request.app[SLOS]
+    if slos.shedding:
+        slos.shed(ctx.model, cls.name)
+    return admission.try_enter(pool.name)
+
+
+async def _queued(forward: Forward, pool: Pool) -> Admitted:
+    """Wait in the admission queue for capacity in ``pool``."""
+    ctx = forward.ctx
+    admission = forward.request.app[ADMISSION]
+    tracer = forward.runtime.calls[pool.name].tracer
+    attributes: dict[str, str | int] | None = None
+    if tracer is not None:
+        attributes = {
+            "kvgate.admission.class": ctx.priority_class,
+            "kvgate.admission.queued_ahead": admission.depth(pool.name, ctx.priority_class),
+        }
+    try:
+        with span(tracer, "admission", attributes):
+            return await admission.enter(pool.name, ctx.priority_class, ctx.tenant)
+    except (Rejected, Evicted) as exc:
+        reason = "full" if isinstance(exc, Rejected) else "expired"
+        metrics = forward.request.app[METRICS]
+        metrics.child(metrics.queue_rejections, ctx.priority_class, reason).inc()
+        raise
+
+
+async def _prefill(
+    forward: Forward, pool: Pool, call: UpstreamCall, headers: bytes, ranking: Ranking
+) -> dict[str, object] | None:
+    """The KV-transfer parameters of the prompt's prefill hop, where the pool's picker chose
+    to disaggregate the request; None when the ranked endpoints serve it whole."""
+    prefiller = ranking.prefill() if forward.form is None else None
+    if prefiller is None:
+        return None
+    body, model = forward.body, forward.ctx.model
+    hop = body if not pool.model or pool.model == model else {**body, "model": pool.model}
+    return await run_prefill(call, pool, forward.path, hop, headers, prefiller, ranking)
+
+
+async def _relayed(
+    forward: Forward, pool: Pool, attempt: Attempt, payload: bytes, headers: bytes, resumes: bool
+) -> AnyResponse:
+    """The upstream's answer relayed: a stream event by event, a JSON body read whole,
+    anything else as it comes."""
+    request, ctx = forward.request, forward.ctx
+    ctx.endpoint = attempt.endpoint.address
+    upstream = attempt.response
+    assert upstream is not None  # an open attempt has its response head
+    if upstream.content_type == "text/event-stream":
+        return await _streamed(forward, pool, attempt, payload, headers, resumes)
+    idle = forward.runtime.policy.timeouts.idle
+    data = upstream.read_now()  # a whole JSON body usually comes with the headers
+    if data is None:
+        if upstream.content_type != "application/json":  # nothing in it to read
+            return await relay_body(request, ctx, attempt, upstream, idle)
+        data = await read_upstream_body(ctx, attempt, upstream, idle)
+    if forward.path == RESPONSES_PATH and upstream.status == 200:
+        created(request, ctx, id_in_body(data))
+    response = body_response(ctx, upstream, data, model_restorer(pool.model, ctx.model))
+    if forward.keep is not None:
+        forward.keep.body(upstream.status, upstream.content_type, response.body)
+    return response
 
 
 def _ranked(forward: Forward, pool: Pool) -> tuple[UpstreamCall, bytes, Ranking]:
@@ -355,51 +336,6 @@ async def _streamed(
     return streamed
 
 
-def _admitted_at_once(forward: Forward, pool: Pool, admission: AdmissionQueue) -> bool:
-    """Set the request's admission class (its identity's, or its objective's when lighter),
-    shed it when its SLO budget is spent, and admit it if there is room and nobody queued."""
-    request, runtime, ctx = forward.request, forward.runtime, forward.ctx
-    ctx.pool = pool.name
-    cls = admission.class_of(ctx.identity.priority_class if ctx.identity else None)
-    objective = request.headers.get(INFERENCE_OBJECTIVE)
-    if objective:  # an objective may put the request in a lighter class, never a heavier one
-        lighter = admission.classes.get(runtime.policy.epp.class_of(objective) or "")
-        if lighter is not None and lighter.weight <= cls.weight:
-            cls = lighter
-    ctx.priority_class = cls.name
-    shedding = request.app[SLOS].shedding
-    if shedding and ctx.priority_class in shedding.get(ctx.model, ()):
-        raise SloShed(
-            f"an SLO budget of `{ctx.model}` is spent; {ctx.priority_class} requests are shed "
-            "until it recovers",
-            headers={"retry-after": "30"},
-        )
-    if admission.try_admit(pool.name):  # the common case: room, nobody queued
-        ctx.queue_wait = 0.0
-        return True
-    return False
-
-
-async def _queued(forward: Forward, pool: Pool, admission: AdmissionQueue) -> None:
-    """Wait in the admission queue for capacity in ``pool``."""
-    ctx = forward.ctx
-    tracer = forward.runtime.calls[pool.name].tracer
-    attributes: dict[str, str | int] | None = None
-    if tracer is not None:
-        attributes = {
-            "kvgate.admission.class": ctx.priority_class,
-            "kvgate.admission.queued_ahead": admission.depth(pool.name, ctx.priority_class),
-        }
-    try:
-        with span(tracer, "admission", attributes):
-            ctx.queue_wait = await admission.admit(pool.name, ctx.priority_class, ctx.tenant)
-    except (Rejected, Evicted) as exc:
-        reason = "full" if isinstance(exc, Rejected) else "expired"
-        metrics = forward.request.app[METRICS]
-        metrics.child(metrics.queue_rejections, ctx.priority_class, reason).inc()
-        raise
-
-
 def _upstream_payload(
     forward: Forward, pool: Pool, params: dict[str, object] | None, resumes: bool
 ) -> bytes:
@@ -440,8 +376,3 @@ def _stream_relay(
         forward.client_wants_usage,
     )
     return resume.relay(), resume
-
-
-def _record_ab(metrics: GatewayMetrics, arm: str, ctx: RequestContext) -> None:
-    test, _, name = arm.partition("=")
-    metrics.child(metrics.ab_requests, test, name, str(ctx.status or 0)).inc()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from gateway.errors import SloShed
 from gateway.finished_requests import RequestTotals, TotalsKey
 from gateway.outcomes import counted, failed, succeeded
 from gateway.slo.event_window import EventWindow
@@ -110,6 +111,16 @@ class SloTracker:
             registry=registry,
             multiprocess_mode="all",
         )
+
+    def shed(self, model: str, priority_class: str) -> None:
+        """Refuse a request of ``priority_class`` to ``model`` while a budget of its route is
+        spent and the policy sheds that class (``SloShed``, 503 with a retry-after)."""
+        if priority_class in self.shedding.get(model, ()):
+            raise SloShed(
+                f"an SLO budget of `{model}` is spent; {priority_class} requests are shed "
+                "until it recovers",
+                headers={"retry-after": "30"},
+            )
 
     def update(self, policy: Policy) -> None:
         """Track the policy's objectives, keeping the windows of those that did not change."""

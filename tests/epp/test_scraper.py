@@ -13,6 +13,7 @@ from epp.datastore import Datastore
 from epp.framework import Endpoint, EndpointMetrics
 from epp.metrics_parser import VLLM, MetricNames, parse_metrics
 from epp.scraper import MetricsScraper
+from kvgate.in_flight import InFlight
 from loadtest.harness.processes import free_port
 from policies.loader import load_policy_text
 from tests.http_servers import serving
@@ -215,7 +216,7 @@ def test_accounted_for_means_the_pickers_own_doing_far_from_saturation(
         "pools: {p: {endpoints: [127.0.0.1:1]}}\nroutes: [{model: m, pool: p}]\n"
     )
     scraper = MetricsScraper(Datastore(policy))
-    endpoint = Endpoint("127.0.0.1:1", "p", metrics=metrics, in_flight=in_flight)
+    endpoint = Endpoint("127.0.0.1:1", "p", metrics=metrics, load=InFlight(in_flight))
     endpoint.dispatched = dispatched
     assert scraper.accounted(endpoint) is accounted
 

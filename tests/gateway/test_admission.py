@@ -23,10 +23,10 @@ async def serve(q: AdmissionQueue, waiters: list[tuple[str, str]]) -> list[tuple
     served: list[tuple[str, str]] = []
 
     async def one(cls: str, tenant: str) -> None:
-        await q.admit("p", cls, tenant)
+        admitted = await q.enter("p", cls, tenant)
         served.append((cls, tenant))
         await asyncio.sleep(0)
-        q.done("p")
+        admitted.release()
 
     tasks = [asyncio.create_task(one(c, t)) for c, t in waiters]
     await asyncio.gather(*tasks)
@@ -51,11 +51,11 @@ async def test_tenants_share_a_class_equally_even_if_one_sends_ten_times_more() 
 async def test_bounded_depth_and_wait() -> None:
     tight = {"standard": PriorityClass("standard", 1, max_queue=2, max_wait=0.1)}
     q = queue(classes=tight)
-    await q.admit("p", "standard", "t")  # takes the only slot
-    waiting = [asyncio.create_task(q.admit("p", "standard", "t")) for _ in range(2)]
+    await q.enter("p", "standard", "t")  # takes the only slot
+    waiting = [asyncio.create_task(q.enter("p", "standard", "t")) for _ in range(2)]
     await asyncio.sleep(0)
     with pytest.raises(QueueFull) as full:
-        await q.admit("p", "standard", "t")
+        await q.enter("p", "standard", "t")
     assert full.value.status == 429 and full.value.headers["retry-after"] == "1"
     for task in waiting:
         with pytest.raises(Expired) as expired:
@@ -66,17 +66,28 @@ async def test_bounded_depth_and_wait() -> None:
 
 async def test_a_client_that_leaves_leaves_the_queue() -> None:
     q = queue()
-    await q.admit("p", "standard", "t")
-    task = asyncio.create_task(q.admit("p", "standard", "t"))
+    first = await q.enter("p", "standard", "t")
+    task = asyncio.create_task(q.enter("p", "standard", "t"))
     await asyncio.sleep(0.01)
     assert q.depth("p", "standard") == 1
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert q.depth("p", "standard") == 0
-    q.done("p")
-    assert await asyncio.wait_for(q.admit("p", "standard", "t"), 0.5) == 0.0  # the slot is free
+    first.release()
+    first.release()  # a second release gives nothing back twice
+    again = await asyncio.wait_for(q.enter("p", "standard", "t"), 0.5)
+    assert again.waited == 0.0  # the slot is free
+    assert q.try_enter("p") is None  # ... and taken once only
 
 
 async def test_unknown_class_falls_back_to_standard() -> None:
     assert queue().class_of("gold").name == "standard"
+
+
+def test_an_objective_may_make_a_request_lighter_never_heavier() -> None:
+    q = queue()
+    assert q.classify("standard", "batch").name == "batch"
+    assert q.classify("standard", "interactive").name == "standard"
+    assert q.classify(None, None).name == "standard"
+    assert q.classify("interactive", "unknown").name == "interactive"

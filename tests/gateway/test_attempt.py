@@ -184,3 +184,22 @@ retries: {{attempts: 2, backoff: 1ms, max_backoff: 1ms}}
             if sample.name.endswith("_total")
         ]
         assert sum(decisions) == 1  # one scheduling cycle, though two endpoints were tried
+
+
+async def test_an_embedded_picker_reads_the_attempts_in_flight_count() -> None:
+    async with upstream(OK) as live:
+        policy = load_policy_text(f"""
+pools: {{p: {{endpoints: [{live}]}}}}
+routes: [{{model: m, pool: p}}]
+""")
+        parts = RuntimeParts(GatewayMetrics(), EppMetrics(), ConnectionPool(connect_timeout=1.0))
+        runtime = build_runtime(policy, parts)
+        assert isinstance(runtime.embedded, EmbeddedEpp)
+        picked = runtime.embedded.service.datastore.endpoints("p")[0]
+        state = runtime.endpoints["p"][0]
+        attempts = [await send(runtime), await send(runtime)]
+        assert picked.load is state.load  # one count per request, not one each
+        assert (state.in_flight, picked.in_flight) == (2, 2)
+        for attempt in attempts:
+            attempt.close()
+        assert (state.in_flight, picked.in_flight, picked.dispatched) == (0, 0, 0)
