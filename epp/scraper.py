@@ -50,6 +50,7 @@ import random
 import ssl
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from urllib.parse import quote
 
 from epp.datastore import Datastore
@@ -91,6 +92,21 @@ async def fetch_metrics(pool: ConnectionPool, address: str, path: str, idle: flo
     return body.decode("utf-8", errors="replace")
 
 
+class Poller:
+    """What the scraper keeps of one endpoint between its scrapes (a plain slots class)."""
+
+    __slots__ = ("accounted_in_a_row", "bell", "last", "path", "reads_at_scrape")
+
+    def __init__(self) -> None:
+        self.bell = Doorbell()  # rung by a pick sent there
+        self.path: str | None = None  # where it is scraped, once its first scrape has decided
+        self.reads_at_scrape = 0  # the scraper's metrics reads when it was last scraped
+        self.accounted_in_a_row = 0  # scrapes in a row that found it accounted for
+        # its last answer and what it parsed to: an idle endpoint answers the same text scrape
+        # after scrape, which then needs no parsing
+        self.last: tuple[str, EndpointMetrics] | None = None
+
+
 class MetricsScraper:
     """Scrapes every endpoint's /metrics into the datastore, with backoff for dead endpoints."""
 
@@ -110,26 +126,18 @@ class MetricsScraper:
         thresholds = saturation or Saturation()
         self._calm_kv_usage = thresholds.kv_usage / 2
         self._calm_dispatched = thresholds.queue_depth / 2
-        # by id(endpoint): scrapes in a row that found it accounted for
-        self._accounted_scrapes: dict[int, int] = {}
+        self._pollers: dict[int, Poller] = {}  # by id(endpoint)
         self.timeout = timeout  # connect, first byte, and each gap while reading
         self.errors = 0
         self.on_error: Callable[[Endpoint], None] | None = None
         self.on_scrape: Callable[[Endpoint], None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._pool: ConnectionPool | None = None
-        self._wake: dict[int, Doorbell] = {}  # by id(endpoint): rung by a pick
         self.scrapes = 0  # successful scrapes, all endpoints
         self.tls: dict[str, tuple[ssl.SSLContext, str]] = {}  # https:// endpoints, by address
-        # by id(endpoint): the path it is scraped at, once its first scrape has decided
-        self._paths: dict[int, str] = {}
         self.reads = 0  # metrics_read calls
         self.adopted_rests = 0  # rests after which a sibling's scrape stood for this one's
         self._read = Doorbell()
-        self._reads_at_scrape: dict[int, int] = {}  # by id(endpoint): reads when it was scraped
-        # by id(endpoint): its last answer and what it parsed to; an idle endpoint answers the
-        # same text scrape after scrape, which then needs no parsing
-        self._last: dict[int, tuple[str, EndpointMetrics]] = {}
         self.speeds = DecodeSpeeds()  # for the pools whose capacity is measured
 
     async def start(self) -> None:
@@ -139,14 +147,13 @@ class MetricsScraper:
             tls = self.tls.get(endpoint.address)
             if tls is not None:
                 self._pool.use_tls(self._scrape_address(endpoint), *tls)
-            self._wake[id(endpoint)] = Doorbell()
             self._tasks.append(asyncio.create_task(self._poll(endpoint)))
 
     def wake(self, endpoint: Endpoint) -> None:
         """A pick sent ``endpoint`` a request: poll it at the busy interval again."""
-        bell = self._wake.get(id(endpoint))
-        if bell is not None:
-            bell.ring()
+        poller = self._pollers.get(id(endpoint))
+        if poller is not None:
+            poller.bell.ring()
 
     def metrics_read(self) -> None:
         """Something has read the endpoints' metrics to decide (a pick, a holding admission
@@ -179,7 +186,7 @@ class MetricsScraper:
     def slow_rest(self, endpoint: Endpoint) -> float:
         """How long an accounted-for endpoint rests: the idle interval, doubled for each scrape
         in a row past the first that found it accounted for, up to the quiet interval."""
-        doublings = max(self._accounted_scrapes.get(id(endpoint), 0) - 1, 0)
+        doublings = max(self._poller(endpoint).accounted_in_a_row - 1, 0)
         return min(self.idle_interval * (1 << min(doublings, 30)), self.quiet_interval)
 
     async def stop(self) -> None:
@@ -194,13 +201,13 @@ class MetricsScraper:
     async def scrape_once(self, endpoint: Endpoint) -> bool:
         names = self.datastore.metric_names.get(endpoint.pool, VLLM)
         address = self._scrape_address(endpoint)
-        self._reads_at_scrape[id(endpoint)] = self.reads
+        poller = self._poller(endpoint)
+        poller.reads_at_scrape = self.reads
         try:
-            path = self._paths.get(id(endpoint))
-            if path is None:
-                text = await self._first_scrape(endpoint, address, names)
+            if poller.path is None:
+                text = await self._first_scrape(poller, address, names)
             else:
-                text = await self._get(address, path)
+                text = await self._get(address, poller.path)
         except (TimeoutError, UpstreamConnectionError, ScrapeError) as exc:
             self.errors += 1
             if self.on_error is not None:
@@ -208,40 +215,34 @@ class MetricsScraper:
             log.debug("scrape of %s failed: %s", address, exc)
             endpoint.metrics_grace = 0.0
             return False
-        self.adopt(endpoint, self._metrics_of(endpoint, text, names))
-        key = id(endpoint)
-        in_a_row = self._accounted_scrapes.get(key, 0) + 1
-        self._accounted_scrapes[key] = in_a_row if self.accounted(endpoint) else 0
+        self.adopt(endpoint, _metrics_of(poller, text, names))
+        accounted = self.accounted(endpoint)
+        poller.accounted_in_a_row = poller.accounted_in_a_row + 1 if accounted else 0
         self.scrapes += 1
         if self.on_scrape is not None:
             self.on_scrape(endpoint)
         return True
 
-    def _metrics_of(self, endpoint: Endpoint, text: str, names: MetricNames) -> EndpointMetrics:
-        """What ``text``, the endpoint's answer just now, says; the last answer's metrics as of
-        now if it is the same."""
-        last = self._last.get(id(endpoint))
-        if last is not None and last[0] == text:
-            last[1].scraped_at = time.monotonic()
-            return last[1]
-        metrics = parse_metrics(text, names)
-        self._last[id(endpoint)] = (text, metrics)
-        return metrics
+    def _poller(self, endpoint: Endpoint) -> Poller:
+        poller = self._pollers.get(id(endpoint))
+        if poller is None:
+            poller = self._pollers[id(endpoint)] = Poller()
+        return poller
 
-    async def _first_scrape(self, endpoint: Endpoint, address: str, names: MetricNames) -> str:
+    async def _first_scrape(self, poller: Poller, address: str, names: MetricNames) -> str:
         """Scrape filtered, unless the filtered answer lacks the series the whole text has;
         remember which for the endpoint's later scrapes."""
         path = filtered_path(names)
         try:
             text = await self._get(address, path)
             if names.running in text or names.waiting in text:
-                self._paths[id(endpoint)] = path
+                poller.path = path
                 return text
         except ScrapeError:
             pass  # a server that refuses the query may serve the whole text
         text = await self._get(address, WHOLE)
         whole = names.running in text or names.waiting in text
-        self._paths[id(endpoint)] = WHOLE if whole else path
+        poller.path = WHOLE if whole else path
         if whole:
             log.info("%s answers a filtered scrape without its series: scraping it whole", address)
         return text
@@ -254,14 +255,14 @@ class MetricsScraper:
     async def _rest(self, endpoint: Endpoint) -> None:
         """Wait until the next scrape of a healthy endpoint: the slow rest while it is
         accounted for, else the busy interval (longer while nothing reads its metrics)."""
-        bell = self._wake.get(id(endpoint))
-        if bell is None or self.idle_interval <= self.interval:
+        poller = self._poller(endpoint)
+        if self.idle_interval <= self.interval:
             endpoint.metrics_grace = 0.0
             await asyncio.sleep(self.interval)
         elif self.accounted(endpoint):
-            await self._rest_accounted(endpoint, bell)
+            await self._rest_accounted(endpoint, poller.bell)
         else:
-            await self._rest_busy(endpoint)
+            await self._rest_busy(endpoint, poller)
 
     async def _rest_accounted(self, endpoint: Endpoint, bell: Doorbell) -> None:
         """The slow rest; a pick sent there that leaves the endpoint no longer accounted for
@@ -277,10 +278,10 @@ class MetricsScraper:
                 await asyncio.sleep(self.interval)
                 return
 
-    async def _rest_busy(self, endpoint: Endpoint) -> None:
+    async def _rest_busy(self, endpoint: Endpoint, poller: Poller) -> None:
         endpoint.metrics_grace = 0.0
         await asyncio.sleep(self.interval)
-        if self.reads != self._reads_at_scrape.get(id(endpoint)):
+        if self.reads != poller.reads_at_scrape:
             return
         endpoint.metrics_grace = self.idle_interval
         await self._read.wait(self.idle_interval - self.interval)
@@ -302,3 +303,15 @@ class MetricsScraper:
             # jittered, so endpoints that died together are not all retried in one burst
             backoff = min(self.interval * 2 ** min(failures, 10), max(self.interval, 5.0))
             await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+
+
+def _metrics_of(poller: Poller, text: str, names: MetricNames) -> EndpointMetrics:
+    """What ``text``, the endpoint's answer just now, says: the last answer's metrics as of now
+    if it is the same (a new snapshot: one already handed out is never changed)."""
+    last = poller.last
+    if last is not None and last[0] == text:
+        metrics = replace(last[1], scraped_at=time.monotonic())
+    else:
+        metrics = parse_metrics(text, names)
+    poller.last = (text, metrics)
+    return metrics

@@ -338,9 +338,11 @@ async def test_an_answer_the_same_as_the_last_is_not_parsed_again_but_counts_as_
     await scraper.start()
     try:
         await asyncio.sleep(0.3)
-        scraped_at = endpoint.metrics.scraped_at
+        before = endpoint.metrics
+        scraped_at = before.scraped_at
         await asyncio.sleep(0.1)
         assert endpoint.metrics.scraped_at > scraped_at  # fresher, though nothing changed
+        assert before.scraped_at == scraped_at  # a snapshot handed out is never changed
         assert state["scrapes"] >= 10 and len(parsed) == 1  # an idle answer: parsed once
         state["running"] = 2
         await until_running(endpoint, 2)
