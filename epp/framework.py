@@ -8,7 +8,7 @@ endpoints by total score. Plugins never know their own weight.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
@@ -76,6 +76,11 @@ class Endpoint:
     # the policy's, or measured (``epp.measured_capacity``): the load scorers and saturation
     # read load / capacity
     capacity: float = 1.0
+    # the LoRA adapters the gateway loaded here, when it places a pool's adapters itself (its
+    # placement's live record: ``gateway.adapter_placement``), and how many fit (0: the
+    # gateway does not place them; the engine's metrics tell)
+    adapters_loaded: Collection[str] = ()
+    adapter_slots: int = 0
 
     @property
     def in_flight(self) -> int:

@@ -59,21 +59,32 @@ def placed(endpoint: Endpoint, now: float | None = None) -> float:
 
 
 def served_adapters(endpoint: Endpoint, now: float | None = None) -> set[str]:
-    """The adapters ``endpoint`` serves: those the picker sent it lately, and those its own
-    metrics report running."""
+    """The adapters ``endpoint`` serves: those the picker sent it lately, those its own
+    metrics report running, and those the gateway loaded there."""
     decay = _decay(endpoint, time.monotonic() if now is None else now)
     served = {a for a, n in endpoint.placed_adapters.items() if n * decay >= SERVED_REQUESTS}
-    return served | endpoint.metrics.running_loras
+    return served.union(endpoint.metrics.running_loras, endpoint.adapters_loaded)
 
 
 def adapter_fits(endpoint: Endpoint, adapter: str, now: float | None = None) -> bool:
     """Whether a new prefix of ``adapter`` fits ``endpoint`` without making it juggle more
-    adapters than it holds at once (its ``max_loras``; unknown: it fits)."""
+    adapters than it holds at once (its ``max_loras``; unknown: it fits). Where the gateway
+    loads adapters itself, what it loaded there and how many fit decide."""
+    if endpoint.adapter_slots:
+        loaded = endpoint.adapters_loaded
+        return adapter in loaded or len(loaded) < endpoint.adapter_slots
     limit = endpoint.metrics.max_loras
     if not limit:
         return True
     served = served_adapters(endpoint, now)
     return adapter in served or len(served) < limit
+
+
+def holding(endpoints: list[Endpoint], adapter: str) -> list[Endpoint]:
+    """Where the gateway loads adapters itself: the endpoints that have ``adapter`` loaded (or
+    loading). Its requests stay there (another load elsewhere costs a load and a slot), less
+    only what their load scores take away."""
+    return [e for e in endpoints if e.adapter_slots and adapter in e.adapters_loaded]
 
 
 def room_among(fit: list[Endpoint], pool: list[Endpoint], now: float | None = None) -> bool:

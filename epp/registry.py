@@ -13,6 +13,7 @@ from typing import Protocol
 
 from epp.filters.health import HealthFilter, ModelFilter
 from epp.filters.load_balance import LoadBalanceFilter
+from epp.filters.placed_adapter import PlacedAdapterFilter
 from epp.filters.role import RoleFilter
 from epp.filters.saturation import SaturationFilter
 from epp.framework import Filter, Picker, Scorer
@@ -119,6 +120,7 @@ BUILTINS: dict[str, PluginType] = {
     "max-score-picker": _plugin("picker", MaxScorePicker),
     "random-picker": _plugin("picker", RandomPicker),
     "saturation-filter": _shared("filter", SaturationFilter),
+    "placed-adapter-filter": _shared("filter", PlacedAdapterFilter),
     "health-filter": _plugin("filter", HealthFilter),
     "model-filter": _plugin("filter", ModelFilter),
     "decode-filter": PluginType(

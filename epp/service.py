@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from epp.config import build_plugins, build_profile
@@ -240,6 +240,15 @@ class EppService:
             if count is not None:
                 endpoint.load = count
         self.counts_in_flight = False
+
+    def share_loaded_adapters(
+        self, pool: str, loaded_on: Callable[[str], Collection[str]], slots: int
+    ) -> None:
+        """Read which LoRA adapters each endpoint of ``pool`` has loaded from ``loaded_on``
+        (by address), ``slots`` of them at most: a gateway that loads them itself knows."""
+        for endpoint in self.datastore.endpoints(pool):
+            endpoint.adapters_loaded = loaded_on(endpoint.address)
+            endpoint.adapter_slots = slots
 
     def dispatched(self, request: SchedulingRequest, endpoint: Endpoint) -> Dispatch:
         """``request`` is being sent to ``endpoint``: count it until the next scrape shows it

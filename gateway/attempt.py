@@ -13,6 +13,7 @@ another endpoint answered the same request, ``absolve`` when a second endpoint f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
 
 from gateway.endpoint_picker import EndpointState, Ranking
@@ -43,6 +44,7 @@ class Attempt:
         "_open",
         "_probe",
         "_ranking",
+        "_release",
         "_undecided",
         "broken",
         "endpoint",
@@ -59,10 +61,16 @@ class Attempt:
         self.broken = False
         self._open = True
         self._undecided = False
+        self._release: Callable[[], None] | None = None
         self._probe = not endpoint.breaker.closed
         endpoint.load.count += 1
         if self._probe:
             endpoint.breaker.on_dispatch()  # half-open: uses up a probe
+
+    def hold(self, release: Callable[[], None]) -> None:
+        """Call ``release`` when the attempt closes (what the try holds on the endpoint: its
+        LoRA adapter's slot)."""
+        self._release = release
 
     def answered(self, response: UpstreamResponse) -> AttemptOutcome:
         """The response head arrived: below 500 the breaker counts a success; a 5xx waits
@@ -119,6 +127,8 @@ class Attempt:
         if self._undecided:  # a 5xx nobody absolved counts
             self.blame()
         self.endpoint.load.count -= 1
+        if self._release is not None:
+            self._release()
         if self._ranking is not None:
             self._ranking.finished(self.endpoint, prompt_tokens)
         if self.response is not None:

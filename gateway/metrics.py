@@ -187,6 +187,13 @@ class GatewayMetrics:
             ["pool"],
             registry=r,
         )
+        self.adapter_changes = Counter(
+            "kvgate_adapter_changes",
+            "LoRA adapters the gateway placed on its pools' endpoints: loaded, unloaded (to make "
+            "room), failed (the engine refused the load), lost (the engine no longer had it).",
+            ["pool", "outcome"],
+            registry=r,
+        )
 
     def _declare_policy(self, r: CollectorRegistry) -> None:
         """What the policy decides: admission queues, A/B tests, shadows, fallbacks, reloads."""

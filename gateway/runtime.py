@@ -17,6 +17,7 @@ from opentelemetry import trace
 from epp.metrics import EppMetrics
 from epp.service import EppService
 from epp.upstream_tls import upstream_tls
+from gateway.adapter_placement import AdapterPlacement
 from gateway.auth import Authenticator
 from gateway.breaker import RetryBudget
 from gateway.embedded_epp import EmbeddedEpp
@@ -32,7 +33,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.remote_jwks import RemoteKeySets
 from gateway.upstream import UpstreamCall
 from kvgate.wire.http.connection_pool import ConnectionPool
-from policies.schema import Policy
+from policies.schema import Policy, Pool
 
 
 @dataclass(eq=False)
@@ -50,6 +51,8 @@ class Runtime:
     client_address: ClientAddress
     # how each https:// endpoint is dialled (by address): also told to the connection pool
     upstream_tls: dict[str, tuple[ssl.SSLContext, str]] = field(default_factory=dict)
+    # per pool whose adapters the gateway loads: where it loaded them
+    adapters: dict[str, AdapterPlacement] = field(default_factory=dict)
     loaded_at: float = field(default_factory=time.time)
 
 
@@ -120,6 +123,16 @@ def build_runtime(
             service = EppService(policy, parts.epp_metrics)
             embedded = EmbeddedEpp(policy, endpoints, service)
         picker = embedded
+    adapters = {
+        name: _adapter_placement(pool, parts, previous)
+        for name, pool in policy.pools.items()
+        if pool.adapter_paths
+    }
+    if embedded is not None:
+        for name, placement in adapters.items():
+            embedded.service.share_loaded_adapters(
+                name, placement.placed_on, placement.max_adapters
+            )
     tls = upstream_tls(policy)
     for address, (context, server_name) in tls.items():
         parts.upstreams.use_tls(address, context, server_name)
@@ -141,6 +154,7 @@ def build_runtime(
             parts.tracer,
             endpoints[name],
             budgets[name],
+            adapters.get(name),
         )
         for name in policy.pools
     }
@@ -155,7 +169,20 @@ def build_runtime(
         calls,
         ClientAddress(policy.listen.trusted_proxies, "https" if policy.listen.tls else "http"),
         tls,
+        adapters,
     )
+
+
+def _adapter_placement(
+    pool: Pool, parts: RuntimeParts, previous: Runtime | None
+) -> AdapterPlacement:
+    """The pool's adapter placement: the previous policy's while the pool did not change (what
+    it loaded where stays known)."""
+    if previous is not None and previous.policy.pools.get(pool.name) == pool:
+        kept = previous.adapters.get(pool.name)
+        if kept is not None:
+            return kept
+    return AdapterPlacement(pool, parts.upstreams, parts.metrics)
 
 
 def _identity(state: EndpointState) -> tuple[object, ...]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from opentelemetry import trace
 from opentelemetry.propagate import inject
 
+from gateway.adapter_placement import AdapterPlacement
 from gateway.attempt import CANCELLED, CONNECT_FAILED, SERVER_ERROR, TIMED_OUT, Attempt
 from gateway.breaker import RetryBudget
 from gateway.context import RequestContext
@@ -205,6 +206,7 @@ class UpstreamCall:
     tracer: trace.Tracer | None
     endpoints: list[EndpointState]  # the pool's endpoints (their breakers)
     budget: RetryBudget  # the pool's retry budget
+    adapters: AdapterPlacement | None = None  # where the gateway loads the pool's adapters
 
 
 async def open_upstream(
@@ -246,6 +248,11 @@ async def open_upstream(
         tried.add(endpoint.address)
         ctx.attempts = number + 1
         attempt = Attempt(endpoint, ranking)
+        if call.adapters is not None:
+            placed = await _place_adapter(call.adapters, attempt, pool, pick)
+            if placed is not None:
+                last = placed
+                continue
         try:
             if call.tracer is None:
                 response = await call.pool.request(
@@ -268,6 +275,8 @@ async def open_upstream(
                 held.absolve()
                 held.close()
             raise
+        if response.status == 404 and call.adapters is not None:  # the engine lost it?
+            call.adapters.forget(endpoint.address, pool.model or pick.model)
         if attempt.answered(response) is SERVER_ERROR:
             call.metrics.upstream_errors.labels(endpoint.address, f"http_{response.status}").inc()
             if held is not None:  # a second endpoint failed it too: the request is the cause
@@ -325,6 +334,29 @@ async def send_traced(
             payload,
             first_byte=call.timeouts.first_byte,
         )
+
+
+async def _place_adapter(
+    adapters: AdapterPlacement, attempt: Attempt, pool: Pool, pick: PickRequest
+) -> GatewayError | None:
+    """Have the request's LoRA adapter loaded where ``attempt`` goes, for as long as it is
+    open; the error when it cannot be (the attempt then failed)."""
+    adapter = adapters.adapter_of(pool.model or pick.model)
+    if adapter is None:
+        return None
+    endpoint = attempt.endpoint
+    try:
+        attempt.hold(await adapters.acquire(endpoint.address, adapter))
+    except RETRYABLE as exc:
+        attempt.fail(TIMED_OUT if isinstance(exc, asyncio.TimeoutError) else CONNECT_FAILED)
+        return as_gateway_error(exc, endpoint)
+    except GatewayError as exc:
+        attempt.fail(CANCELLED)  # the engine refused the adapter: no verdict on it
+        return exc
+    except BaseException:
+        attempt.fail(CANCELLED)
+        raise
+    return None
 
 
 def _backoff(retries: Retries, attempt: int) -> float:

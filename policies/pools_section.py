@@ -20,6 +20,7 @@ POOL_KEYS = {
     "endpoints",
     "api_key",
     "adapters",
+    "max_adapters",
     "kv_events",
     "pd",
     "max_concurrency",
@@ -48,7 +49,9 @@ def load_pools(top: Fields, base_dir: Path) -> dict[str, Pool]:
             model=f.opt_str("model"),
             engine=f.text("engine", "vllm", choices=ENGINES),
             api_key=f.opt_str("api_key"),
-            adapters=f.str_list("adapters") or (),
+            adapters=_adapter_names(f),
+            adapter_paths=_adapter_paths(f, path),
+            max_adapters=f.integer("max_adapters", 4, low=1, high=1024),
             kv_events_port=kv_events.opt_int("port", low=1, high=65535),
             kv_events_bind=bind,
             kv_events_replay_port=kv_events.opt_int("replay_port", low=0, high=65535),
@@ -62,6 +65,29 @@ def load_pools(top: Fields, base_dir: Path) -> dict[str, Pool]:
             token_ids=f.flag("token_ids", False) if f.has("token_ids") else None,
         )
     return pools
+
+
+def _adapter_names(f: Fields) -> tuple[str, ...]:
+    """The pool's LoRA adapters: a list of names, or the keys of a name -> path mapping."""
+    raw = f.raw("adapters")
+    if isinstance(raw, dict):
+        return tuple(str(name) for name in raw)
+    return f.str_list("adapters") or ()
+
+
+def _adapter_paths(f: Fields, path: str) -> dict[str, str]:
+    """``adapters: {name: path}``: the adapters the gateway loads itself, from these paths on
+    the engines' hosts."""
+    raw = f.raw("adapters")
+    if not isinstance(raw, dict):
+        return {}
+    paths = {}
+    for name, source in raw.items():
+        if not isinstance(source, str) or not source:
+            f.error(f"{path}.adapters.{name}", "must be the path the engines load it from")
+        else:
+            paths[str(name)] = source
+    return paths
 
 
 def _kv_events_bind(f: Fields, path: str, kv_events: Fields) -> str | None:

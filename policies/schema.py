@@ -145,6 +145,10 @@ class Pool:
     engine: str = "vllm"  # metric names the picker scrapes: vllm | sglang | kvgate
     api_key: str | None = None  # sent upstream as a bearer token (clients' keys never are)
     adapters: tuple[str, ...] = ()  # LoRA adapters served here; a request for one prefers residents
+    # adapters the gateway loads itself where their requests go (``gateway.adapter_placement``):
+    # name -> the path the engines load it from; at most ``max_adapters`` on an endpoint at once
+    adapter_paths: Mapping[str, str] = field(default_factory=dict)
+    max_adapters: int = 4
     kv_events_port: int | None = None  # the endpoints' KV-event port, for precise prefix routing
     kv_events_bind: str | None = None  # or a ZMQ address the EPP binds and the engines connect to
     # the engines' replay (ROUTER) port: None, the events port + 1 (kvgate backend's default; vLLM's
@@ -188,6 +192,7 @@ class ProfileSpec:
 
 
 DEFAULT_EPP_PLUGINS = (
+    PluginSpec("adapters", "placed-adapter-filter"),
     PluginSpec("backlog", "token-backlog-scorer"),
     PluginSpec("prefix", "prefix-cache-scorer"),
     PluginSpec("spread", "cold-spread-scorer"),
@@ -203,6 +208,8 @@ DEFAULT_EPP_PLUGINS = (
 # goes where the caches hold least and its LoRA adapter fits (spread x2); the picker's own
 # in-flight count breaks ties (active x1); a conversation's next turn goes where its last turn
 # went (session x2: its history is cached there even when the prefix index has let go of it).
+# Where the gateway loads a pool's LoRA adapters itself, a request for one keeps to the
+# unsaturated endpoints holding it (the adapters filter; a no-op otherwise).
 # Neither GIE's queue x2 and KV x2 beside prefix x3, nor a saturation filter, nor a filter on
 # in-flight counts (8 more than the least loaded and twice as many) is kept: under load each
 # diverted warm requests often enough that the misses added load and affinity collapsed
@@ -212,6 +219,7 @@ DEFAULT_EPP_PROFILES = (
     ProfileSpec(
         "default",
         (
+            ProfileRef("adapters"),
             ProfileRef("backlog", 2),
             ProfileRef("prefix", 3),
             ProfileRef("spread", 2),

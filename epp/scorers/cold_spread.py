@@ -41,7 +41,7 @@ from epp.framework import Endpoint, SchedulingRequest
 from epp.handle import PluginHandle
 from epp.indexes.prefix_index import PrefixIndex
 from epp.params import parse_params
-from epp.placement import adapter_fits, placed, room_among
+from epp.placement import adapter_fits, holding, placed, room_among
 from epp.scorers.queue import min_max_low_is_best
 
 # differences in cache fill below this share of a cache count in proportion, not in full
@@ -85,8 +85,9 @@ class ColdSpreadScorer:
                 return dict.fromkeys(addresses, 0.5)
         if request.lora is not None:
             lora = request.lora
-            fit = [e for e in endpoints if adapter_fits(e, lora)]
-            if fit and len(fit) < len(endpoints) and room_among(fit, endpoints):
+            held = holding(endpoints, lora)
+            fit = held or [e for e in endpoints if adapter_fits(e, lora)]
+            if fit and len(fit) < len(endpoints) and (held or room_among(fit, endpoints)):
                 scores = dict.fromkeys(addresses, 0.0)
                 scores.update({a: 0.5 + s / 2 for a, s in self._spread(index, fit).items()})
                 return scores

@@ -1,6 +1,8 @@
 """``lora-affinity-scorer`` (GIE's values): 1.0 if the request's adapter is running on the
-endpoint; 0.8 if a slot is free (running + waiting adapters < max_lora); 0.6 if the adapter is
-waiting there; 0 otherwise. Requests without an adapter score 1.0 everywhere."""
+endpoint (or the gateway loaded it there: ``Endpoint.adapters_loaded``); 0.8 if a slot is free
+(running + waiting adapters < max_lora; where the gateway places adapters, loaded ones < its
+``max_adapters``); 0.6 if the adapter is waiting there; 0 otherwise.
+Requests without an adapter score 1.0 everywhere."""
 
 from __future__ import annotations
 
@@ -41,8 +43,11 @@ class LoraAffinityScorer:
 
     def _one(self, lora: str, endpoint: Endpoint) -> float:
         m = endpoint.metrics
-        if lora in m.running_loras:
+        if lora in m.running_loras or lora in endpoint.adapters_loaded:
             return self.params.active
+        if endpoint.adapter_slots:  # the gateway loads them: a slot is free, or one must go
+            free = len(endpoint.adapters_loaded) < endpoint.adapter_slots
+            return self.params.free_slot if free else 0.0
         if len(m.running_loras | m.waiting_loras) < m.max_loras:
             return self.params.free_slot
         if lora in m.waiting_loras:

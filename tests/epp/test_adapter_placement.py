@@ -117,3 +117,47 @@ def test_room_among(fit_placed: tuple[int, ...], pool_placed: tuple[int, ...], r
     for endpoint, tokens in zip(pool, pool_placed, strict=True):
         add_placed(endpoint, tokens, now=0.0)
     assert room_among(pool[: len(fit_placed)], pool, now=0.0) is room
+
+
+def placed_by_gateway(address: str, loaded: set[str], slots: int = 2, queue: int = 0) -> Endpoint:
+    """An endpoint of a pool whose adapters the gateway loads, holding ``loaded``."""
+    endpoint = make_endpoint(address, queue=queue)
+    endpoint.adapters_loaded, endpoint.adapter_slots = loaded, slots
+    return endpoint
+
+
+def test_a_gateway_placed_adapter_stays_where_it_is_loaded_until_those_saturate() -> None:
+    from epp.filters.placed_adapter import PlacedAdapterFilter
+
+    keep = PlacedAdapterFilter("adapters", PluginHandle().saturation)
+    a, b = placed_by_gateway(A, {"x"}), placed_by_gateway(B, set())
+    assert keep.filter(make_request(lora="x"), [a, b]) == [a]
+    assert keep.filter(make_request(lora="y"), [a, b]) == [a, b]  # held nowhere: all stay
+    assert keep.filter(make_request(), [a, b]) == [a, b]  # no adapter
+    busy = placed_by_gateway(A, {"x"}, queue=50)  # saturated: the adapter may spread
+    assert keep.filter(make_request(lora="x"), [busy, b]) == [busy, b]
+    plain = make_endpoint(A)  # the gateway does not place this pool's adapters
+    plain.adapters_loaded = {"x"}
+    assert keep.filter(make_request(lora="x"), [plain, b]) == [plain, b]
+
+
+def test_a_gateway_placed_adapter_fits_where_loaded_or_where_a_slot_is_free() -> None:
+    full = placed_by_gateway(A, {"x", "y"})
+    roomy = placed_by_gateway(B, {"x"})
+    assert adapter_fits(full, "x") and not adapter_fits(full, "z")
+    assert adapter_fits(roomy, "z")
+    assert served_adapters(full) >= {"x", "y"}
+
+
+def test_lora_affinity_reads_what_the_gateway_loaded() -> None:
+    from epp.scorers.lora_affinity import LoraAffinityScorer
+    from epp.scorers.lora_affinity import Params as LoraParams
+
+    scorer = LoraAffinityScorer("lora", LoraParams())
+    holder, roomy, full = (
+        placed_by_gateway(A, {"x"}),
+        placed_by_gateway(B, {"y"}),
+        placed_by_gateway(C, {"y", "z"}),
+    )
+    scores = scorer.score(make_request(lora="x"), [holder, roomy, full])
+    assert scores == {A: 1.0, B: 0.8, C: 0.0}

@@ -254,3 +254,23 @@ def test_a_route_says_who_may_read_its_decisions() -> None:
     assert errors_of(POOLS + "routes:\n  - {model: m, pool: a, explain: {sample: 2}}\n") == [
         "routes[0].explain.sample (line 4): must be at most 1.0; got 2.0"
     ]
+
+
+def test_a_pool_names_the_adapters_the_gateway_loads_and_how_many_fit() -> None:
+    policy = load_policy_text(
+        "pools:\n  a: {endpoints: [127.0.0.1:8001], adapters: {sql: /m/sql, chat: /m/chat},"
+        " max_adapters: 2}\n" + ROUTES
+    )
+    pool = policy.pools["a"]
+    assert pool.adapters == ("sql", "chat") and pool.max_adapters == 2
+    assert pool.adapter_paths == {"sql": "/m/sql", "chat": "/m/chat"}
+    listed = load_policy_text(
+        "pools:\n  a: {endpoints: [127.0.0.1:8001], adapters: [sql]}\n" + ROUTES
+    )
+    assert listed.pools["a"].adapters == ("sql",) and not listed.pools["a"].adapter_paths
+    assert errors_of(
+        "pools:\n  a: {endpoints: [127.0.0.1:8001], adapters: {sql: 3}, max_adapters: 0}\n" + ROUTES
+    ) == [
+        "pools.a.adapters.sql (line 2): must be the path the engines load it from",
+        "pools.a.max_adapters (line 2): must be at least 1; got 0",
+    ]
