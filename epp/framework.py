@@ -42,6 +42,26 @@ class EndpointMetrics:
 
 
 @dataclass(eq=False, slots=True)
+class EndpointLoad:
+    """What the picker sent an endpoint and has not seen the end of, kept by ``EppService``
+    (its picks, their ends, its sibling workers' picks) and by the scrapes that show them."""
+
+    # requests sent here and not yet finished: the picker's own count, or the one of the gateway
+    # that embeds it (``EppService.share_in_flight``)
+    requests: InFlight = field(default_factory=InFlight)
+    # picks since the last scrape, not yet visible in the metrics and not over yet
+    dispatched: int = 0
+    # the picker's own token counts of what it sent here: prompt tokens not cached here whose
+    # first output token has not come back yet, and output tokens still owed (output limits)
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    placed_tokens: float = 0.0  # uncached prompt tokens sent here, decayed (``epp.placement``)
+    placed_at: float = 0.0  # when ``placed_tokens`` was last brought up to date
+    # requests of each LoRA adapter sent here, decayed alike (``epp.placement``)
+    placed_adapters: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(eq=False, slots=True)
 class Endpoint:
     """One model server the picker may choose."""
 
@@ -51,19 +71,7 @@ class Endpoint:
     labels: Mapping[str, str] = field(default_factory=dict)
     metrics: EndpointMetrics = field(default_factory=EndpointMetrics)
     metrics_port: int | None = None  # where /metrics is served, if not on ``address``
-    # picks since the last scrape, not yet visible in ``metrics`` and not over yet
-    dispatched: int = 0
-    # requests sent here and not yet finished: the picker's own count, or the gateway's that
-    # embeds it (``in_flight`` reads it)
-    load: InFlight = field(default_factory=InFlight)
-    # the picker's own token counts of what it sent here: prompt tokens not cached here whose
-    # first output token has not come back yet, and output tokens still owed (output limits)
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-    placed_tokens: float = 0.0  # uncached prompt tokens sent here, decayed (``epp.placement``)
-    placed_at: float = 0.0  # when ``placed_tokens`` was last brought up to date
-    # requests of each LoRA adapter sent here, decayed alike (``epp.placement``)
-    placed_adapters: dict[str, float] = field(default_factory=dict)
+    load: EndpointLoad = field(default_factory=EndpointLoad)  # what it was sent: ``EppService``
     kv_events_port: int | None = None  # where the engine publishes KV events (ZMQ PUB)
     kv_events_bind: str | None = None  # or: the address the EPP binds, engines connecting
     kv_events_replay_port: int | None = None  # the engine's replay socket (ZMQ ROUTER)
@@ -84,11 +92,11 @@ class Endpoint:
 
     @property
     def in_flight(self) -> int:
-        return self.load.count
+        return self.load.requests.count
 
     @in_flight.setter
     def in_flight(self, count: int) -> None:
-        self.load.count = count
+        self.load.requests.count = count
 
 
 @dataclass(frozen=True, slots=True)

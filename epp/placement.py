@@ -38,31 +38,31 @@ def add_placed(
     now = time.monotonic() if now is None else now
     decay = _decay(endpoint, now)
     weight = math.exp(-_RATE * age) if age > 0 else 1.0
-    endpoint.placed_tokens = endpoint.placed_tokens * decay + tokens * weight
-    if endpoint.placed_adapters or adapter is not None:
+    endpoint.load.placed_tokens = endpoint.load.placed_tokens * decay + tokens * weight
+    if endpoint.load.placed_adapters or adapter is not None:
         counts = {
             name: count * decay
-            for name, count in endpoint.placed_adapters.items()
+            for name, count in endpoint.load.placed_adapters.items()
             if count * decay >= SERVED_REQUESTS / 4
         }
         if adapter is not None:
             counts[adapter] = counts.get(adapter, 0.0) + weight
-        endpoint.placed_adapters = counts
-    endpoint.placed_at = now
+        endpoint.load.placed_adapters = counts
+    endpoint.load.placed_at = now
 
 
 def placed(endpoint: Endpoint, now: float | None = None) -> float:
     """The decayed sum of the uncached prompt tokens sent to ``endpoint``."""
-    if not endpoint.placed_tokens:
+    if not endpoint.load.placed_tokens:
         return 0.0
-    return endpoint.placed_tokens * _decay(endpoint, time.monotonic() if now is None else now)
+    return endpoint.load.placed_tokens * _decay(endpoint, time.monotonic() if now is None else now)
 
 
 def served_adapters(endpoint: Endpoint, now: float | None = None) -> set[str]:
     """The adapters ``endpoint`` serves: those the picker sent it lately, those its own
     metrics report running, and those the gateway loaded there."""
     decay = _decay(endpoint, time.monotonic() if now is None else now)
-    served = {a for a, n in endpoint.placed_adapters.items() if n * decay >= SERVED_REQUESTS}
+    served = {a for a, n in endpoint.load.placed_adapters.items() if n * decay >= SERVED_REQUESTS}
     return served.union(endpoint.metrics.running_loras, endpoint.adapters_loaded)
 
 
@@ -98,4 +98,4 @@ def room_among(fit: list[Endpoint], pool: list[Endpoint], now: float | None = No
 
 
 def _decay(endpoint: Endpoint, now: float) -> float:
-    return math.exp(-_RATE * max(0.0, now - endpoint.placed_at))
+    return math.exp(-_RATE * max(0.0, now - endpoint.load.placed_at))

@@ -37,7 +37,7 @@ class SaturationDetector:
             for e in endpoints
             if (m := e.metrics).scraped_at
             and m.scraped_at >= oldest - e.metrics_grace
-            and m.waiting + e.dispatched < depth * e.capacity
+            and m.waiting + e.load.dispatched < depth * e.capacity
             and m.kv_usage < kv
         ]
 

@@ -166,7 +166,7 @@ class MetricsScraper:
         worker's (which see this picker's requests as much as its own scrape would; its poller
         then skips its next scrape of that endpoint)."""
         endpoint.metrics = metrics
-        endpoint.dispatched = 0
+        endpoint.load.dispatched = 0
         if endpoint.pool in self.datastore.measured:
             self.speeds.observe(endpoint, self.datastore.endpoints(endpoint.pool))
 
@@ -180,7 +180,7 @@ class MetricsScraper:
             not m.waiting
             and m.running <= endpoint.in_flight
             and m.kv_usage < self._calm_kv_usage
-            and endpoint.dispatched < self._calm_dispatched
+            and endpoint.load.dispatched < self._calm_dispatched
         )
 
     def slow_rest(self, endpoint: Endpoint) -> float:

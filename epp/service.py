@@ -238,7 +238,7 @@ class EppService:
         for endpoint in self.datastore.all():
             count = counts.get((endpoint.pool, endpoint.address))
             if count is not None:
-                endpoint.load = count
+                endpoint.load.requests = count
         self.counts_in_flight = False
 
     def share_loaded_adapters(
@@ -253,14 +253,15 @@ class EppService:
     def dispatched(self, request: SchedulingRequest, endpoint: Endpoint) -> Dispatch:
         """``request`` is being sent to ``endpoint``: count it until the next scrape shows it
         (or it is over first), and let the prefix indexes and learning plugins record it."""
-        endpoint.dispatched += 1
+        load = endpoint.load
+        load.dispatched += 1
         if self.counts_in_flight:
             endpoint.in_flight += 1
         # before the indexes learn this pick: what the endpoint does not hold yet
         prefill = self.prefix.uncached_tokens(request, endpoint) if self.prefix else 0
         decode = requested_output_tokens(request.body) or DEFAULT_OUTPUT_TOKENS
-        endpoint.prefill_tokens += prefill
-        endpoint.decode_tokens += decode
+        load.prefill_tokens += prefill
+        load.decode_tokens += decode
         add_placed(endpoint, prefill, request.lora)
         self.scraper.wake(endpoint)
         for observer in self._observers:
@@ -290,7 +291,7 @@ class EppService:
     def prefilled(self, dispatch: Dispatch) -> None:
         """The endpoint sent the request's first token: its prompt is no longer waiting to be
         computed there. Idempotent."""
-        dispatch.endpoint.prefill_tokens -= dispatch.prefill_tokens
+        dispatch.endpoint.load.prefill_tokens -= dispatch.prefill_tokens
         dispatch.prefill_tokens = 0
 
     def finished(self, dispatch: Dispatch, prompt_tokens: int | None = None) -> None:
@@ -302,10 +303,10 @@ class EppService:
             endpoint = dispatch.endpoint
             if self.counts_in_flight:
                 endpoint.in_flight -= 1
-            if endpoint.metrics.scraped_at == dispatch.scraped_at and endpoint.dispatched > 0:
-                endpoint.dispatched -= 1  # over before a scrape showed it: not queued there
+            if endpoint.metrics.scraped_at == dispatch.scraped_at and endpoint.load.dispatched > 0:
+                endpoint.load.dispatched -= 1  # over before a scrape showed it: not queued there
             self.prefilled(dispatch)
-            endpoint.decode_tokens -= dispatch.decode_tokens
+            endpoint.load.decode_tokens -= dispatch.decode_tokens
             dispatch.decode_tokens = 0
             if prompt_tokens:
                 for index in self.handle.indexes.values():
@@ -332,8 +333,8 @@ class EppService:
         tokens = self.metrics.tokens_in_flight
         for endpoint in self.datastore.all():
             address = endpoint.address
-            tokens.labels(address, "prefill").set(endpoint.prefill_tokens)
-            tokens.labels(address, "decode").set(endpoint.decode_tokens)
+            tokens.labels(address, "prefill").set(endpoint.load.prefill_tokens)
+            tokens.labels(address, "decode").set(endpoint.load.decode_tokens)
             self.metrics.endpoint_capacity.labels(address).set(endpoint.capacity)
             if self.prefix is not None:
                 self.metrics.index_blocks.labels(address).set(self.prefix.blocks_of(address))

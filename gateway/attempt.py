@@ -63,7 +63,7 @@ class Attempt:
         self._undecided = False
         self._release: Callable[[], None] | None = None
         self._probe = not endpoint.breaker.closed
-        endpoint.load.count += 1
+        endpoint.requests.count += 1
         if self._probe:
             endpoint.breaker.on_dispatch()  # half-open: uses up a probe
 
@@ -126,7 +126,7 @@ class Attempt:
         self._open = False
         if self._undecided:  # a 5xx nobody absolved counts
             self.blame()
-        self.endpoint.load.count -= 1
+        self.endpoint.requests.count -= 1
         if self._release is not None:
             self._release()
         if self._ranking is not None:

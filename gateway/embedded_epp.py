@@ -24,7 +24,7 @@ class EmbeddedEpp:
         self.service = service or EppService(policy)
         self._states = {(s.pool, s.address): s for pool in states.values() for s in pool}
         # one in-flight count per request: the gateway's attempts keep it, the picker reads it
-        self.service.share_in_flight({key: state.load for key, state in self._states.items()})
+        self.service.share_in_flight({key: s.requests for key, s in self._states.items()})
 
     async def start(self) -> None:
         await self.service.start()

@@ -32,7 +32,7 @@ class EndpointState:
     breaker: CircuitBreaker
     # requests this process sent here and not yet finished, kept by the attempts (the picker
     # embedded in the gateway reads the same count)
-    load: InFlight = field(default_factory=InFlight)
+    requests: InFlight = field(default_factory=InFlight)
     url: str = field(init=False)
     address: str = field(init=False)  # the endpoint's host:port (read on every pick)
     capacity: float = field(init=False)
@@ -44,11 +44,11 @@ class EndpointState:
 
     @property
     def in_flight(self) -> int:
-        return self.load.count
+        return self.requests.count
 
     @in_flight.setter
     def in_flight(self, count: int) -> None:
-        self.load.count = count
+        self.requests.count = count
 
 
 class PickRequest:
@@ -172,7 +172,7 @@ class LeastInFlightRanking:
             if exclude and endpoint.address in exclude:
                 continue
             capacity = endpoint.capacity
-            load = endpoint.load.count / capacity
+            load = endpoint.requests.count / capacity
             if best is None or load < least:
                 best, least, ties = endpoint, load, capacity
             elif load == least:  # weighted reservoir sampling: each tied one by its capacity

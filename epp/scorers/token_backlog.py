@@ -52,14 +52,15 @@ class TokenBacklogScorer:
     def score(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> dict[str, float]:
         index = self._handle.primary_index
         weight = self.params.decode_weight
-        load: dict[str, float] = {}
+        backlog: dict[str, float] = {}
         prompt = 1
         for e in endpoints:
             own = index.uncached_tokens(request, e) if index is not None else 0
             prompt = max(prompt, own)
-            load[e.address] = (e.prefill_tokens + weight * e.decode_tokens + own) / e.capacity
+            sent = e.load.prefill_tokens + weight * e.load.decode_tokens
+            backlog[e.address] = (sent + own) / e.capacity
         if index is not None:
             prompt = max(prompt, index.prompt_tokens(request))
-        low, high = min(load.values(), default=0.0), max(load.values(), default=0.0)
+        low, high = min(backlog.values(), default=0.0), max(backlog.values(), default=0.0)
         span = max(high - low, prompt)
-        return {address: (high - value) / span for address, value in load.items()}
+        return {address: (high - value) / span for address, value in backlog.items()}

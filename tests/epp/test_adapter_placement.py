@@ -37,7 +37,7 @@ def test_an_adapter_is_served_for_a_while_after_its_last_request() -> None:
     assert served_adapters(endpoint, 10.0 + HALF_LIFE * 0.9) == {"x"}
     assert served_adapters(endpoint, 10.0 + HALF_LIFE * 1.1) == set()
     add_placed(endpoint, 100, "y", now=10.0 + 5 * HALF_LIFE)  # x is dropped, not kept decaying
-    assert endpoint.placed_adapters == {"y": 1.0}
+    assert endpoint.load.placed_adapters == {"y": 1.0}
 
 
 def test_adapters_the_endpoint_reports_running_count_as_served() -> None:

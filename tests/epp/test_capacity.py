@@ -44,8 +44,10 @@ def pair(**loads: tuple[int, int]) -> tuple[Endpoint, Endpoint]:
         for endpoint, value in ((big, on_big), (small, on_small)):
             if name in ("waiting", "running"):
                 setattr(endpoint.metrics, name, value)
+            elif name == "in_flight":
+                endpoint.in_flight = value
             else:
-                setattr(endpoint, name, value)
+                setattr(endpoint.load, name, value)
     return big, small
 
 
@@ -84,7 +86,7 @@ def test_the_token_backlog_is_a_time_to_get_through_it() -> None:
     big, small = pair(prefill_tokens=(3000, 1000))
     scores = scorer.score(make_request("x"), [big, small])
     assert scores[BIG] == scores[SMALL]  # three times the tokens, three times as fast
-    big.prefill_tokens = 4500
+    big.load.prefill_tokens = 4500
     scores = scorer.score(make_request("x"), [big, small])
     assert scores[BIG] < scores[SMALL]
 

@@ -49,7 +49,10 @@ async def test_tokens_in_flight_follow_the_streamed_response() -> None:
     def count() -> None:
         endpoints = service.datastore.endpoints("p")
         counts.append(
-            (sum(e.prefill_tokens for e in endpoints), sum(e.decode_tokens for e in endpoints))
+            (
+                sum(e.load.prefill_tokens for e in endpoints),
+                sum(e.load.decode_tokens for e in endpoints),
+            )
         )
 
     first = b'data: {"choices":[{"index":0,"text":"a"}]}\n\n'

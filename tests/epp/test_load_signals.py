@@ -59,18 +59,18 @@ def test_requests_over_before_a_scrape_leave_the_saturation_queue() -> None:
     now = 100.1
     for _ in range(20):  # more than the saturation queue (5), one after another
         service.finished(service.dispatched(make_request("hi"), a))
-    assert a.dispatched == 0
+    assert a.load.dispatched == 0
     assert service.saturation.unsaturated([a], now) == [a]
 
     burst = [service.dispatched(make_request("hi"), a) for _ in range(5)]
     assert service.saturation.unsaturated([a], now) == []  # five open at once: a queue
-    a.metrics.scraped_at, a.dispatched = 100.2, 0  # a scrape shows them (as the scraper does)
+    a.metrics.scraped_at, a.load.dispatched = 100.2, 0  # a scrape shows them (as the scraper does)
     service.finished(burst[0])  # sent before that scrape: nothing to take off
     service.refused(burst[1])
-    assert (a.dispatched, a.in_flight) == (0, 3)
+    assert (a.load.dispatched, a.in_flight) == (0, 3)
     late = service.dispatched(make_request("hi"), a)
     service.refused(late)  # never reached it: taken off the queue too
-    assert a.dispatched == 0
+    assert a.load.dispatched == 0
 
 
 def test_active_request_scorer_prefers_the_least_in_flight() -> None:

@@ -19,7 +19,7 @@ def in_flight(service: EppService) -> int:
 
 
 def decode_tokens(service: EppService) -> int:
-    return sum(e.decode_tokens for e in service.datastore.endpoints("p"))
+    return sum(e.load.decode_tokens for e in service.datastore.endpoints("p"))
 
 
 async def pick(api: PickApi, text: str, request_id: str = "") -> epp_pb2.PickResponse:
@@ -45,7 +45,7 @@ async def test_a_pick_is_in_flight_until_the_caller_reports_it_finished() -> Non
     assert await finished(api, second.request_id, refused=True)
     assert in_flight(service) == 0 and decode_tokens(service) == 0
     # over (one refused) before any scrape: neither counts toward the saturation queue
-    assert sum(e.dispatched for e in service.datastore.endpoints("p")) == 0
+    assert sum(e.load.dispatched for e in service.datastore.endpoints("p")) == 0
     assert not await finished(api, "r-1")  # once only
 
 

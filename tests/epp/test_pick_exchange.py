@@ -172,9 +172,9 @@ async def test_a_sibling_pick_counts_in_the_receivers_placement_and_index(
         await _soon(lambda: exchange.received)
         there, other = receiver.datastore.all()
         assert there.address == sent_to.address
-        assert there.placed_adapters == pytest.approx({"sql": 1.0}, rel=1e-3)
+        assert there.load.placed_adapters == pytest.approx({"sql": 1.0}, rel=1e-3)
         assert placed(there) == pytest.approx(placed(sent_to), rel=1e-3) and placed(there) > 0
-        assert placed(other) == 0 and other.placed_adapters == {}
+        assert placed(other) == 0 and other.load.placed_adapters == {}
         assert receiver.prefix is not None
         same = receiver.scheduling_request("p", "r2", "sql", body, {})
         keys = receiver.prefix.keys(same)

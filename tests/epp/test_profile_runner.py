@@ -75,7 +75,7 @@ def test_saturation_filter_keeps_all_when_all_saturated() -> None:
     assert f.filter(make_request(), [busy, idle, stale]) == [idle]
     assert f.filter(make_request(), [busy, stale]) == [busy, stale]
     burst = make_endpoint(A, queue=1)
-    burst.dispatched = 2  # sent since the last scrape
+    burst.load.dispatched = 2  # sent since the last scrape
     assert f.filter(make_request(), [burst, idle]) == [idle]
 
 

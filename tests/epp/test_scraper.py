@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from epp.datastore import Datastore
-from epp.framework import Endpoint, EndpointMetrics
+from epp.framework import Endpoint, EndpointLoad, EndpointMetrics
 from epp.metrics_parser import VLLM, MetricNames, parse_metrics
 from epp.scraper import MetricsScraper
 from kvgate.in_flight import InFlight
@@ -110,7 +110,7 @@ async def test_idle_endpoints_are_scraped_slowly_and_a_pick_wakes_them(
         assert detector.unsaturated([endpoint], endpoint.metrics.scraped_at + 0.7) == []
 
         state["running"] = 2  # another router's traffic: seen at the next idle scrape at worst
-        endpoint.in_flight, endpoint.dispatched = 1, 1  # what EppService.dispatched does
+        endpoint.in_flight, endpoint.load.dispatched = 1, 1  # what EppService.dispatched does
         woken_at = asyncio.get_running_loop().time()
         scraper.wake(endpoint)
         await until_running(endpoint, 2)
@@ -178,16 +178,16 @@ async def test_a_pick_leaves_a_quiet_endpoint_resting_but_a_burst_is_seen_at_onc
                 break
             await asyncio.sleep(0.005)
         state["running"] = 1
-        endpoint.in_flight, endpoint.dispatched = 1, 1  # one pick: the picker counts it
+        endpoint.in_flight, endpoint.load.dispatched = 1, 1  # one pick: the picker counts it
         scraper.wake(endpoint)
         await asyncio.sleep(0.3)
         assert state["scrapes"] == 1 and endpoint.metrics.running == 0  # not scraped for it
         assert scraper.slow_rest(endpoint) == 0.8
 
         await until_running(endpoint, 1)  # at the end of the rest
-        assert endpoint.dispatched == 0  # the saturation check's queue counts it no longer
+        assert endpoint.load.dispatched == 0  # the saturation check's queue counts it no longer
         state["running"] = 4  # a burst: half the saturation queue open since the last scrape
-        endpoint.in_flight, endpoint.dispatched = 4, 3
+        endpoint.in_flight, endpoint.load.dispatched = 4, 3
         woken_at = loop.time()
         scraper.wake(endpoint)
         await until_running(endpoint, 4)
@@ -216,8 +216,8 @@ def test_accounted_for_means_the_pickers_own_doing_far_from_saturation(
         "pools: {p: {endpoints: [127.0.0.1:1]}}\nroutes: [{model: m, pool: p}]\n"
     )
     scraper = MetricsScraper(Datastore(policy))
-    endpoint = Endpoint("127.0.0.1:1", "p", metrics=metrics, load=InFlight(in_flight))
-    endpoint.dispatched = dispatched
+    endpoint = Endpoint("127.0.0.1:1", "p", metrics=metrics, load=EndpointLoad(InFlight(in_flight)))
+    endpoint.load.dispatched = dispatched
     assert scraper.accounted(endpoint) is accounted
 
 

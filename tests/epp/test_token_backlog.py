@@ -26,17 +26,17 @@ def test_a_dispatch_counts_its_uncached_prompt_until_the_first_token_and_its_out
     a = service.datastore.endpoints("p")[0]
     first = service.scheduling_request("p", "1", "m", {"prompt": PROMPT, "max_tokens": 32}, {})
     one = service.dispatched(first, a)
-    assert (a.prefill_tokens, a.decode_tokens) == (2_000, 32)
+    assert (a.load.prefill_tokens, a.load.decode_tokens) == (2_000, 32)
     again = service.scheduling_request("p", "2", "m", {"prompt": PROMPT + "q" * 50}, {})
     two = service.dispatched(again, a)  # the prompt is held there now: only its tail counts
-    assert a.prefill_tokens - 2_000 < 120
-    assert a.decode_tokens == 32 + DEFAULT_OUTPUT_TOKENS
+    assert a.load.prefill_tokens - 2_000 < 120
+    assert a.load.decode_tokens == 32 + DEFAULT_OUTPUT_TOKENS
     service.prefilled(one)
     service.prefilled(one)  # idempotent
-    assert a.prefill_tokens == two.prefill_tokens
+    assert a.load.prefill_tokens == two.prefill_tokens
     service.finished(one)
     service.finished(two)
-    assert (a.prefill_tokens, a.decode_tokens) == (0, 0)
+    assert (a.load.prefill_tokens, a.load.decode_tokens) == (0, 0)
 
 
 def test_a_request_stays_with_its_cache_until_the_backlog_there_outweighs_a_miss() -> None:
@@ -46,7 +46,7 @@ def test_a_request_stays_with_its_cache_until_the_backlog_there_outweighs_a_miss
     service.finished(service.dispatched(warm, a))  # A holds the prompt, nothing in flight
     ask = {"prompt": PROMPT + " and a question", "max_tokens": 16}
     assert service.pick("p", service.scheduling_request("p", "1", "m", ask, {})).result.target is a
-    a.prefill_tokens = 1_500  # less than the 2,000 a miss on B would compute
+    a.load.prefill_tokens = 1_500  # less than the 2,000 a miss on B would compute
     assert service.pick("p", service.scheduling_request("p", "2", "m", ask, {})).result.target is a
-    a.prefill_tokens = 2_500  # more: B computes the whole prompt sooner than A gets to it
+    a.load.prefill_tokens = 2_500  # more: B computes the whole prompt sooner than A gets to it
     assert service.pick("p", service.scheduling_request("p", "3", "m", ask, {})).result.target is b

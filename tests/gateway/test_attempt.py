@@ -175,7 +175,7 @@ retries: {{attempts: 2, backoff: 1ms, max_backoff: 1ms}}
         attempt.close()
         assert index.blocks_of(dead) == before  # it ranked first, but took nothing
         dead_state = service.datastore.endpoints("p")[0]
-        assert dead_state.dispatched == 0  # the refused dispatch was taken back
+        assert dead_state.load.dispatched == 0  # the refused dispatch was taken back
         assert index.blocks_of(live) > 0
         decisions = [
             sample.value
@@ -198,8 +198,8 @@ routes: [{{model: m, pool: p}}]
         picked = runtime.embedded.service.datastore.endpoints("p")[0]
         state = runtime.endpoints["p"][0]
         attempts = [await send(runtime), await send(runtime)]
-        assert picked.load is state.load  # one count per request, not one each
+        assert picked.load.requests is state.requests  # one count per request, not one each
         assert (state.in_flight, picked.in_flight) == (2, 2)
         for attempt in attempts:
             attempt.close()
-        assert (state.in_flight, picked.in_flight, picked.dispatched) == (0, 0, 0)
+        assert (state.in_flight, picked.in_flight, picked.load.dispatched) == (0, 0, 0)
