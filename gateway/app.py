@@ -63,15 +63,15 @@ def create_app(
     upstreams = app[UPSTREAMS] = ConnectionPool(connect_timeout=policy.timeouts.connect)
     parts = RuntimeParts(metrics, epp_metrics, upstreams, tracer)
     runtime = build_runtime(policy, parts, picker=picker)
-    holder = app[RUNTIME] = RuntimeHolder(runtime)
+    admission = app[ADMISSION] = AdmissionQueue(dict(policy.classes), capacity_gate(runtime))
+    slos = app[SLOS] = SloTracker(metrics.registry)
+    holder = app[RUNTIME] = RuntimeHolder(runtime, parts, admission, slos)
     metrics.in_flight_source = lambda: {
         pool: sum(endpoint.in_flight for endpoint in endpoints)
         for pool, endpoints in holder.current.endpoints.items()
     }
-    app[ADMISSION] = AdmissionQueue(dict(policy.classes), capacity_gate(runtime))
-    metrics.registry.register(QueueCollector(app[ADMISSION]))
+    metrics.registry.register(QueueCollector(admission))
     metrics.registry.register(LimiterCollector(lambda: holder.current.limiter))
-    slos = app[SLOS] = SloTracker(metrics.registry)
     slos.update(policy)
     metrics.finished_sink = slos.record
     canaries = app[CANARIES] = Canaries(metrics.registry)

@@ -11,7 +11,7 @@ from gateway.explain import explain_mode
 from gateway.form_body import FormBody
 from gateway.request_body import read_body
 from gateway.response_cache.cache import Keep
-from gateway.runtime import Runtime
+from gateway.runtime import RuntimeHolder
 from kvgate.wire.http.messages import Request
 from kvgate.wire.messages_api import MESSAGES_PATH, chat_messages
 from kvgate.wire.openai_errors import MODEL_REQUIRED, unknown_model
@@ -28,6 +28,7 @@ class Forward:
         "client_wants_usage",
         "ctx",
         "form",
+        "holder",
         "keep",
         "path",
         "pick",
@@ -40,7 +41,7 @@ class Forward:
     def __init__(
         self,
         request: Request,
-        runtime: Runtime,
+        holder: RuntimeHolder,
         ctx: RequestContext,
         path: str,
         raw: bytes,
@@ -50,7 +51,8 @@ class Forward:
         form: FormBody | None = None,
     ) -> None:
         self.request = request
-        self.runtime = runtime
+        self.holder = holder  # the app's parts of the request path
+        self.runtime = holder.current  # the policy's
         self.ctx = ctx
         self.path = path  # the upstream path
         self.raw = raw  # the client's body as sent (decoded)
@@ -65,12 +67,12 @@ class Forward:
 
 
 def parse(
-    request: Request, runtime: Runtime, ctx: RequestContext, path: str, streams: bool
+    request: Request, holder: RuntimeHolder, ctx: RequestContext, path: str, streams: bool
 ) -> Forward:
     """Read the body (bounded in size and depth), find the route of its model (which the
     caller must be allowed and which must take ``path``), and whether the answer streams
     (``streams``: whether the endpoint can) and reports usage to the client."""
-    policy = runtime.policy
+    policy = holder.current.policy
     listen = policy.listen
     forms = path in policy.passthrough_paths
     raw, body, form = read_body(request, listen.max_body_bytes, listen.max_json_depth, forms)
@@ -84,7 +86,7 @@ def parse(
     client_wants_usage = form is not None or (
         isinstance(options, dict) and options.get("include_usage") is True
     )
-    return Forward(request, runtime, ctx, path, raw, body, route, client_wants_usage, form)
+    return Forward(request, holder, ctx, path, raw, body, route, client_wants_usage, form)
 
 
 def _route(policy: Policy, ctx: RequestContext, path: str, body: dict[str, object]) -> Route:

@@ -30,7 +30,7 @@ from gateway.errors import (
 )
 from gateway.explain import record_explanation
 from gateway.forward import Forward, parse
-from gateway.keys import ADMISSION, CANARIES, METRICS, RESPONSE_CACHE, RUNTIME, SHADOW, SLOS
+from gateway.keys import CANARIES, RESPONSE_CACHE, RUNTIME, SHADOW
 from gateway.limits.limiter import Reservation
 from gateway.relay import body_response, read_upstream_body, relay_body, relay_stream
 from gateway.routing.selector import Selection, select
@@ -60,8 +60,8 @@ async def proxy(
     endpoint can stream), step by step: parse it and find its route, choose the route's arm,
     answer from the response cache or reserve its limits, serve it from the arm's pool (or its
     fallbacks; with its shadow copy), settle what it used."""
-    runtime = request.app[RUNTIME].current
-    forward = parse(request, runtime, ctx, path, streams)
+    forward = parse(request, request.app[RUNTIME], ctx, path, streams)
+    runtime = forward.runtime
     selection = _arm(forward)
     if forward.route.cache is not None and forward.form is None:
         hit = await _cached(forward, selection.pool)
@@ -149,7 +149,7 @@ def _compare(forward: Forward, shadow: asyncio.Task[Outcome | None], response: A
 
 def _settle(forward: Forward, reservation: Reservation | None, ab_arm: str | None) -> None:
     """Count what the request cost, settle its limits and budgets, record its A/B arm."""
-    runtime, ctx, metrics = forward.runtime, forward.ctx, forward.request.app[METRICS]
+    runtime, ctx, metrics = forward.runtime, forward.ctx, forward.holder.parts.metrics
     prices = runtime.policy.spend.prices
     price = prices.get(ctx.model) if prices else None
     cost = None if price is None else settled_cost(price, ctx, metrics)
@@ -165,8 +165,8 @@ async def _serve_with_fallbacks(forward: Forward, first_pool: str) -> AnyRespons
     """Serve from ``first_pool``; if it is saturated or none of its endpoints can answer before
     the first byte, from the pools of the route's fallback models, in order."""
     runtime, ctx, route = forward.runtime, forward.ctx, forward.route
-    policy, metrics = runtime.policy, forward.request.app[METRICS]
-    admission = forward.request.app[ADMISSION]
+    policy, metrics = runtime.policy, forward.holder.parts.metrics
+    admission = forward.holder.admission
     pools = [first_pool]
     for name in route.fallback:
         fallback = policy.route_for(name)
@@ -220,8 +220,8 @@ def _admitted(forward: Forward, pool: Pool) -> Admitted | None:
     """Classify the request (its identity's class, or its objective's when lighter), shed it
     while an SLO budget of its route is spent, and admit it if there is room and nobody
     queued (the common case)."""
-    request, ctx = forward.request, forward.ctx
-    admission = request.app[ADMISSION]
+    request, ctx, holder = forward.request, forward.ctx, forward.holder
+    admission = holder.admission
     ctx.pool = pool.name
     objective = request.headers.get(INFERENCE_OBJECTIVE)
     cls = admission.classify(
@@ -229,7 +229,7 @@ def _admitted(forward: Forward, pool: Pool) -> Admitted | None:
         forward.runtime.policy.epp.class_of(objective) if objective else None,
     )
     ctx.priority_class = cls.name
-    slos = request.app[SLOS]
+    slos = holder.slos
     if slos.shedding:
         slos.shed(ctx.model, cls.name)
     return admission.try_enter(pool.name)
@@ -238,7 +238,7 @@ def _admitted(forward: Forward, pool: Pool) -> Admitted | None:
 async def _queued(forward: Forward, pool: Pool) -> Admitted:
     """Wait in the admission queue for capacity in ``pool``."""
     ctx = forward.ctx
-    admission = forward.request.app[ADMISSION]
+    admission = forward.holder.admission
     tracer = forward.runtime.calls[pool.name].tracer
     attributes: dict[str, str | int] | None = None
     if tracer is not None:
@@ -251,7 +251,7 @@ async def _queued(forward: Forward, pool: Pool) -> Admitted:
             return await admission.enter(pool.name, ctx.priority_class, ctx.tenant)
     except (Rejected, Evicted) as exc:
         reason = "full" if isinstance(exc, Rejected) else "expired"
-        metrics = forward.request.app[METRICS]
+        metrics = forward.holder.parts.metrics
         metrics.child(metrics.queue_rejections, ctx.priority_class, reason).inc()
         raise
 

@@ -30,7 +30,7 @@ from gateway.errors import (
     Unauthorized,
 )
 from gateway.forwarded import is_loopback
-from gateway.keys import CANARIES, METRICS, RUNTIME, SHUTTING_DOWN, TRACER
+from gateway.keys import CANARIES, METRICS, RUNTIME, SHUTTING_DOWN
 from gateway.relay import CUT_BY_SHUTDOWN
 from gateway.request_context import (
     QUIET_PATHS,
@@ -39,7 +39,7 @@ from gateway.request_context import (
     request_id_of,
     start_server_span,
 )
-from gateway.runtime import dead_pools
+from gateway.runtime import RuntimeHolder, dead_pools
 from gateway.stored_responses import by_id, route_name
 from kvgate.wire.http.messages import AnyResponse, Request, Response, header_line, json_response
 from kvgate.wire.http.server import SHUTDOWN_CUT
@@ -228,15 +228,15 @@ async def handle(request: Request) -> AnyResponse:
     a missing route is refused, so an unauthenticated caller learns nothing about paths), the
     route's handler, and any exception made into an OpenAI-shaped error.
     """
-    app = request.app
+    holder = request.app[RUNTIME]
     ctx = RequestContext(request_id_of(request.headers), request.path)
-    tracer = app[TRACER]
+    tracer = holder.parts.tracer
     span = None
     if tracer is not None and request.path not in QUIET_PATHS:  # probes are not traced
         span = start_server_span(tracer, request)
     try:
         try:
-            runtime = app[RUNTIME].current
+            runtime = holder.current
             handler = _route(request, ctx)  # a refusal raises after auth
             cors = runtime.policy.cors
             if cors is not None and is_preflight(request.method, request.headers):
@@ -260,7 +260,7 @@ async def handle(request: Request) -> AnyResponse:
                 ctx.status = ctx.status or 503
             else:
                 ctx.status, ctx.error = 499, ctx.error or "client_disconnected"
-            _finish(request, ctx)
+            _finish(request, ctx, holder)
             raise
         except Exception as exc:
             response = response_for(request, exc)
@@ -270,22 +270,22 @@ async def handle(request: Request) -> AnyResponse:
             # no handler sets it; as an encoded line (headers as pairs are formatted per line)
             response.block += header_line(b"x-request-id", ctx.request_id) + ctx.cors
         ctx.status = ctx.status or response.status
-        _finish(request, ctx)
+        _finish(request, ctx, holder)
     finally:
         if span is not None:
             end_server_span(span, ctx)
     return response
 
 
-def _finish(request: Request, ctx: RequestContext) -> None:
+def _finish(request: Request, ctx: RequestContext, holder: RuntimeHolder) -> None:
     """Count and log the finished request (probes and scrapes are not)."""
-    runtime = request.app[RUNTIME].current
+    runtime = holder.current
     observability = runtime.policy.observability
     path = request.path
     if path in QUIET_PATHS or path == observability.metrics_path:
         return
     ctx.elapsed = time.perf_counter() - ctx.start
-    request.app[METRICS].finished(ctx)
+    holder.parts.metrics.finished(ctx)
     if ctx.canary_arm:
         request.app[CANARIES].observe(ctx)
     if observability.access_log == "json":

@@ -18,6 +18,7 @@ from epp.metrics import EppMetrics
 from epp.service import EppService
 from epp.upstream_tls import upstream_tls
 from gateway.adapter_placement import AdapterPlacement
+from gateway.admission import AdmissionQueue
 from gateway.auth import Authenticator
 from gateway.breaker import RetryBudget
 from gateway.embedded_epp import EmbeddedEpp
@@ -31,6 +32,7 @@ from gateway.forwarded import ClientAddress
 from gateway.limits.limiter import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.remote_jwks import RemoteKeySets
+from gateway.slo.tracker import SloTracker
 from gateway.upstream import UpstreamCall
 from kvgate.wire.http.connection_pool import ConnectionPool
 from policies.schema import Policy, Pool
@@ -83,9 +85,13 @@ class RuntimeParts:
 
 @dataclass(eq=False)
 class RuntimeHolder:
-    """The current runtime (swapped whole on reload) and its version."""
+    """The current runtime (swapped whole on reload) and its version, with the parts of the
+    request path that outlive policies (read as attributes: no application lookup each)."""
 
     current: Runtime
+    parts: RuntimeParts
+    admission: AdmissionQueue
+    slos: SloTracker
     version: int = 1
 
 

@@ -12,15 +12,10 @@ them, cached or not), the completion's, and the prompt's tokens the engine's pre
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-
-class TokenCounts(NamedTuple):
-    """One answer's usage: ``prompt`` and ``completion`` are None where the usage lacks them."""
-
-    prompt: int | None
-    completion: int | None
-    cached: int
+# One answer's usage: its prompt's tokens, its completion's (each None where the usage lacks
+# it) and the prompt's cached tokens. A plain tuple: a NamedTuple's constructor is interpreted
+# Python even in the compiled build, on every answer.
+TokenCounts = tuple[int | None, int | None, int]
 
 
 def token_counts(usage: dict[str, object]) -> TokenCounts:
@@ -39,10 +34,10 @@ def token_counts(usage: dict[str, object]) -> TokenCounts:
         if read is not None or written is not None:  # Anthropic's: the prompt in three parts
             if prompt is not None:
                 prompt += (read or 0) + (written or 0)
-            return TokenCounts(prompt, completion, read or 0)
+            return prompt, completion, read or 0
         details = usage.get("input_tokens_details")
     cached = _count(details.get("cached_tokens")) if type(details) is dict else None
-    return TokenCounts(prompt, completion, cached or 0)
+    return prompt, completion, cached or 0
 
 
 def _count(value: object) -> int | None:

@@ -16,7 +16,6 @@ from opentelemetry.trace import SpanKind
 
 import gateway.app
 from gateway.app import create_app
-from gateway.keys import TRACER
 from gateway.lifecycle import running
 from policies.loader import load_policy_text
 from tests.backends.pd.servers import ServerFactory, start_worker
@@ -43,7 +42,9 @@ async def recording_upstream() -> AsyncIterator[tuple[int, list[dict[str, str]]]
         yield port, seen
 
 
-async def test_spans_and_traceparent(recording_upstream: tuple[int, list[dict[str, str]]]) -> None:
+async def test_spans_and_traceparent(
+    recording_upstream: tuple[int, list[dict[str, str]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     port, seen = recording_upstream
     policy = load_policy_text(f"""
 pools: {{p: {{endpoints: [127.0.0.1:{port}]}}}}
@@ -54,8 +55,9 @@ observability: {{tracing: {{exporter: console}}}}
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
+    # the policy's exporter, in memory: what the app's tracer is made of
+    monkeypatch.setattr(gateway.app, "make_tracer", lambda _: (provider.get_tracer("test"), None))
     app = create_app(policy)
-    app[TRACER] = provider.get_tracer("test")
     parent = f"00-{CLIENT_TRACE}-b7ad6b7169203331-01"
     async with (
         running(app, "127.0.0.1", 0) as server,

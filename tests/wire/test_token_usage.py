@@ -11,19 +11,19 @@ from kvgate.wire.token_usage import TokenCounts, token_counts
 @pytest.mark.parametrize(
     ("usage", "counts"),
     [
-        ({"prompt_tokens": 4, "completion_tokens": 1}, TokenCounts(4, 1, 0)),
+        ({"prompt_tokens": 4, "completion_tokens": 1}, (4, 1, 0)),
         (
             {
                 "prompt_tokens": 9,
                 "completion_tokens": 2,
                 "prompt_tokens_details": {"cached_tokens": 8},
             },
-            TokenCounts(9, 2, 8),
+            (9, 2, 8),
         ),
-        ({"input_tokens": 4, "output_tokens": 1}, TokenCounts(4, 1, 0)),
+        ({"input_tokens": 4, "output_tokens": 1}, (4, 1, 0)),
         (
             {"input_tokens": 9, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 5}},
-            TokenCounts(9, 2, 5),
+            (9, 2, 5),
         ),
         (  # Anthropic's: 3 uncached + 16 read + 2 written = a prompt of 21
             {
@@ -32,15 +32,15 @@ from kvgate.wire.token_usage import TokenCounts, token_counts
                 "cache_read_input_tokens": 16,
                 "cache_creation_input_tokens": 2,
             },
-            TokenCounts(21, 7, 16),
+            (21, 7, 16),
         ),
         (
             {"input_tokens": 3, "output_tokens": 7, "cache_read_input_tokens": None},
-            TokenCounts(3, 7, 0),
+            (3, 7, 0),
         ),
-        ({"prompt_tokens": 4}, TokenCounts(4, None, 0)),
-        ({"prompt_tokens": True, "completion_tokens": "2"}, TokenCounts(None, None, 0)),
-        ({"prompt_tokens_details": {"cached_tokens": "x"}}, TokenCounts(None, None, 0)),
+        ({"prompt_tokens": 4}, (4, None, 0)),
+        ({"prompt_tokens": True, "completion_tokens": "2"}, (None, None, 0)),
+        ({"prompt_tokens_details": {"cached_tokens": "x"}}, (None, None, 0)),
     ],
 )
 def test_each_spelling_reads_as_prompt_completion_and_cached(
