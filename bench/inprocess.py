@@ -136,7 +136,7 @@ class _UpstreamTransport(_MemoryTransport):
         self.conn = conn
 
     def write(self, data: bytes) -> None:
-        if b'"stream":true' in data:
+        if data.find(b'"stream":true') >= 0:  # not ``in``: see kvgate.wire.sse
             self.loop.call_soon(self._stream, 0)
         else:
             self.loop.call_soon(self.conn.data_received, RESPONSE)

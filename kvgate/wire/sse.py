@@ -79,7 +79,9 @@ class SSERelay:
         """The complete events the stream holds after ``chunk`` arrived (possibly none)."""
         if self._cr:
             chunk, self._cr = b"\r" + chunk, False
-        if b"\r" in chunk:
+        # perf: find, not ``in``: ``bytes in bytes`` first tries the needle as an integer, and
+        # raises and clears a TypeError inside CPython each time
+        if chunk.find(b"\r") >= 0:
             if chunk.endswith(b"\r"):
                 chunk, self._cr = chunk[:-1], True
             chunk = chunk.replace(b"\r\n", b"\n")

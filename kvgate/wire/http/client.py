@@ -231,7 +231,7 @@ class UpstreamConnection(asyncio.Protocol):
             elif name == b"content-length":
                 declared = value
             elif name == b"transfer-encoding":
-                coded, chunked = True, b"chunked" in value.lower()
+                coded, chunked = True, value.lower().find(b"chunked") >= 0  # not ``in``: sse.py
         self._until_close = declared is None and not chunked and status not in (204, 304)
         self._keep_alive = self.parser.should_keep_alive()  # reset once the message ends
         self.pool.unwatch(self)
