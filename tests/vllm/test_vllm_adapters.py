@@ -43,7 +43,9 @@ routes: [{{model: {ADAPTER}, pool: vllm}}]
         client = close_after_test(openai.OpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0))
         for _ in range(3):
             answer = client.completions.create(model=ADAPTER, prompt="select", max_tokens=4)
-            assert answer.model == ADAPTER and answer.choices[0].text
+            # the tiny model's random weights may decode to nothing: count the tokens
+            assert answer.model == ADAPTER and answer.usage is not None
+            assert answer.usage.completion_tokens == 4
         holders = [s.address for s in vllm_servers if ADAPTER in served_models(s)]
         changes = {
             s.labels["outcome"]: s.value for s in scrape(url)["kvgate_adapter_changes_total"]
