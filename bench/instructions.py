@@ -46,7 +46,8 @@ def harness_module(checkout: Path) -> str:
 def instructions(checkout: Path, peer: str, requests: int, feature: str | None = None) -> int:
     """Instructions that ``requests`` requests add to a run of the in-process harness (the two
     runs side by side, one per core)."""
-    env = dict(os.environ, PYTHONPATH=str(checkout))
+    # a fixed hash seed: str hashes (dict probes) the same from run to run, so the count is too
+    env = dict(os.environ, PYTHONPATH=str(checkout), PYTHONHASHSEED="0")
     module = harness_module(checkout)
     runs = [
         subprocess.Popen(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from policies.admin_section import Admin
 from policies.cache_section import ResponseCacheStore, RouteCache
@@ -468,22 +467,22 @@ class Policy:
     # $KVGATE_STATE_DIR, else $XDG_STATE_HOME/kvgate (~/.local/state/kvgate)
     state_dir: str = ""
     source: str = "<policy>"
+    # worked out once, in __post_init__ (every request reads them; compiled, a
+    # cached_property would work them out on each read): the first route of each model, and
+    # every route's extra ``paths`` (each request is checked against its own route's)
+    _routes_by_model: dict[str, Route] = field(init=False, repr=False, compare=False)
+    passthrough_paths: frozenset[str] = field(init=False, repr=False, compare=False)
 
-    def route_for(self, model: str) -> Route | None:
-        return self._routes_by_model.get(model)
-
-    @cached_property
-    def _routes_by_model(self) -> dict[str, Route]:
-        """The first route of each model (a request looks its model up once)."""
+    def __post_init__(self) -> None:
         found: dict[str, Route] = {}
         for route in self.routes:
             found.setdefault(route.model, route)
-        return found
+        object.__setattr__(self, "_routes_by_model", found)
+        paths = frozenset(p for route in self.routes for p in route.paths)
+        object.__setattr__(self, "passthrough_paths", paths)
 
-    @cached_property
-    def passthrough_paths(self) -> frozenset[str]:
-        """Every route's extra ``paths`` (each request is checked against its own route's)."""
-        return frozenset(p for route in self.routes for p in route.paths)
+    def route_for(self, model: str) -> Route | None:
+        return self._routes_by_model.get(model)
 
     @property
     def public_models(self) -> tuple[str, ...]:
