@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 
 import orjson
 
@@ -57,9 +57,8 @@ class AdapterPlacement:
         self.loaded: dict[str, OrderedDict[str, None]] = {}  # by address, coldest first
         self._in_use: Counter[tuple[str, str]] = Counter()  # (address, adapter): tries
         self._loading: dict[tuple[str, str], asyncio.Future[None]] = {}
-        self._reserved: Counter[str] = Counter()  # by address: slots taken by loads under way
         self._placed: dict[str, set[str]] = {}  # by address: loaded or loading (the picker's)
-        self._freed = asyncio.Condition()
+        self._freed = asyncio.Event()  # set when a try stops using an adapter
         self._tasks: set[asyncio.Task[None]] = set()
 
     def loaded_on(self, address: str) -> OrderedDict[str, None]:
@@ -96,15 +95,11 @@ class AdapterPlacement:
     def _start_load(self, address: str, adapter: str) -> asyncio.Future[None]:
         pending = self._loading[(address, adapter)] = asyncio.get_running_loop().create_future()
         pending.add_done_callback(_retrieve)
-        self._reserved[address] += 1
         self.placed_on(address).add(adapter)
-        self._spawn(self._load(address, adapter, pending))
-        return pending
-
-    def _spawn(self, work: Coroutine[object, object, None]) -> None:
-        task = asyncio.get_running_loop().create_task(work)
+        task = asyncio.get_running_loop().create_task(self._load(address, adapter, pending))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return pending
 
     def forget(self, address: str, adapter: str) -> None:
         """The engine at ``address`` no longer has ``adapter`` (it answered a request for it
@@ -119,11 +114,7 @@ class AdapterPlacement:
         self._in_use[key] -= 1
         if self._in_use[key] <= 0:
             del self._in_use[key]
-            self._spawn(self._notify())
-
-    async def _notify(self) -> None:
-        async with self._freed:
-            self._freed.notify_all()
+            self._freed.set()
 
     async def _load(self, address: str, adapter: str, done: asyncio.Future[None]) -> None:
         key = (address, adapter)
@@ -139,7 +130,6 @@ class AdapterPlacement:
             self._count("failed")
             done.set_exception(exc)
         finally:
-            self._reserved[address] -= 1
             del self._loading[key]
 
     async def _make_room(self, address: str) -> None:
@@ -148,7 +138,8 @@ class AdapterPlacement:
         deadline = loop.time() + self.timeout
         while True:
             loaded = self.loaded_on(address)
-            if len(loaded) + self._reserved[address] <= self.max_adapters:
+            loading = sum(1 for there, _ in self._loading if there == address)  # this one too
+            if len(loaded) + loading <= self.max_adapters:
                 return
             idle = next((a for a in loaded if not self._in_use[(address, a)]), None)
             if idle is not None:
@@ -157,9 +148,9 @@ class AdapterPlacement:
                 await self._post(address, UNLOAD, {"lora_name": idle})
                 self._count("unloaded")
                 continue
-            try:  # every adapter there is in use: wait for one to be free
-                async with self._freed:
-                    await asyncio.wait_for(self._freed.wait(), deadline - loop.time())
+            self._freed.clear()  # every adapter there is in use: wait for one to be free
+            try:
+                await asyncio.wait_for(self._freed.wait(), deadline - loop.time())
             except TimeoutError:
                 raise NoEndpoint(
                     f"all {self.max_adapters} LoRA adapter slots of {address} stayed in use "

@@ -53,8 +53,6 @@ class Runtime:
     client_address: ClientAddress
     # how each https:// endpoint is dialled (by address): also told to the connection pool
     upstream_tls: dict[str, tuple[ssl.SSLContext, str]] = field(default_factory=dict)
-    # per pool whose adapters the gateway loads: where it loaded them
-    adapters: dict[str, AdapterPlacement] = field(default_factory=dict)
     loaded_at: float = field(default_factory=time.time)
 
 
@@ -175,7 +173,6 @@ def build_runtime(
         calls,
         ClientAddress(policy.listen.trusted_proxies, "https" if policy.listen.tls else "http"),
         tls,
-        adapters,
     )
 
 
@@ -185,7 +182,7 @@ def _adapter_placement(
     """The pool's adapter placement: the previous policy's while the pool did not change (what
     it loaded where stays known)."""
     if previous is not None and previous.policy.pools.get(pool.name) == pool:
-        kept = previous.adapters.get(pool.name)
+        kept = previous.calls[pool.name].adapters
         if kept is not None:
             return kept
     return AdapterPlacement(pool, parts.upstreams, parts.metrics)

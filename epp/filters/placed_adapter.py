@@ -8,33 +8,15 @@ endpoint stays."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 
+from epp.filters.saturation import SaturationFilter
 from epp.framework import Endpoint, SchedulingRequest
-from epp.handle import PluginHandle
-from epp.params import ParamError
 from epp.placement import holding
-from epp.saturation import SaturationDetector
 
 
-class PlacedAdapterFilter:
-    """Keeps the unsaturated endpoints that hold the request's adapter, when any does."""
-
-    def __init__(self, name: str, detector: SaturationDetector) -> None:
-        self.name = name
-        self.detector = detector
-
-    @classmethod
-    def parse_config(cls, name: str, raw: Mapping[str, object]) -> None:
-        if raw:
-            raise ParamError(f"{name}: this filter takes no parameters")
-
-    @classmethod
-    def from_config(
-        cls, name: str, raw: Mapping[str, object], handle: PluginHandle
-    ) -> PlacedAdapterFilter:
-        cls.parse_config(name, raw)
-        return cls(name, handle.saturation)
+class PlacedAdapterFilter(SaturationFilter):
+    """Keeps the unsaturated endpoints that hold the request's adapter, when any does (the
+    saturation filter's configuration and detector, over those endpoints)."""
 
     def filter(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
         if request.lora is None:

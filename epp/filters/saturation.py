@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from typing import Self
 
 from epp.framework import Endpoint, SchedulingRequest
 from epp.handle import PluginHandle
@@ -35,9 +36,7 @@ class SaturationFilter:
             raise ParamError(f"{name}: unknown parameter {key!r} (this filter takes none)")
 
     @classmethod
-    def from_config(
-        cls, name: str, raw: Mapping[str, object], handle: PluginHandle
-    ) -> SaturationFilter:
+    def from_config(cls, name: str, raw: Mapping[str, object], handle: PluginHandle) -> Self:
         cls.parse_config(name, raw)
         return cls(name, handle.saturation)
 
