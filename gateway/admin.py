@@ -1,11 +1,11 @@
 """The admin API, on its own listener: policy version, breakers, queues, limiter, SLOs, canaries,
-reload.
+the model registry, reload.
 
 Every request needs ``Authorization: Bearer <key>``, one of ``listen.admin``'s keys
-(``gateway.admin_access``): any role reads; canary actions need ``operator``, a reload
-``admin``; each of those, allowed or denied, is a line of the audit log. With ``--workers N``
-each worker answers for itself (the port is shared); a file change reloads every worker,
-``POST /admin/reload`` the one that answered.
+(``gateway.admin_access``): any role reads; canary actions and stage changes need
+``operator``, a reload ``admin``; each of those, allowed or denied, is a line of the audit
+log. With ``--workers N`` each worker answers for itself (the port is shared); a file change
+reloads every worker, ``POST /admin/reload`` the one that answered.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from aiohttp.typedefs import Handler, Middleware
 
 from gateway.admin_access import AuditLog, Caller, caller_of
 from gateway.canary.controller import ACTIONS
-from gateway.keys import ADMISSION, CANARIES, METRICS, RUNTIME, SLOS
+from gateway.keys import ADMISSION, CANARIES, METRICS, MODELS, RUNTIME, SLOS
+from gateway.models.stages import ACTIONS as STAGE_ACTIONS
+from gateway.models.stages import StageConflict
 from gateway.reload import RELOADER
 from kvgate.wire.openai_errors import error_body
 from policies.admin_section import Admin
@@ -138,6 +140,52 @@ async def canary_action(request: web.Request) -> web.Response:
     return web.json_response(summary)
 
 
+async def models(request: web.Request) -> web.Response:
+    """The registered models: each version's stage and traffic share, the canary's progress,
+    the SLO verdict, the latest stage changes."""
+    gateway = _gateway(request)
+    registry = gateway[MODELS]
+    return web.json_response(registry.summary(gateway[CANARIES], gateway[SLOS].budget_spent))
+
+
+async def model_action(request: web.Request) -> web.Response:
+    """``POST /admin/models/{model}/{version}/{action}``: promote (staging → canary →
+    production, archived → staging), rollback, archive; needs ``operator``. Saved at once and
+    in force in this worker; the other workers and replicas follow within a tick."""
+    info = request.match_info
+    model, version, action = info["model"], info["version"], info["action"]
+    if action not in STAGE_ACTIONS:
+        expected = ", ".join(STAGE_ACTIONS)
+        message = f"unknown action {action!r} (expected: {expected})"
+        return _error(400, message, "invalid_request_error", "unknown_action")
+    audited, target = f"models.{action}", f"{model}@{version}"
+    if (denied := await _denied(request, "operator", audited, target)) is not None:
+        return denied
+    gateway = _gateway(request)
+    registry = gateway[MODELS]
+    before = registry.stages[model].stages if model in registry.stages else None
+    try:
+        stages = await asyncio.to_thread(registry.act, model, version, action)
+    except KeyError:
+        await _audit(request, audited, "not_found", target)
+        message = f"no registered model {model!r} with a version {version!r}"
+        return _error(404, message, "invalid_request_error", "not_found")
+    except StageConflict as exc:
+        await _audit(request, audited, "refused", target, before)
+        return _error(409, str(exc), "invalid_request_error", "stage_conflict")
+    except OSError as exc:  # the stages' store is unreachable: nothing was changed
+        await _audit(request, audited, "error", target, before)
+        return _error(503, f"stages not saved: {exc}", "server_error", "state_unavailable")
+    await gateway[RELOADER].apply_stages()
+    await _audit(request, audited, "applied", target, before, stages.stages)
+    summary = registry.summary(gateway[CANARIES], gateway[SLOS].budget_spent)
+    return web.json_response(summary[model])
+
+
+def _error(status: int, message: str, kind: str, code: str) -> web.Response:
+    return web.json_response(error_body(message, kind, code=code), status=status)
+
+
 async def reload(request: web.Request) -> web.Response:
     """``POST /admin/reload``: read the policy again; needs ``admin``."""
     if (denied := await _denied(request, "admin", "reload")) is not None:
@@ -209,6 +257,8 @@ def create_admin_app(gateway: web.Application, admin: Admin) -> web.Application:
     app.router.add_get("/admin/slo", slo)
     app.router.add_get("/admin/canaries", canaries)
     app.router.add_post("/admin/canaries/{model:.+}/{action:[a-z]+}", canary_action)
+    app.router.add_get("/admin/models", models)
+    app.router.add_post("/admin/models/{model:.+}/{version}/{action:[a-z]+}", model_action)
     app.router.add_post("/admin/reload", reload)
     return app
 

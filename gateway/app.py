@@ -25,6 +25,7 @@ from gateway.keys import (
     CANARIES,
     HTTP_SESSION,
     METRICS,
+    MODELS,
     RESPONSE_CACHE,
     RESPONSE_HOMES,
     RUNTIME,
@@ -36,6 +37,7 @@ from gateway.keys import (
 )
 from gateway.metric_batch import FLUSH_INTERVAL
 from gateway.metrics import GatewayMetrics, LimiterCollector, QueueCollector
+from gateway.models.registry import ModelRegistry
 from gateway.reload import RELOADER, Reloader, capacity_gate
 from gateway.remote_jwks import jwks_urls
 from gateway.response_cache.cache import ResponseCache
@@ -49,14 +51,18 @@ from policies.schema import Policy
 
 
 def create_app(
-    policy: Policy,
+    declared: Policy,
     *,
     picker: EndpointPicker | None = None,
     policy_path: str | None = None,
     watch_interval: float = 1.0,
 ) -> web.Application:
+    """The gateway for the policy ``declared`` (run with its registered models' saved stages)."""
     app = web.Application()
     metrics = app[METRICS] = GatewayMetrics()
+    models = app[MODELS] = ModelRegistry(metrics.registry)
+    models.update(declared)  # the saved stages, before the first request
+    policy = models.resolve(declared)
     epp_metrics = EppMetrics(metrics.registry)
     tracer, provider = make_tracer(policy.observability.tracing)
     app[TRACER] = tracer
@@ -81,7 +87,7 @@ def create_app(
     app[RESPONSE_HOMES] = ResponseHomes()
     response_cache = app[RESPONSE_CACHE] = ResponseCache(metrics.registry)
     response_cache.update(policy)
-    app[RELOADER] = Reloader(app, policy_path, parts)
+    app[RELOADER] = Reloader(app, policy_path, parts, declared)
 
     async def http_session(app: web.Application) -> AsyncIterator[None]:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0, ttl_dns_cache=60)
@@ -123,12 +129,17 @@ def create_app(
         if first.embedded is not None:
             await first.embedded.start()
         watcher = asyncio.create_task(app[RELOADER].watch(watch_interval)) if policy_path else None
-        canary_clock = asyncio.create_task(canaries.run())
+        clocks = [
+            asyncio.create_task(canaries.run()),
+            asyncio.create_task(models.run(canaries, app[RELOADER].apply_stages)),
+        ]
         yield
-        canary_clock.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await canary_clock
+        for clock in clocks:
+            clock.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await clock
         canaries.close()
+        models.close()
         if watcher is not None:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

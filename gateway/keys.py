@@ -14,6 +14,7 @@ from opentelemetry.trace import Tracer
 from gateway.admission import AdmissionQueue
 from gateway.canary.canaries import Canaries
 from gateway.metrics import GatewayMetrics
+from gateway.models.registry import ModelRegistry
 from gateway.response_cache.cache import ResponseCache
 from gateway.routing.shadow import ShadowMirror
 from gateway.runtime import RuntimeHolder
@@ -31,5 +32,6 @@ ADMISSION = web.AppKey("admission", AdmissionQueue)
 SHADOW = web.AppKey("shadow", ShadowMirror)
 SLOS = web.AppKey("slos", SloTracker)
 CANARIES = web.AppKey("canaries", Canaries)
+MODELS = web.AppKey("models", ModelRegistry)
 RESPONSE_HOMES = web.AppKey("response_homes", ResponseHomes)
 RESPONSE_CACHE = web.AppKey("response_cache", ResponseCache)

@@ -1,6 +1,7 @@
 """Hot reload: a valid change of the policy file (or of a JWKS file it names) applies
 atomically, an invalid one is rejected with its errors logged and the old policy kept.
-In-flight requests finish on the runtime they started with.
+In-flight requests finish on the runtime they started with. A change of the model registry's
+stages applies the same way: the policy as declared, resolved with the stages now.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from gateway.capacity import (
     SaturationGate,
     in_flight_counts,
 )
-from gateway.keys import ADMISSION, CANARIES, METRICS, RESPONSE_CACHE, RUNTIME, SLOS
+from gateway.keys import ADMISSION, CANARIES, METRICS, MODELS, RESPONSE_CACHE, RUNTIME, SLOS
 from gateway.remote_jwks import jwks_urls
 from gateway.runtime import Runtime, RuntimeParts, build_runtime
 from policies.errors import PolicyError
@@ -57,12 +58,16 @@ def _stamp_of(path: str) -> tuple[int, int] | None:
 class Reloader:
     """Watches the policy file and applies each valid change as a new runtime."""
 
-    def __init__(self, app: web.Application, path: str | None, parts: RuntimeParts) -> None:
+    def __init__(
+        self, app: web.Application, path: str | None, parts: RuntimeParts, declared: Policy
+    ) -> None:
         self.app = app
         self.path = path
         self.parts = parts
+        self.declared = declared  # the policy as loaded, before the registry's stages
         self._stamp = self._file_stamp()
         self._retiring: set[asyncio.Task[None]] = set()
+        self._applying = asyncio.Lock()  # a file's reload and a change of stages, in turn
 
     def _file_stamp(self) -> tuple[object, ...] | None:
         """The policy file's (mtime, size), with those of the JWKS files it names: a key added
@@ -104,6 +109,19 @@ class Reloader:
         return True, []
 
     async def apply(self, policy: Policy) -> None:
+        """Run ``policy`` (as loaded) from now on, with the model registry's stages."""
+        models = self.app[MODELS]
+        async with self._applying:
+            await asyncio.to_thread(models.update, policy)  # its saved stages: file or Redis
+            self.declared = policy
+            await self._apply(models.resolve(policy))
+
+    async def apply_stages(self) -> None:
+        """The policy as loaded again, with the model registry's stages as they are now."""
+        async with self._applying:
+            await self._apply(self.app[MODELS].resolve(self.declared))
+
+    async def _apply(self, policy: Policy) -> None:
         holder = self.app[RUNTIME]
         old = holder.current
         if policy.listen != old.policy.listen:

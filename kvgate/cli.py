@@ -12,6 +12,7 @@ from epp.registry import CATALOG
 from gateway import cli as gateway_cli
 from gateway import spend_report
 from gateway.build_info import version
+from gateway.models import cli as models_cli
 from kvgate.wire import app_logging
 from loadtest import cli as loadtest_cli
 from policies import cli as policy_cli
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     policy_cli.add_parser(subparsers, plugins=CATALOG)
     policy_cli.add_keys_parser(subparsers)
     spend_report.add_parser(subparsers)
+    models_cli.add_parser(subparsers)
     for command in subparsers.choices.values():
         command.formatter_class = DefaultsHelpFormatter
         _add_common(command, "command_")

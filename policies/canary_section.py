@@ -51,13 +51,14 @@ class AutoCanary:
     # the canary starts and advances only while less than this share of its route's SLO
     # error budgets is spent (1: whatever is spent)
     budget_freeze: float = 0.8
+    # one run of a model registry's canary (its version and start): a new run starts over
+    run: str = ""
 
     @property
     def fingerprint(self) -> str:
         """What a saved state must match to be resumed (a changed canary starts over)."""
-        return repr(
-            (self.baseline, self.pool, self.steps, self.hold, self.min_requests, self.gates)
-        )
+        fields = (self.baseline, self.pool, self.steps, self.hold, self.min_requests, self.gates)
+        return repr((*fields, self.run) if self.run else fields)
 
 
 def load_canary_mapping(f: Fields, baseline: str) -> tuple[str, float, AutoCanary | None]:
@@ -72,7 +73,16 @@ def load_canary_mapping(f: Fields, baseline: str) -> tuple[str, float, AutoCanar
         c.error(c.path, "needs exactly one of weight (percent) or auto")
     if not c.has("auto"):
         return pool, c.number("weight", 0.0, low=0.0, high=100.0), None
-    a = c.sub("auto", {"steps", "hold", "min_requests", "gates", "budget_freeze"})
+    auto = load_auto(c.sub("auto", AUTO_FIELDS), baseline, pool)
+    return pool, auto.steps[0], auto
+
+
+AUTO_FIELDS = {"steps", "hold", "min_requests", "gates", "budget_freeze"}
+
+
+def load_auto(a: Fields, baseline: str, pool: str) -> AutoCanary:
+    """An ``auto`` mapping (its fields: ``AUTO_FIELDS``) for a canary of ``pool`` against
+    ``baseline``."""
     steps = _steps(a)
     g = a.sub("gates", {"error_rate", "ttft_p95", "tpot_p95", "shadow_mismatch", "error_floor"})
     d = CanaryGates()
@@ -85,7 +95,7 @@ def load_canary_mapping(f: Fields, baseline: str) -> tuple[str, float, AutoCanar
         else g.number("shadow_mismatch", d.shadow_mismatch, low=0.0, high=1.0),
         g.number("error_floor", d.error_floor, low=0.0, high=1.0),
     )
-    auto = AutoCanary(
+    return AutoCanary(
         baseline,
         pool,
         steps,
@@ -94,7 +104,6 @@ def load_canary_mapping(f: Fields, baseline: str) -> tuple[str, float, AutoCanar
         gates,
         a.number("budget_freeze", AutoCanary.budget_freeze, low=0.0, high=1.0),
     )
-    return pool, steps[0], auto
 
 
 def _steps(a: Fields) -> tuple[float, ...]:

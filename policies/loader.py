@@ -21,6 +21,7 @@ from policies.fields import Fields
 from policies.gie_config import TOP_LEVEL as GIE_TOP_LEVEL
 from policies.gie_config import load_gie_config
 from policies.limits_section import load_limits
+from policies.models_section import load_models
 from policies.plugin_catalog import PluginCatalog
 from policies.pools_section import load_pools
 from policies.routes_section import load_routes
@@ -57,6 +58,7 @@ TOP_LEVEL = {
     "state_dir",
     "response_cache",
     "spend",
+    "models",
 }
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -119,7 +121,8 @@ def _build(src: Source, source: str, base_dir: Path, plugins: PluginCatalog | No
     tenants = load_tenants(top)
     limits = load_limits(top)
     cache_store = load_cache_store(top, limits.store.url)
-    routes = load_routes(top, pools, cache_store.ttl)
+    models = load_models(top, pools)
+    routes = load_routes(top, pools, cache_store.ttl, models)
     classes = load_classes(top)
     auth = load_auth(top, tenants, base_dir)
     check_classes(top, classes, tenants, auth)
@@ -149,6 +152,7 @@ def _build(src: Source, source: str, base_dir: Path, plugins: PluginCatalog | No
         state_dir=_state_dir(top, base_dir),
         response_cache=cache_store,
         spend=load_spend(top),
+        models=models,
         source=source,
     )
 

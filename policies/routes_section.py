@@ -9,6 +9,7 @@ from policies.cache_section import load_route_cache
 from policies.canary_section import load_canary_mapping
 from policies.explain_section import load_explain
 from policies.fields import Fields, child
+from policies.models_section import RegisteredModel
 from policies.schema import AbTest, Pool, Route, Shadow, WeightedPool
 
 ROUTE_FIELDS = {"model", "pool", "canary", "ab_test", "shadow", "fallback", "paths", "resume"}
@@ -28,11 +29,18 @@ OPENAI_PATHS = frozenset(
 )
 
 
-def load_routes(top: Fields, pools: dict[str, Pool], cache_ttl: float) -> tuple[Route, ...]:
-    """``routes:`` (``cache_ttl``: how long a route's kept answers live unless it says)."""
+def load_routes(
+    top: Fields,
+    pools: dict[str, Pool],
+    cache_ttl: float,
+    models: dict[str, RegisteredModel] | None = None,
+) -> tuple[Route, ...]:
+    """``routes:`` (``cache_ttl``: how long a route's kept answers live unless it says), and
+    one for each registered model that none names (``models``: the registry)."""
+    registry = models or {}
     routes: list[Route] = []
     seen: set[str] = set()
-    for path, item in top.items("routes", required=True):
+    for path, item in top.items("routes", required=not registry):
         f = Fields(top.source, item, path, ROUTE_FIELDS)
         model = f.text("model")
         if model in seen:
@@ -42,7 +50,9 @@ def load_routes(top: Fields, pools: dict[str, Pool], cache_ttl: float) -> tuple[
         kinds = [k for k in ("pool", "canary", "ab_test") if f.has(k)]
         if mapping_canary:
             kinds = [k for k in kinds if k != "pool"]
-        if len(kinds) != 1:
+        if model in registry and (kinds or mapping_canary):
+            f.error(path, f"takes its pools from models.{model} (its versions' stages)")
+        elif model not in registry and len(kinds) != 1:
             f.error(path, "needs exactly one of pool, canary, ab_test")
         auto = None
         if mapping_canary:
@@ -57,8 +67,9 @@ def load_routes(top: Fields, pools: dict[str, Pool], cache_ttl: float) -> tuple[
             canary = _weighted(f, "canary", pools) if f.has("canary") else ()
         ab_test = _ab_test(f, pools) if f.has("ab_test") else None
         pool = (
-            f.text("pool", None)
-            or (canary[0].pool if canary else "")
+            production_pool(registry[model]) if model in registry else f.text("pool", None)
+        ) or (
+            (canary[0].pool if canary else "")
             or (ab_test.arms[0].pool if ab_test and ab_test.arms else "")
         )
         if f.has("pool"):
@@ -80,12 +91,19 @@ def load_routes(top: Fields, pools: dict[str, Pool], cache_ttl: float) -> tuple[
                 model, pool, canary, ab_test, shadow, fallback, extra, auto, resume, cache, explain
             )
         )
+    unrouted = [m for m in registry.values() if m.name not in seen]
+    routes.extend(Route(m.name, production_pool(m)) for m in unrouted)
     known = {r.model for r in routes}
     for i, route in enumerate(routes):
         for name in route.fallback:
             if name not in known or name == route.model:
                 top.error(f"routes[{i}].fallback", f"{name!r} is not another routed model")
     return tuple(routes)
+
+
+def production_pool(model: RegisteredModel) -> str:
+    """The pool of the version ``model`` declares in production ("" when none does)."""
+    return next((v.pool for v in model.versions if v.stage == "production"), "")
 
 
 def _check_pool(f: Fields, path: str, pool: str, pools: dict[str, Pool]) -> None:

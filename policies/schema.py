@@ -14,6 +14,7 @@ from policies.cache_section import ResponseCacheStore, RouteCache
 from policies.canary_section import AutoCanary
 from policies.cors_section import Cors
 from policies.explain_section import Explain
+from policies.models_section import RegisteredModel
 from policies.slo_section import Slos
 from policies.spend_section import Spend
 
@@ -463,6 +464,7 @@ class Policy:
     slos: Slos = field(default_factory=Slos)
     response_cache: ResponseCacheStore = field(default_factory=ResponseCacheStore)
     spend: Spend = field(default_factory=Spend)  # prices and budgets
+    models: Mapping[str, RegisteredModel] = field(default_factory=dict)  # the registry
     # where state that outlives a process is kept (automatic canaries); "" is
     # $KVGATE_STATE_DIR, else $XDG_STATE_HOME/kvgate (~/.local/state/kvgate)
     state_dir: str = ""

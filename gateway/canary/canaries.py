@@ -13,13 +13,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.canary.controller import CanaryController
-from gateway.canary.redis_state import RedisStateStore
-from gateway.canary.state import STATUSES, CanaryStore, StateFile, state_dir, state_file_name
+from gateway.canary.state import STATUSES, CanaryState
+from gateway.canary.stores import StatePlace, state_place
 from gateway.context import RequestContext
 from policies.schema import Policy, WeightedPool
 
@@ -40,7 +39,7 @@ class Canaries:
         self.controllers: dict[str, CanaryController] = {}
         # ticks and operators' actions run in worker threads: one at a time
         self._changing = threading.Lock()
-        self._places: dict[str, str] = {}  # where each route's state is kept
+        self._places: dict[str, StatePlace] = {}  # where each route's state is kept
         self.weight = Gauge(
             "kvgate_canary_weight",
             "Percent of the route's requests sent to each pool of its automatic canary.",
@@ -94,14 +93,12 @@ class Canaries:
 
     def _update(self, policy: Policy) -> None:
         autos = [route for route in policy.routes if route.auto_canary is not None]
-        limit_store = policy.limits.store
-        redis_url = limit_store.url if limit_store.kind == "redis" else None
-        directory = self._directory(policy.state_dir) if autos and not redis_url else None
-        place = f"redis {redis_url}" if redis_url else f"file {directory}"
+        place = state_place(policy) if autos else None
         now = self.clock()
         kept = self.controllers
         self.controllers = {}
         for route in autos:
+            assert place is not None
             auto = route.auto_canary
             old = kept.pop(route.model, None)
             if old is not None and old.auto == auto and self._places.get(route.model) == place:
@@ -110,11 +107,7 @@ class Canaries:
                 continue
             if old is not None and old.store is not None:
                 old.store.close()
-            store: CanaryStore | None = None
-            if redis_url:
-                store = RedisStateStore(redis_url, route.model)
-            elif directory is not None:
-                store = StateFile(directory / state_file_name(route.model))
+            store = place.store("canary", route.model, CanaryState.from_json)
             spent = self.budget_spent(route.model)
             self.controllers[route.model] = CanaryController(route, store, now, spent)
             self._places[route.model] = place
@@ -122,17 +115,6 @@ class Canaries:
             if gone.store is not None:
                 gone.store.close()
         self._export()
-
-    def _directory(self, configured: str) -> Path | None:
-        path = state_dir(configured)
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            log.warning(
-                "canary state cannot be kept in %s (%s): it lasts this process only", path, exc
-            )
-            return None
-        return path
 
     def split(self, model: str) -> tuple[WeightedPool, ...] | None:
         """The route's pools and their weights now; None when it has no automatic canary."""

@@ -1,7 +1,7 @@
-"""An automatic canary's state in Redis, for gateways whose limits already share a Redis:
-every replica (and every worker of each) routes by the same saved weight, and one of them
-judges, the holder of a lease that it renews every tick and that lapses ``JUDGE_LEASE``
-seconds after its holder stops.
+"""An automatic canary's state (or the model registry's stages) in Redis, for gateways whose
+limits already share a Redis: every replica (and every worker of each) routes by the same
+saved state, and one of them judges a canary, the holder of a lease that it renews every tick
+and that lapses ``JUDGE_LEASE`` seconds after its holder stops.
 
 A change is a compare-and-set (``WATCH`` / ``MULTI``), retried when another replica changed
 the state in between. Redis errors become ``StateUnavailable`` (an ``OSError``): the canaries
@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from typing import Generic
 
 import redis
 from redis.exceptions import RedisError, WatchError
 
-from gateway.canary.state import CanaryState, apply_change, parse_state
+from gateway.canary.state import S, apply_change, parse_saved
 
 JUDGE_LEASE = 10.0  # seconds
 TIMEOUT = 0.5  # seconds per Redis call (the canaries' clock runs off the event loop)
@@ -41,33 +42,36 @@ class StateUnavailable(OSError):
     """Redis could not be read or written."""
 
 
-class RedisStateStore:
-    """One canary's state under ``kvgate:canary:<model>`` (and its judge's lease)."""
+class RedisStateStore(Generic[S]):
+    """One state under ``key`` (``kvgate:canary:<model>`` for a canary, with its judge's
+    lease); ``parse`` reads what ``to_json`` wrote."""
 
-    def __init__(self, url: str, model: str) -> None:
+    def __init__(self, url: str, key: str, parse: Callable[[str], S]) -> None:
         self.client = redis.Redis.from_url(
             url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT
         )
-        self.key = f"kvgate:canary:{model}"
+        self.key = key
+        self.parse = parse
+        self.what = f"{key.split(':')[1]} state" if key.count(":") >= 2 else key  # in errors
         self.judge_key = f"{self.key}:judge"
         self.identity = uuid.uuid4().hex
         self._judge = False
 
-    def load(self) -> CanaryState | None:
+    def load(self) -> S | None:
         try:
             text = self.client.get(self.key)
         except RedisError as exc:
-            raise StateUnavailable(f"canary state in Redis: {exc}") from exc
+            raise StateUnavailable(f"{self.what} in Redis: {exc}") from exc
         return self._parse(text)
 
-    def _parse(self, value: object) -> CanaryState | None:
+    def _parse(self, value: object) -> S | None:
         if isinstance(value, bytes):
             value = value.decode()
-        return parse_state(value, self.key) if isinstance(value, str) and value else None
+        if not isinstance(value, str) or not value:
+            return None
+        return parse_saved(self.parse, value, self.key)
 
-    def update(
-        self, change: Callable[[CanaryState | None], CanaryState | None]
-    ) -> CanaryState | None:
+    def update(self, change: Callable[[S | None], S | None]) -> S | None:
         try:
             for _ in range(RETRIES):
                 with self.client.pipeline() as pipe:
@@ -82,8 +86,8 @@ class RedisStateStore:
                     except WatchError:
                         continue
         except RedisError as exc:
-            raise StateUnavailable(f"canary state in Redis: {exc}") from exc
-        raise StateUnavailable(f"canary state in Redis: changed {RETRIES} times while writing")
+            raise StateUnavailable(f"{self.what} in Redis: {exc}") from exc
+        raise StateUnavailable(f"{self.what} in Redis: changed {RETRIES} times while writing")
 
     def is_judge(self) -> bool:
         try:

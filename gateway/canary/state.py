@@ -1,5 +1,6 @@
 """An automatic canary's state (its step, status and decisions), kept in a small JSON file so
-that it survives a restart and is shared by the workers of one gateway.
+that it survives a restart and is shared by the workers of one gateway (the model registry's
+stages are kept the same way: ``StateFile`` holds any state that writes itself as JSON).
 
 Every change is a read-modify-write under an exclusive ``flock`` of ``<file>.lock``, and the
 file is replaced atomically; ``generation`` counts the changes, so a worker that sees a newer
@@ -18,7 +19,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Generic, Protocol, TypeVar
 
 log = logging.getLogger("kvgate.gateway")
 
@@ -58,24 +59,32 @@ class CanaryState:
         return state
 
 
-class CanaryStore(Protocol):
-    """Where a canary's state is kept: a local file (``StateFile``) or Redis
+class Saved(Protocol):
+    def to_json(self) -> str: ...
+
+
+S = TypeVar("S", bound=Saved)
+
+
+class Store(Protocol[S]):
+    """Where a state is kept: a local file (``StateFile``) or Redis
     (``gateway.canary.redis_state``)."""
 
-    def load(self) -> CanaryState | None: ...
+    def load(self) -> S | None: ...
 
-    def update(
-        self, change: Callable[[CanaryState | None], CanaryState | None]
-    ) -> CanaryState | None: ...
+    def update(self, change: Callable[[S | None], S | None]) -> S | None: ...
 
     def is_judge(self) -> bool: ...
 
     def close(self) -> None: ...
 
 
+CanaryStore = Store[CanaryState]
+
+
 def apply_change(
-    current: CanaryState | None, change: Callable[[CanaryState | None], CanaryState | None]
-) -> tuple[CanaryState | None, bool]:
+    current: S | None, change: Callable[[S | None], S | None]
+) -> tuple[S | None, bool]:
     """``change`` applied to the saved state: (the result, whether it is to be written: it is
     a state, and not the one it was given unchanged)."""
     before = current.to_json() if current is not None else None
@@ -83,24 +92,26 @@ def apply_change(
     return changed, changed is not None and changed.to_json() != before
 
 
-def parse_state(text: str, where: object) -> CanaryState | None:
+def parse_saved(parse: Callable[[str], S], text: str, where: object) -> S | None:
     """A saved state, or None (with a warning) when it cannot be read."""
     try:
-        return CanaryState.from_json(text)
+        return parse(text)
     except (ValueError, KeyError, TypeError) as exc:
-        log.warning("ignoring the unreadable canary state %s: %s", where, exc)
+        log.warning("ignoring the unreadable saved state %s: %s", where, exc)
         return None
 
 
-def state_file_name(model: str) -> str:
-    return "canary-" + re.sub(r"[^A-Za-z0-9._-]", "_", model) + ".json"
+def state_file_name(model: str, kind: str = "canary") -> str:
+    return f"{kind}-" + re.sub(r"[^A-Za-z0-9._-]", "_", model) + ".json"
 
 
-class StateFile:
-    """One canary's state file (and its lock and judge files)."""
+class StateFile(Generic[S]):
+    """One state's file (and its lock and judge files); ``parse`` reads what ``to_json``
+    wrote."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, parse: Callable[[str], S]) -> None:
         self.path = path
+        self.parse = parse
         self._judge: IO[bytes] | None = None
 
     @contextlib.contextmanager
@@ -112,25 +123,23 @@ class StateFile:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def _read(self) -> CanaryState | None:
+    def _read(self) -> S | None:
         try:
             text = self.path.read_text()
         except FileNotFoundError:
             return None
-        return parse_state(text, self.path)
+        return parse_saved(self.parse, text, self.path)
 
-    def _write(self, state: CanaryState) -> None:
+    def _write(self, state: S) -> None:
         temporary = self.path.with_suffix(f".{os.getpid()}.tmp")
         temporary.write_text(state.to_json())
         os.replace(temporary, self.path)
 
-    def load(self) -> CanaryState | None:
+    def load(self) -> S | None:
         with self._locked():
             return self._read()
 
-    def update(
-        self, change: Callable[[CanaryState | None], CanaryState | None]
-    ) -> CanaryState | None:
+    def update(self, change: Callable[[S | None], S | None]) -> S | None:
         """Apply ``change`` to the saved state under the lock; what it returns is saved (and
         returned), unless it is the very state it was given unchanged or None."""
         with self._locked():

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from epp.registry import CATALOG
 from gateway.canary.canaries import Canaries
 from gateway.canary.controller import CanaryController
-from gateway.canary.state import StateFile, state_file_name
+from gateway.canary.state import CanaryState, StateFile, state_file_name
 from policies.loader import load_policy_text
 from policies.schema import Policy
 from tests.fakes import ManualClock, close_after_test
@@ -170,7 +170,9 @@ def test_one_worker_judges_and_the_others_follow_the_file(tmp_path: Path) -> Non
     judge.tick()
     follower.tick()
     path = tmp_path / state_file_name("chat")
-    assert StateFile(path).is_judge() is False  # held by the first manager's store
+    assert (
+        StateFile(path, CanaryState.from_json).is_judge() is False
+    )  # held by the first manager's store
     serve(follower.controllers["chat"], 200)  # the follower's evidence is never judged
     clock.now += 61
     follower.tick()

@@ -32,7 +32,7 @@ CASES = [
         with_base("colour: blue"),
         [
             "colour (line 5): unknown field (expected one of: auth, breakers, classes, cors, epp,"
-            " limits, listen, observability, pools, response_cache, retries, routes, slos,"
+            " limits, listen, models, observability, pools, response_cache, retries, routes, slos,"
             " spend, state_dir, tenants, timeouts, version)"
         ],
     ),
