@@ -13,6 +13,7 @@ from aiohttp import web
 
 from backends.engine.build import EngineConfig, build_engine
 from backends.engine.scheduler import SchedulerConfig
+from backends.engine.speculation import SpeculativeConfig
 from backends.kv_publisher import ZmqEventPublisher
 from backends.pd import worker as pd_worker
 from backends.runner_parts import RunnerParts
@@ -133,6 +134,11 @@ def _sim_options(p: argparse.ArgumentParser) -> None:
         help="sim cost model: 'default', 'zero', or seconds a,b,c,d[,e] for "
         "step, prefill token, decode seq, KV token read, LoRA swap",
     )
+    p.add_argument(
+        "--speculative-config",
+        help="speculative decoding, as vLLM's: JSON such as "
+        '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\'',
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated tokens")
     p.add_argument("--default-max-tokens", type=int, default=256, help="chat default max_tokens")
 
@@ -159,6 +165,11 @@ def build_state(args: argparse.Namespace) -> ServerState:
             enable_chunked_prefill=not args.no_chunked_prefill,
             max_loras=args.max_loras,
             eos_token_ids=parts.eos_token_ids,
+            speculative=(
+                SpeculativeConfig.parse(args.speculative_config)
+                if args.speculative_config
+                else None
+            ),
         ),
         num_blocks=args.num_blocks,
         block_size=args.block_size,

@@ -144,13 +144,15 @@ class BlockManager:
         needed -= len(seq.block_table)
         return needed <= 0 or needed <= len(self._free_uncached) + len(self._free_cached)
 
-    def append(self, seq: Sequence, num_new_tokens: int) -> None:
-        """Make room for ``num_new_tokens`` more tokens of ``seq`` and cache blocks they fill."""
+    def append(self, seq: Sequence, num_new_tokens: int, lookahead: int = 0) -> None:
+        """Make room for ``num_new_tokens`` more tokens of ``seq`` and cache blocks they fill;
+        and for ``lookahead`` draft tokens after them (speculative decoding), whose blocks are
+        cached only once their tokens are the sequence's."""
         num_tokens = seq.num_computed_tokens + num_new_tokens
         if num_tokens > len(seq.token_ids):
             raise EngineError(f"{seq.request_id}: cannot schedule tokens that are not known yet")
         table = seq.block_table
-        needed = -(-num_tokens // self.block_size) - len(table)
+        needed = -(-(num_tokens + lookahead) // self.block_size) - len(table)
         if needed > 0:
             if needed > self.num_free_blocks:
                 raise EngineError(f"{seq.request_id}: out of KV blocks (check can_append first)")

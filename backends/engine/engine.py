@@ -43,10 +43,11 @@ class RequestStream:
     merges deltas), and an empty list once the sequence has finished.
     """
 
-    __slots__ = ("_pending", "_waiter", "first_token_time", "last_token_time", "seq")
+    __slots__ = ("_pending", "_sent", "_waiter", "first_token_time", "last_token_time", "seq")
 
     def __init__(self, seq: Sequence) -> None:
         self.seq = seq
+        self._sent = len(seq.prompt_token_ids)  # the sequence's tokens pushed so far
         self._pending: list[int] = []
         self._waiter: asyncio.Future[None] | None = None
         self.first_token_time = 0.0
@@ -56,8 +57,12 @@ class RequestStream:
     def finish_reason(self) -> FinishReason | None:
         return self.seq.finish_reason
 
-    def push(self, token: int) -> None:
-        self._pending.append(token)
+    def push_new(self) -> None:
+        """The sequence's tokens not pushed yet (one per step, or several where drafts were
+        kept)."""
+        tokens = self.seq.token_ids
+        self._pending.extend(tokens[self._sent :])
+        self._sent = len(tokens)
         self._wake()
 
     def close(self) -> None:
@@ -210,7 +215,12 @@ class AsyncEngine:
             self.num_steps += 1
             self.scheduler.kv_connector.after_step(step)
             updated = self.scheduler.postprocess(
-                out, output.tokens, output.logprobs, output.top_logprobs, output.prompt_logprobs
+                out,
+                output.tokens,
+                output.logprobs,
+                output.top_logprobs,
+                output.prompt_logprobs,
+                output.accepted,
             )
             self._deliver(updated)
             if self.event_sink is not None:
@@ -231,7 +241,7 @@ class AsyncEngine:
             else:
                 observer.on_inter_token(now - stream.last_token_time)
             stream.last_token_time = now
-            stream.push(seq.token_ids[-1])
+            stream.push_new()
             if seq.is_finished:
                 self._retire(stream, now)
 

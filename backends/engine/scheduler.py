@@ -23,6 +23,7 @@ from backends.engine.sequence import (
     SequenceStatus,
     TopLogprobs,
 )
+from backends.engine.speculation import SpeculationStats, SpeculativeConfig, drafts_for
 from backends.engine.step import ScheduledSeq
 
 
@@ -36,6 +37,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True  # split long prompts across steps
     max_loras: int = 1  # distinct LoRA adapters in one batch
     eos_token_ids: tuple[int, ...] = ()  # the model's end-of-sequence tokens
+    speculative: SpeculativeConfig | None = None  # draft tokens for decoding sequences
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_loras"):
@@ -95,6 +97,7 @@ class Scheduler:
         self.loading: dict[int, tuple[Sequence, int]] = {}  # seq id -> (seq, tokens loading)
         self.kv_connector: KVConnector = kv_connector or NoKVConnector()
         self.stats = SchedulerStats()
+        self.speculation = SpeculationStats()
 
     @property
     def num_waiting(self) -> int:
@@ -151,15 +154,16 @@ class Scheduler:
         logprobs: list[float | None] | None = None,
         top_logprobs: list[TopLogprobs | None] | None = None,
         prompt_logprobs: list[list[PromptLogprob] | None] | None = None,
+        accepted: list[list[int] | None] | None = None,
     ) -> list[Sequence]:
         """Apply a step's results; ``sampled`` (and ``logprobs``, ``top_logprobs``,
-        ``prompt_logprobs``) align with ``out.scheduled``.
+        ``prompt_logprobs``, ``accepted``: the drafts each sequence's sampling kept, which come
+        before its sampled token) align with ``out.scheduled``.
 
-        Returns the sequences that got a new token or finished in this step.
+        Returns the sequences that got new tokens or finished in this step.
         """
         updated: list[Sequence] = []
         any_finished = False
-        stats = self.stats
         running = SequenceStatus.RUNNING
         for index, (item, token) in enumerate(zip(out.scheduled, sampled, strict=True)):
             seq = item.seq
@@ -169,29 +173,50 @@ class Scheduler:
                 # entry i is position i's: a recomputed prompt (preempted) replaces its own
                 del seq.prompt_logprobs[seq.num_computed_tokens :]
                 seq.prompt_logprobs.extend(entries)
-            seq.num_computed_tokens += item.num_new_tokens
+            kept = (accepted[index] if accepted is not None else None) or []
+            if item.draft_token_ids:
+                self.speculation.record(len(item.draft_token_ids), len(kept))
+            seq.num_computed_tokens += item.num_new_tokens + len(kept)  # kept drafts' KV too
             if token is None:
                 continue
-            num_prompt = len(seq.prompt_token_ids)
-            if len(seq.token_ids) == num_prompt:
-                stats.prompt_tokens += num_prompt
-            seq.token_ids.append(token)
-            if logprobs is not None and (logprob := logprobs[index]) is not None:
-                seq.output_logprobs.append(logprob)
-            if top_logprobs is not None and (top := top_logprobs[index]) is not None:
-                seq.output_top_logprobs.append(top)
-            stats.generation_tokens += 1
-            reason = self._finish_reason(seq, token)
-            if reason is not None:
-                seq.status = SequenceStatus.FINISHED
-                seq.finish_reason = reason
-                if not self.kv_connector.request_finished(seq):
-                    self.block_manager.free(seq)  # else the connector frees them later
-                any_finished = True
+            finished = any(self._append(seq, draft) for draft in kept)
+            if not finished:
+                logprob = logprobs[index] if logprobs is not None else None
+                top = top_logprobs[index] if top_logprobs is not None else None
+                finished = self._append(seq, token, logprob, top)
+            any_finished |= finished
             updated.append(seq)
         if any_finished:
             self.running = [s for s in self.running if s.status is SequenceStatus.RUNNING]
         return updated
+
+    def _append(
+        self,
+        seq: Sequence,
+        token: int,
+        logprob: float | None = None,
+        top: TopLogprobs | None = None,
+    ) -> bool:
+        """One new token of ``seq`` (with its log-probabilities where asked); whether that
+        finished it (its blocks then freed, unless the KV connector still sends them)."""
+        stats = self.stats
+        num_prompt = len(seq.prompt_token_ids)
+        if len(seq.token_ids) == num_prompt:
+            stats.prompt_tokens += num_prompt
+        seq.token_ids.append(token)
+        if logprob is not None:
+            seq.output_logprobs.append(logprob)
+        if top is not None:
+            seq.output_top_logprobs.append(top)
+        stats.generation_tokens += 1
+        reason = self._finish_reason(seq, token)
+        if reason is None:
+            return False
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        if not self.kv_connector.request_finished(seq):
+            self.block_manager.free(seq)  # else the connector frees them later
+        return True
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         sampling = seq.sampling
@@ -213,12 +238,24 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             num_new = min(len(seq.token_ids) - seq.num_computed_tokens, budget)
+            drafts = self._drafts(seq, num_new, budget)
             if self._make_room(seq, num_new, index, out):
-                self.block_manager.append(seq, num_new)
-                out.scheduled.append(ScheduledSeq(seq, num_new))
-                budget -= num_new
+                self.block_manager.append(seq, num_new, lookahead=len(drafts))
+                out.scheduled.append(ScheduledSeq(seq, num_new, drafts))
+                budget -= num_new + len(drafts)
                 index += 1
         return budget
+
+    def _drafts(self, seq: Sequence, num_new: int, budget: int) -> list[int]:
+        """Draft tokens for a decoding ``seq`` (speculative decoding), as many as fit in free
+        blocks: drafts never preempt another sequence."""
+        config = self.config.speculative
+        if config is None or num_new != 1 or seq.num_computed_tokens != seq.num_tokens - 1:
+            return []
+        drafts = drafts_for(seq, config, budget, self.config.max_model_len)
+        if drafts and not self.block_manager.can_append(seq, 1 + len(drafts)):
+            return []
+        return drafts
 
     def _make_room(self, seq: Sequence, num_new: int, index: int, out: SchedulerOutput) -> bool:
         """Preempt until ``seq`` can grow; False if ``seq`` itself had to be preempted."""

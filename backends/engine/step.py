@@ -9,7 +9,7 @@ A slot is ``block_table[position // block_size] * block_size + position % block_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from backends.engine.sequence import PromptLogprob, SamplingParams, Sequence, TopLogprobs
 
@@ -20,6 +20,9 @@ class ScheduledSeq:
 
     seq: Sequence
     num_new_tokens: int
+    # speculative decoding: tokens guessed to follow, computed after the sequence's own in the
+    # same pass and kept as far as the runner's sampling agrees with them
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
@@ -39,8 +42,14 @@ class SeqStep:
     lora_name: str | None
     sampling: SamplingParams
     do_sample: bool  # a token is sampled from the last input's logits
-    is_decode: bool  # one token after a fully computed context
+    is_decode: bool  # one token after a fully computed context (no drafts)
     prompt_token_ids: list[int]  # the request's prompt (sampling seeds and penalties read it)
+    num_draft_tokens: int = 0  # the last input_ids are drafts: each row's token is sampled
+
+    @property
+    def num_sampled_rows(self) -> int:
+        """The rows whose logits are sampled: the last real token's, and each draft's."""
+        return 1 + self.num_draft_tokens if self.do_sample else 0
 
     @property
     def num_new_tokens(self) -> int:
@@ -81,12 +90,15 @@ class StepOutput:
     """A runner's result, aligned with ``StepInput.seqs``: the sampled token of each sequence
     that samples (None for the others) and, where asked for, its log-probability and the most
     likely tokens', and the prompt tokens' log-probabilities this step's positions give (for
-    sequences that ask ``prompt_logprobs``)."""
+    sequences that ask ``prompt_logprobs``). A sequence given drafts gets, in ``accepted``,
+    the leading drafts its sampling kept; its token is the one sampled after the last of
+    them."""
 
     tokens: list[int | None]
     logprobs: list[float | None] | None = None
     top_logprobs: list[TopLogprobs | None] | None = None
     prompt_logprobs: list[list[PromptLogprob] | None] | None = None
+    accepted: list[list[int] | None] | None = None
 
 
 def build_step(scheduled: list[ScheduledSeq], block_size: int) -> StepInput:
@@ -94,24 +106,28 @@ def build_step(scheduled: list[ScheduledSeq], block_size: int) -> StepInput:
     table does not cover the tokens it computes (a scheduler bug, never silently misplaced)."""
     seqs: list[SeqStep] = []
     for item in scheduled:
-        seq = item.seq
+        seq, drafts = item.seq, item.draft_token_ids
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + item.num_new_tokens
+        last = end + len(drafts)
         table = seq.block_table
-        if -(-end // block_size) > len(table):
-            raise ValueError(f"sequence {seq.seq_id}: {len(table)} blocks cannot hold {end} tokens")
-        slots = [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        if -(-last // block_size) > len(table):
+            raise ValueError(
+                f"sequence {seq.seq_id}: {len(table)} blocks cannot hold {last} tokens"
+            )
+        slots = [table[p // block_size] * block_size + p % block_size for p in range(start, last)]
         seqs.append(
             SeqStep(
                 seq_id=seq.seq_id,
-                input_ids=seq.token_ids[start:end],
+                input_ids=seq.token_ids[start:end] + drafts,
                 start_position=start,
                 slot_mapping=slots,
                 block_table=list(table),
                 lora_name=seq.lora_name,
                 sampling=seq.sampling,
                 do_sample=end == seq.num_tokens,
-                is_decode=item.num_new_tokens == 1 and not seq.is_prefill,
+                is_decode=item.num_new_tokens == 1 and not seq.is_prefill and not drafts,
                 prompt_token_ids=seq.prompt_token_ids,
+                num_draft_tokens=len(drafts),
             )
         )
     return StepInput(seqs, block_size)

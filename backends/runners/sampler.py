@@ -81,8 +81,49 @@ class Sampler:
             if stops:
                 logits[i, stops] = float("-inf")
 
+    def verify(
+        self, logits: torch.Tensor, row: SampleRow, drafts: Sequence[int]
+    ) -> tuple[list[int], int]:
+        """Speculative decoding's check of ``drafts`` against the model: ``logits`` (``[1 +
+        len(drafts), vocab]``) has, in row ``i``, the distribution of the token after
+        ``drafts[:i]``. Returns the drafts kept and the token sampled after them.
+
+        Greedy: a draft is kept while it is the argmax (the output is token for token the one
+        without drafts). Sampled: draft ``i`` is kept with probability ``p_i(draft)`` (a
+        prompt-lookup draft is one token for certain, so this is the rejection sampling of
+        speculative decoding) and a rejected one is replaced by a draw from ``p_i`` without it,
+        renormalised — each emitted token is distributed as ``p_i``, as without drafts."""
+        logits = logits.float()
+        steps = [
+            SampleRow(row.seq_id, row.sampling, row.num_output_tokens + i)
+            for i in range(len(drafts) + 1)
+        ]
+        self._mask_early_stops(logits, steps)
+        if row.sampling.is_greedy:
+            targets = logits.argmax(dim=-1).tolist()
+            kept = 0
+            while kept < len(drafts) and targets[kept] == drafts[kept]:
+                kept += 1
+            return list(drafts[:kept]), targets[kept]
+        generator = self._generator(row)
+        for i, draft in enumerate(drafts):
+            probs = self._probs(logits[i], row.sampling)
+            if float(torch.rand((), generator=generator)) < float(probs[draft]):
+                continue
+            probs[draft] = 0.0
+            if float(probs.sum()) <= 0.0:  # every token but the draft is ruled out
+                return list(drafts[:i]), draft
+            return list(drafts[:i]), int(torch.multinomial(probs, 1, generator=generator))
+        last = self._probs(logits[len(drafts)], row.sampling)
+        return list(drafts), int(torch.multinomial(last, 1, generator=generator))
+
     def _draw(self, logits: torch.Tensor, row: SampleRow) -> int:
-        sampling = row.sampling
+        probs = self._probs(logits, row.sampling)
+        return int(torch.multinomial(probs, 1, generator=self._generator(row)).item())
+
+    @staticmethod
+    def _probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+        """One row's distribution: temperature, then top-k, then top-p."""
         scaled = logits / sampling.temperature
         if 0 < sampling.top_k < scaled.shape[-1]:
             kth = torch.topk(scaled, sampling.top_k).values[-1]
@@ -93,7 +134,7 @@ class Sampler:
             before = sorted_probs.cumsum(-1) - sorted_probs  # mass of the more likely tokens
             sorted_probs = sorted_probs.masked_fill(before >= sampling.top_p, 0.0)
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-        return int(torch.multinomial(probs, 1, generator=self._generator(row)).item())
+        return probs
 
     def _generator(self, row: SampleRow) -> torch.Generator:
         if row.sampling.seed is None:

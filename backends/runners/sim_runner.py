@@ -122,9 +122,10 @@ class SimRunner:
         await asyncio.sleep(delay)
         seqs, sample = step.seqs, self._sample
         tokens = [sample(seq) if seq.do_sample else None for seq in seqs]
+        accepted = self._verify(step, tokens) if any(s.num_draft_tokens for s in seqs) else None
         wanted = [seq.sampling.prompt_logprobs is not None and not seq.is_decode for seq in seqs]
         if not any(seq.sampling.logprobs for seq in seqs) and not any(wanted):
-            return StepOutput(tokens)
+            return StepOutput(tokens, accepted=accepted)
         asked = [
             self._logprobs(seq, token) if token is not None and seq.sampling.logprobs else None
             for seq, token in zip(seqs, tokens, strict=True)
@@ -134,7 +135,25 @@ class SimRunner:
             [None if a is None else a[0] for a in asked],
             [None if a is None or not a[1] else a[1] for a in asked],
             [self._prompt_logprobs(s) if w else None for s, w in zip(seqs, wanted, strict=True)],
+            accepted,
         )
+
+    def _verify(self, step: StepInput, tokens: list[int | None]) -> list[list[int] | None]:
+        """The drafts kept of each sequence given some: each drafted position's token is the
+        one this runner draws there (a function of the position), a draft kept while it is that
+        token; ``tokens`` then gets the token drawn after the last kept."""
+        accepted: list[list[int] | None] = [None] * len(step.seqs)
+        for number, seq in enumerate(step.seqs):
+            if not seq.num_draft_tokens:
+                continue
+            drafts = seq.input_ids[len(seq.input_ids) - seq.num_draft_tokens :]
+            first = seq.num_context_tokens - seq.num_draft_tokens
+            kept = 0
+            while kept < len(drafts) and self._sample(seq, first + kept) == drafts[kept]:
+                kept += 1
+            accepted[number] = drafts[:kept]
+            tokens[number] = self._sample(seq, first + kept)
+        return accepted
 
     def is_alive(self) -> bool:
         return True
@@ -196,7 +215,8 @@ class SimRunner:
             entries.append((chosen, rank, top))
         return entries
 
-    def _sample(self, seq: SeqStep) -> int:
+    def _sample(self, seq: SeqStep, context: int | None = None) -> int:
+        """The token drawn after ``context`` tokens (the step's whole context unless given)."""
         seq_seed = self._seeds.get(seq.seq_id)
         if seq_seed is None:
             if seq.sampling.seed is not None:
@@ -204,6 +224,6 @@ class SimRunner:
             else:
                 seq_seed = xxhash.xxh3_64_intdigest(array("I", seq.prompt_token_ids).tobytes())
             self._seeds[seq.seq_id] = seq_seed
-        position = seq.num_context_tokens.to_bytes(8, "little")
+        position = (context or seq.num_context_tokens).to_bytes(8, "little")
         draw = xxhash.xxh3_64_intdigest(position, seed=seq_seed ^ self.seed)
         return self.vocabulary[draw % len(self.vocabulary)]

@@ -113,6 +113,7 @@ class TorchRunner:
         sample_rows: list[int] = []  # the step row of each sampled token's logits
         targets: list[int] = []  # the sequence each of them is for
         rows: list[SampleRow] = []
+        drafted: list[tuple[int, SampleRow]] = []  # sequences given drafts, and their rows
         prompt_rows: list[tuple[int, list[int], list[int]]] = []  # seq, rows, next tokens
         for number, seq in enumerate(step.seqs):
             offset = len(input_ids)
@@ -125,10 +126,15 @@ class TorchRunner:
                 SeqAttention(seq.block_table, seq.num_context_tokens, offset, seq.num_new_tokens)
             )
             if seq.do_sample:
-                sample_rows.append(len(input_ids) - 1)
-                targets.append(number)
                 num_output = seq.num_context_tokens - len(seq.prompt_token_ids)
-                rows.append(SampleRow(seq.seq_id, seq.sampling, num_output))
+                num_output -= seq.num_draft_tokens
+                row = SampleRow(seq.seq_id, seq.sampling, num_output)
+                if seq.num_draft_tokens:
+                    drafted.append((number, row))
+                else:
+                    sample_rows.append(len(input_ids) - 1)
+                    targets.append(number)
+                    rows.append(row)
         device = self.device
         groups = self.config.num_attention_heads // self.config.num_key_value_heads
         meta = build_metadata(attention, slots, step.block_size, device, groups, self.dtype)
@@ -142,6 +148,8 @@ class TorchRunner:
         )
         size = len(step.seqs)
         of_prompts = self._prompt_logprobs(step, hidden, prompt_rows) if prompt_rows else None
+        if drafted:
+            return self._verified(step, hidden, drafted, sample_rows, targets, rows, of_prompts)
         if not sample_rows:
             return StepOutput([None] * size, prompt_logprobs=of_prompts)
         logits = self.model.logits(hidden[torch.tensor(sample_rows, device=device)])
@@ -153,6 +161,46 @@ class TorchRunner:
             None if tops is None else _placed(tops, targets, size),
             of_prompts,
         )
+
+    def _verified(
+        self,
+        step: StepInput,
+        hidden: torch.Tensor,
+        drafted: list[tuple[int, SampleRow]],
+        sample_rows: list[int],
+        targets: list[int],
+        rows: list[SampleRow],
+        of_prompts: list[list[PromptLogprob] | None] | None,
+    ) -> StepOutput:
+        """A step with drafts: the logits of every sampled row in one projection, the plain
+        rows sampled as a batch, each drafted sequence's rows verified (``Sampler.verify``)."""
+        size = len(step.seqs)
+        ends = [s.num_new_tokens for s in step.seqs]
+        offsets = [sum(ends[:n]) for n in range(size)]
+        spans = []
+        for number, _ in drafted:
+            seq = step.seqs[number]
+            first = offsets[number] + seq.num_new_tokens - 1 - seq.num_draft_tokens
+            spans.append(range(first, first + 1 + seq.num_draft_tokens))
+        chosen = sample_rows + [r for span in spans for r in span]
+        logits = self.model.logits(hidden[torch.tensor(chosen, device=self.device)])
+        tokens: list[int | None] = [None] * size
+        logprobs = tops = None
+        if rows:
+            sampled = self.sampler.sample(logits[: len(rows)], rows)
+            tokens = _placed(sampled.tokens, targets, size)
+            if sampled.logprobs is not None:
+                logprobs = _placed(sampled.logprobs, targets, size)
+            if sampled.top_logprobs is not None:
+                tops = _placed(sampled.top_logprobs, targets, size)
+        accepted: list[list[int] | None] = [None] * size
+        at = len(rows)
+        for (number, row), span in zip(drafted, spans, strict=True):
+            drafts = step.seqs[number].input_ids[-step.seqs[number].num_draft_tokens :]
+            kept, token = self.sampler.verify(logits[at : at + len(span)], row, drafts)
+            accepted[number], tokens[number] = kept, token
+            at += len(span)
+        return StepOutput(tokens, logprobs, tops, of_prompts, accepted)
 
     def _prompt_logprobs(
         self,

@@ -38,8 +38,8 @@ async def deltas(req: GenerationRequest, batches: list[list[int]]) -> list[tuple
     events = choice_events(served_state(), req, 0, stream)
     out = []
     for batch in batches:
-        for token in batch:
-            stream.push(token)
+        stream.seq.token_ids.extend(batch)  # what the engine appended, then delivered
+        stream.push_new()
         _, text, _, tokens = await asyncio.wait_for(anext(events), timeout=2)
         out.append((text, list(tokens)))
     return out
@@ -76,7 +76,8 @@ def test_a_chats_opening_chunk_waits_for_the_first_token() -> None:
         for _ in range(5):
             await asyncio.sleep(0)
         before = list(response.chunks)  # nothing made yet: nothing sent
-        stream.push(120)
+        stream.seq.token_ids.append(120)
+        stream.push_new()
         for _ in range(5):
             await asyncio.sleep(0)
         writing.cancel()

@@ -9,6 +9,7 @@ from backends.engine.build import EngineConfig, build_engine
 from backends.engine.engine import AsyncEngine
 from backends.engine.scheduler import SchedulerConfig
 from backends.engine.sequence import SamplingParams
+from backends.engine.speculation import SpeculativeConfig
 from backends.runners.torch_runner import TorchRunner
 from backends.runners.torch_setup import TorchModelSpec, build_torch_runner
 
@@ -33,10 +34,14 @@ def make_engine(
     block_size: int = 16,
     max_loras: int = 1,
     max_model_len: int = 1024,
+    speculative: SpeculativeConfig | None = None,
 ) -> AsyncEngine:
     config = EngineConfig(
         SchedulerConfig(
-            max_num_batched_tokens=budget, max_model_len=max_model_len, max_loras=max_loras
+            max_num_batched_tokens=budget,
+            max_model_len=max_model_len,
+            max_loras=max_loras,
+            speculative=speculative,
         ),
         block_size=block_size,
     )
