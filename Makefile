@@ -123,6 +123,7 @@ bench-limiter: $(STAMP) redis
 # transformers, on one random-weight model: docs/benchmarks.md, "Engine".
 bench-engine: $(STAMP)
 	$(BIN)/python -m bench.engine
+	$(BIN)/python -m bench.engine_speculation
 
 # kvgate's picker against sglang-router, vllm-router and Dynamo (their own venvs, made on first
 # use) on simulated backends: docs/benchmarks.md, "Routing".

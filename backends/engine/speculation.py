@@ -3,10 +3,11 @@
 A decoding sequence whose last ``n`` tokens (``prompt_lookup_max`` down to
 ``prompt_lookup_min``) occurred earlier in its prompt or output proposes the tokens that
 followed that earlier occurrence (the latest one of the longest match), up to
-``num_speculative_tokens``. The runner computes the sequence's last token and the drafts in one
-forward pass through the paged KV cache and keeps the drafts its own sampling agrees with
-(``backends.runners.sampler``), so the output is the model's, only faster where the text
-repeats itself (summaries, edits, code, extraction).
+``num_speculative_tokens`` — continued periodically where the occurrence is so recent that
+fewer follow it (a loop of a few tokens drafts whole). The runner computes the sequence's last
+token and the drafts in one forward pass through the paged KV cache and keeps the drafts its
+own sampling agrees with (``backends.runners.sampler``), so the output is the model's, only
+faster where the text repeats itself (summaries, edits, code, extraction).
 """
 
 from __future__ import annotations
@@ -85,7 +86,13 @@ def propose(token_ids: list[int], config: SpeculativeConfig, limit: int) -> list
                 break
     if best_length < config.prompt_lookup_min:
         return []
-    return token_ids[best_end + 1 : best_end + 1 + min(limit, config.num_speculative_tokens)]
+    # what followed the match; past the end of the sequence, the drafts themselves (a match
+    # ``period`` tokens back predicts a text repeating with that period)
+    period = count - 1 - best_end
+    drafts = token_ids[best_end + 1 : best_end + 1 + min(limit, config.num_speculative_tokens)]
+    while len(drafts) < min(limit, config.num_speculative_tokens):
+        drafts.append(drafts[len(drafts) - period])
+    return drafts
 
 
 @dataclass(slots=True)

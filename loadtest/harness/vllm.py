@@ -69,6 +69,7 @@ class VllmServer:
     cpu: str | None = None  # VLLM_CPU_OMP_THREADS_BIND, e.g. "0"
     features: bool = True  # KV events and LoRA on (the integration tier); off for benchmarks
     max_model_len: int = 2048
+    extra: tuple[str, ...] = ()  # more arguments, e.g. ("--speculative-config", "{...}")
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -107,6 +108,7 @@ class VllmServer:
             "--enable-prompt-tokens-details",
             "--enable-prefix-caching",
         ]
+        base.extend(self.extra)
         if not self.features:
             return base
         return [

@@ -31,6 +31,8 @@ CYCLE = 7  # the rule runner's next token after t is (t + 1) % CYCLE
         # of equally long matches, the latest
         ([4, 1, 4, 2, 4], SpeculativeConfig(1, 1, 1), 9, [2]),
         ([3, 1, 2, 3], SpeculativeConfig(4, 3, 2), 9, []),  # a 1-token match is too short
+        # a match 2 tokens back: the text repeats with period 2
+        ([5, 1, 2, 1, 2], SpeculativeConfig(5, 2, 2), 9, [1, 2, 1, 2, 1]),
     ],
 )
 def test_prompt_lookup_proposes_what_followed_the_longest_latest_match(

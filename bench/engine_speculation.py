@@ -1,0 +1,179 @@
+"""Speculative decoding (n-gram prompt lookup): kvgate's torch engine with and without drafts,
+beside vLLM's CPU build with and without its ``ngram`` speculator, on a workload where prompt
+lookup applies — the last step of `make bench-engine`.
+
+The model is the engine benchmark's (``bench.engine``: a ~5M-parameter random-weight Llama).
+Each prompt is an edit of a given text: ``--document`` token ids, then the text's first 20
+tokens again, as a model continuing to copy it would see; 128 output tokens, greedy,
+``ignore_eos``. The same speculative configuration for both engines:
+``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+"prompt_lookup_min": 2}``. Batch 1 (one request at a time) and batch 16 (16 in flight), in
+interleaved rounds after an untimed warm-up; acceptance from each server's own
+``vllm:spec_decode_*`` counters. A random model's greedy text falls into loops that prompt lookup
+predicts: the acceptance measured is reported, not assumed. Figures go to stdout as Markdown and
+to ``build/bench-speculation.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.engine import MODEL_NAME, VOCAB, build_model, start_kvgate, vllm_python
+from bench.engine_load import run_round
+from loadtest.harness.processes import KvgateProcess
+from loadtest.harness.vllm import VllmServer
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECULATIVE = json.dumps(
+    {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+)
+BATCHES = {1: 8, 16: 48}  # concurrency: requests per round
+
+
+def edit_prompts(count: int, document: int, seed: int) -> list[list[int]]:
+    """A text, then its first 20 tokens again (the model is copying it)."""
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(count):
+        text = [rng.randrange(5, VOCAB) for _ in range(document)]
+        prompts.append(text + text[:20])
+    return prompts
+
+
+def spec_counters(url: str) -> dict[str, float]:
+    """The server's ``vllm:spec_decode_num_*_total`` counters (0 where it has none)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    totals = dict.fromkeys(("drafts", "draft_tokens", "accepted_tokens"), 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name.removeprefix("vllm:spec_decode_num_").removesuffix("_total")
+            if name in totals and sample.name.endswith("_total"):
+                totals[name] += sample.value
+    return totals
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--document", type=int, default=200, help="tokens of the edited text")
+    parser.add_argument("--output-tokens", type=int, default=128)
+    parser.add_argument("--pause", type=float, default=2.0)
+    parser.add_argument("--no-vllm", action="store_true")
+    args = parser.parse_args()
+    model = build_model()
+    servers: dict[str, str] = {}
+    kvgates: list[KvgateProcess] = []
+    vllms: list[VllmServer] = []
+    try:
+        for name, extra in (
+            ("kvgate", ()),
+            ("kvgate+ngram", ("--speculative-config", SPECULATIVE)),
+        ):
+            kvgates.append(start_kvgate(model, *extra))
+            servers[name] = kvgates[-1].health_url.rsplit("/", 1)[0]
+        python, why = (None, "--no-vllm") if args.no_vllm else vllm_python()
+        if python is None:
+            print(f"vLLM peer unavailable: {why}")
+        else:
+            for name, extra in (
+                ("vllm", ()),
+                ("vllm+ngram", ("--speculative-config", SPECULATIVE)),
+            ):
+                log = ROOT / "build" / f"bench-speculation-{name}.log"
+                server = VllmServer(
+                    python, str(model), name=MODEL_NAME, features=False, log=log, extra=extra
+                )
+                vllms.append(server.start())
+            for server in vllms:
+                server.wait_ready()
+            servers.update({"vllm": vllms[0].url, "vllm+ngram": vllms[1].url})
+        results = measure(servers, args)
+    finally:
+        for process in kvgates:
+            process.stop()
+        for server in vllms:
+            server.stop()
+    report(results)
+    out = ROOT / "build" / "bench-speculation.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def measure(servers: dict[str, str], args: argparse.Namespace) -> dict[str, object]:
+    """Every server's output tokens/s at each batch size, in interleaved rounds, and the
+    acceptance its counters show over the timed rounds."""
+    warm_up = edit_prompts(4, args.document, seed=10_000)
+    for url in servers.values():
+        asyncio.run(run_round(url, MODEL_NAME, warm_up, args.output_tokens, 4, "warm-up"))
+    before = {name: spec_counters(url) for name, url in servers.items()}
+    rounds: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in servers}
+    for number in range(args.rounds):
+        for batch, count in BATCHES.items():
+            prompts = edit_prompts(count, args.document, seed=number * 100 + batch)
+            order = list(servers) if number % 2 == 0 else list(reversed(servers))
+            for name in order:
+                result = asyncio.run(
+                    run_round(
+                        servers[name],
+                        MODEL_NAME,
+                        prompts,
+                        args.output_tokens,
+                        batch,
+                        uuid.uuid4().hex,
+                    )
+                )
+                if result.errors:
+                    raise RuntimeError(f"{name}: {len(result.errors)} errors, {result.errors[0]}")
+                rounds[name][batch].append(result.tokens_per_s)
+                print(f"round {number} batch {batch} {name}: {result.tokens_per_s:.0f} tok/s")
+                time.sleep(args.pause)
+    acceptance = {}
+    for name, url in servers.items():
+        after = spec_counters(url)
+        delta = {key: after[key] - before[name][key] for key in after}
+        if delta["draft_tokens"]:
+            acceptance[name] = {
+                **delta,
+                "acceptance_rate": delta["accepted_tokens"] / delta["draft_tokens"],
+                "mean_accepted_per_draft": delta["accepted_tokens"] / delta["drafts"],
+            }
+    return {"rounds": rounds, "acceptance": acceptance, "config": json.loads(SPECULATIVE)}
+
+
+def report(results: dict[str, object]) -> None:
+    rounds = results["rounds"]
+    assert isinstance(rounds, dict)
+    print("\n| engine | batch 1 tok/s | batch 16 tok/s |")
+    print("| --- | ---: | ---: |")
+    best = {name: {b: max(v) for b, v in by_batch.items()} for name, by_batch in rounds.items()}
+    for name, by_batch in best.items():
+        print(f"| {name} | {by_batch[1]:.0f} | {by_batch[16]:.0f} |")
+    print("\n| speculation's speed-up (best rounds) | batch 1 | batch 16 |")
+    print("| --- | ---: | ---: |")
+    for engine in ("kvgate", "vllm"):
+        if engine in best and f"{engine}+ngram" in best:
+            gains = [best[f"{engine}+ngram"][b] / best[engine][b] for b in BATCHES]
+            print(f"| {engine} | {gains[0]:.2f}x | {gains[1]:.2f}x |")
+    acceptance = results["acceptance"]
+    assert isinstance(acceptance, dict)
+    for name, figures in acceptance.items():
+        print(
+            f"{name}: {figures['accepted_tokens']:.0f} of {figures['draft_tokens']:.0f} draft "
+            f"tokens kept ({figures['acceptance_rate']:.0%}), "
+            f"{figures['mean_accepted_per_draft']:.2f} per draft"
+        )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
