@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from epp.framework import Endpoint
+from epp.framework import Endpoint, EndpointSpec
 from epp.metrics_parser import names_for
 from policies.schema import Policy
 
@@ -14,19 +14,21 @@ class Datastore:
         self.pools: dict[str, list[Endpoint]] = {
             name: [
                 Endpoint(
-                    e.address,
-                    name,
-                    e.role,
-                    dict(e.labels),
-                    capacity=e.capacity,
-                    kv_events_port=e.kv_events_port or pool.kv_events_port,
-                    kv_events_bind=pool.kv_events_bind,
-                    kv_events_replay_port=replay_port(
-                        e.kv_events_port or pool.kv_events_port,
-                        e.kv_events_replay_port,
-                        pool.kv_events_replay_port,
+                    EndpointSpec(
+                        e.address,
+                        name,
+                        e.role,
+                        e.labels,
+                        kv_events_port=e.kv_events_port or pool.kv_events_port,
+                        kv_events_bind=pool.kv_events_bind,
+                        kv_events_replay_port=replay_port(
+                            e.kv_events_port or pool.kv_events_port,
+                            e.kv_events_replay_port,
+                            pool.kv_events_replay_port,
+                        ),
+                        kv_events_topic=e.kv_events_topic,
                     ),
-                    kv_events_topic=e.kv_events_topic,
+                    capacity=e.capacity,
                 )
                 for e in pool.endpoints
             ]

@@ -78,7 +78,7 @@ class KVEventSubscriber:
     ) -> None:
         """``index``'s hooks hear of lag and of messages it cannot use."""
         self.index = index
-        self.endpoints = [e for e in endpoints if e.kv_events_port or e.kv_events_bind]
+        self.endpoints = [e for e in endpoints if e.spec.kv_events_port or e.spec.kv_events_bind]
         self.batches = 0
         self.replayed = 0
         self._replayed: dict[tuple[str, int | None], int] = {}  # highest seq a replay applied
@@ -94,14 +94,14 @@ class KVEventSubscriber:
         bound: dict[str, list[Endpoint]] = {}
         histories = []
         for endpoint in self.endpoints:
-            if endpoint.kv_events_bind:
-                bound.setdefault(endpoint.kv_events_bind, []).append(endpoint)
+            if endpoint.spec.kv_events_bind:
+                bound.setdefault(endpoint.spec.kv_events_bind, []).append(endpoint)
                 continue
             host = endpoint.address.rsplit(":", 1)[0]
             socket = self._socket()
-            socket.connect(f"tcp://{host}:{endpoint.kv_events_port}")
+            socket.connect(f"tcp://{host}:{endpoint.spec.kv_events_port}")
             listener = self._listen(socket, _only(endpoint))
-            if endpoint.kv_events_replay_port:  # what the engine sent before we listened
+            if endpoint.spec.kv_events_replay_port:  # what the engine sent before we listened
                 histories.append(self._spawn(self._history(endpoint, listener)))
             else:
                 self._resume(listener)
@@ -196,7 +196,7 @@ class KVEventSubscriber:
             del self._replayed[(endpoint.address, rank)]
         last = self.index.last_seq(endpoint.address, rank)
         missed_from = 0 if last < 0 else last + 1
-        if endpoint.kv_events_replay_port and seq > missed_from:
+        if endpoint.spec.kv_events_replay_port and seq > missed_from:
             return _Gap(endpoint, missed_from, seq, batch)
         self._apply(endpoint.address, seq, batch)
         return None
@@ -244,7 +244,7 @@ class KVEventSubscriber:
         host = endpoint.address.rsplit(":", 1)[0]
         socket = self._context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
-        socket.connect(f"tcp://{host}:{endpoint.kv_events_replay_port}")
+        socket.connect(f"tcp://{host}:{endpoint.spec.kv_events_replay_port}")
         try:
             await socket.send_multipart([b"", start.to_bytes(8, "big")])
             while True:
@@ -268,7 +268,7 @@ class KVEventSubscriber:
                 "replay_endpoint; the kvgate backend's is its events port + 1)? "
                 "kv_events.replay_port: 0 turns replay off",
                 endpoint.address,
-                endpoint.kv_events_replay_port,
+                endpoint.spec.kv_events_replay_port,
             )
         finally:
             socket.close(linger=0)
@@ -292,7 +292,7 @@ def _only(endpoint: Endpoint) -> Route:
 def _by_topic(endpoints: list[Endpoint]) -> Route:
     """Which of ``endpoints`` a message on a shared socket is from: the one whose
     ``kv_events_topic`` it carries, else one whose address its topic contains."""
-    topics = {e.kv_events_topic: e for e in endpoints if e.kv_events_topic}
+    topics = {e.spec.kv_events_topic: e for e in endpoints if e.spec.kv_events_topic}
     unknown: set[bytes] = set()
 
     def route(frames: list[bytes]) -> Endpoint | None:

@@ -78,14 +78,14 @@ class PdProfileHandler:
         self.max_prefill_in_flight = max_prefill_in_flight
 
     def decide(self, request: SchedulingRequest, candidates: list[Endpoint]) -> Decision:
-        decoders = [e for e in candidates if e.role in DECODE_ROLES]
+        decoders = [e for e in candidates if e.spec.role in DECODE_ROLES]
         decode = self.decode.schedule(request, decoders)
         target = decode.target
         if target is None or self.index is None:
             return Decision(decode)
         if self.index.uncached_tokens(request, target) < self.min_uncached_tokens:
             return Decision(decode)
-        prefillers = [e for e in candidates if e.role == "prefill"]
+        prefillers = [e for e in candidates if e.spec.role == "prefill"]
         busy = self.max_prefill_in_flight
         if busy is not None:  # a prefill that would queue behind others: prefill it here
             prefillers = [e for e in prefillers if e.in_flight < busy]

@@ -249,7 +249,7 @@ class MetricsScraper:
 
     @staticmethod
     def _scrape_address(endpoint: Endpoint) -> str:
-        port = endpoint.metrics_port
+        port = endpoint.spec.metrics_port
         return endpoint.address if port is None else f"{endpoint.address.rsplit(':', 1)[0]}:{port}"
 
     async def _rest(self, endpoint: Endpoint) -> None:

@@ -25,5 +25,5 @@ class ModelFilter(Parameterless):
 
 
 def _serves(endpoint: Endpoint, model: str) -> bool:
-    declared = endpoint.labels.get("models")
+    declared = endpoint.spec.labels.get("models")
     return declared is None or model in {m.strip() for m in declared.split(",")}

@@ -32,4 +32,4 @@ class RoleFilter:
         return cls(name, "prefill")
 
     def filter(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
-        return [e for e in endpoints if e.role in (self.role, "both")]
+        return [e for e in endpoints if e.spec.role in (self.role, "both")]

@@ -23,7 +23,7 @@ from epp.saturation import SaturationDetector
 def in_zone(endpoint: Endpoint, zone: str) -> bool:
     """Whether ``endpoint`` is in ``zone``: its label says so, or it has none (every endpoint
     is, where the picker's zone is unknown)."""
-    label = endpoint.labels.get("zone")
+    label = endpoint.spec.labels.get("zone")
     return not zone or label is None or label == zone
 
 
@@ -51,7 +51,7 @@ class ZoneAffinityScorer:
     def nearness(self, endpoint: Endpoint) -> float:
         if in_zone(endpoint, self.zone):
             return 1.0
-        region = endpoint.labels.get("region")
+        region = endpoint.spec.labels.get("region")
         return 0.75 if self.region and region == self.region else 0.5
 
     def score(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> dict[str, float]:

@@ -99,7 +99,9 @@ class PickApi(epp_pb2_grpc.EndpointPickerServicer):
                 grpc.StatusCode.RESOURCE_EXHAUSTED, "no endpoint can serve the request"
             )
         endpoints = [
-            epp_pb2.EndpointScore(address=e.address, score=result.scores[e.address], role=e.role)
+            epp_pb2.EndpointScore(
+                address=e.address, score=result.scores[e.address], role=e.spec.role
+            )
             for e in result.ranked
         ]
         return epp_pb2.PickResponse(

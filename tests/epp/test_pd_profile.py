@@ -39,7 +39,7 @@ def scraped(service: EppService, prefill_queue: int = 0) -> EppService:
     """Every endpoint freshly scraped (stale metrics count as saturated), the prefill
     endpoints with ``prefill_queue`` requests waiting."""
     for endpoint in service.datastore.all():
-        queue = prefill_queue if endpoint.role == "prefill" else 0
+        queue = prefill_queue if endpoint.spec.role == "prefill" else 0
         endpoint.metrics = dataclasses.replace(
             endpoint.metrics, scraped_at=time.monotonic(), waiting=queue
         )
@@ -52,8 +52,8 @@ def test_long_uncached_prompt_gets_a_prefill_endpoint() -> None:
     first = request(long_prompt, "r1")
     decision = service.pick("pd", first)
     decode, prefill = decision.result, decision.prefill
-    assert decode.target is not None and decode.target.role == "decode"
-    assert prefill is not None and prefill.role == "prefill"
+    assert decode.target is not None and decode.target.spec.role == "decode"
+    assert prefill is not None and prefill.spec.role == "prefill"
     for endpoint in decision.chosen:
         service.finished(service.dispatched(first, endpoint))
     # the same prompt again, the first answer over: the decode endpoint holds it, nothing long
@@ -88,7 +88,7 @@ def test_a_prefill_endpoint_busy_with_its_limit_of_hops_is_not_chosen() -> None:
 def test_short_prompt_or_no_pd_config_means_decode_only() -> None:
     service = scraped(EppService(load_policy_text(POLICY)))
     decode, prefill = pick_pd(service, request("short", "r1"))
-    assert decode.target is not None and decode.target.role == "decode" and prefill is None
+    assert decode.target is not None and decode.target.spec.role == "decode" and prefill is None
     plain = EppService(
         load_policy_text(POLICY.replace("pd: {min_uncached_tokens: 64}", "model: x"))
     )

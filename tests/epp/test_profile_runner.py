@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from epp.config import build_profile
@@ -145,8 +147,8 @@ def test_model_filter_uses_declared_models() -> None:
     from epp.filters.health import ModelFilter
 
     base, sql, anything = make_endpoint(A), make_endpoint(B), make_endpoint(C)
-    base.labels = {"models": "m"}
-    sql.labels = {"models": "m, sql"}
+    base.spec = replace(base.spec, labels={"models": "m"})
+    sql.spec = replace(sql.spec, labels={"models": "m, sql"})
     f = ModelFilter.from_config("models", {})
     assert f.filter(make_request(lora="sql"), [base, sql, anything]) == [sql, anything]
     assert f.filter(make_request(), [base, sql, anything]) == [base, sql, anything]

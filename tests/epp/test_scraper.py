@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from epp.datastore import Datastore
-from epp.framework import Endpoint, EndpointLoad, EndpointMetrics
+from epp.framework import Endpoint, EndpointLoad, EndpointMetrics, EndpointSpec
 from epp.metrics_parser import VLLM, MetricNames, parse_metrics
 from epp.scraper import MetricsScraper
 from kvgate.in_flight import InFlight
@@ -216,7 +216,9 @@ def test_accounted_for_means_the_pickers_own_doing_far_from_saturation(
         "pools: {p: {endpoints: [127.0.0.1:1]}}\nroutes: [{model: m, pool: p}]\n"
     )
     scraper = MetricsScraper(Datastore(policy))
-    endpoint = Endpoint("127.0.0.1:1", "p", metrics=metrics, load=EndpointLoad(InFlight(in_flight)))
+    endpoint = Endpoint(
+        EndpointSpec("127.0.0.1:1", "p"), metrics=metrics, load=EndpointLoad(InFlight(in_flight))
+    )
     endpoint.load.dispatched = dispatched
     assert scraper.accounted(endpoint) is accounted
 

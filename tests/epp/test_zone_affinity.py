@@ -17,7 +17,8 @@ SCORER = ZoneAffinityScorer("zone", "a", "r", SaturationDetector())
 
 def placed(address: str, zone: str | None, region: str | None = None, queue: int = 0) -> Endpoint:
     labels = {k: v for k, v in (("zone", zone), ("region", region)) if v is not None}
-    return dataclasses.replace(make_endpoint(address, queue=queue), labels=labels)
+    endpoint = make_endpoint(address, queue=queue)
+    return dataclasses.replace(endpoint, spec=dataclasses.replace(endpoint.spec, labels=labels))
 
 
 def test_nearest_first_and_an_unlabelled_endpoint_counts_as_near() -> None:

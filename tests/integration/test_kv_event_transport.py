@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from epp.framework import Endpoint
+from epp.framework import Endpoint, EndpointSpec
 from epp.indexes.precise import PreciseIndex, block_keys
 from epp.kv_events import KVEventSubscriber
 from kvgate.wire.tokenizer import ByteTokenizer
@@ -49,7 +49,9 @@ async def test_engines_connect_to_one_socket_the_epp_binds(
         start_backend("--kv-events-endpoint", bound, "--cost", "zero", "--block-size", "16")
         for _ in range(2)
     ]
-    endpoints = [Endpoint(u.removeprefix("http://"), "p", kv_events_bind=bound) for u in urls]
+    endpoints = [
+        Endpoint(EndpointSpec(u.removeprefix("http://"), "p", kv_events_bind=bound)) for u in urls
+    ]
     index = PreciseIndex()
     subscriber = KVEventSubscriber(index, endpoints)
     await subscriber.start()
@@ -87,10 +89,12 @@ async def test_replay_fills_in_what_was_sent_before_the_subscriber_attached(
     await complete(url, PROMPT)  # published before anyone listens: lost on PUB/SUB
     for with_replay in (False, True):
         endpoint = Endpoint(
-            address,
-            "p",
-            kv_events_port=events,
-            kv_events_replay_port=replay if with_replay else None,
+            EndpointSpec(
+                address,
+                "p",
+                kv_events_port=events,
+                kv_events_replay_port=replay if with_replay else None,
+            )
         )
         index = PreciseIndex()
         subscriber = KVEventSubscriber(index, [endpoint])
