@@ -196,3 +196,14 @@ def test_replicas_share_the_stages_through_redis(redis_server: RedisServer) -> N
         second.act("chat", "2", "archive")
     for registry in (first, second):
         registry.close()
+
+
+def test_a_version_declared_in_canary_starts_its_canary_at_once(tmp_path: Path) -> None:
+    declared = policy("- {version: 3, pool: v3, stage: canary}", extra=f"state_dir: {tmp_path}")
+    registry = ModelRegistry(CollectorRegistry())
+    registry.update(declared)
+    route = registry.resolve(declared).route_for("chat")
+    assert route is not None and route.auto_canary is not None
+    assert (route.auto_canary.pool, route.auto_canary.run) == ("v3", "3@declared")
+    saved = ModelStages.from_json((tmp_path / "models-chat.json").read_text())
+    assert saved.stages == {"1": "production", "2": "staging", "3": "canary"}  # kept as found
