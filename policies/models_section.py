@@ -86,6 +86,8 @@ def _version(m: Fields, path: str, item: object, pools: Collection[str]) -> Mode
     raw = v.raw("version")
     if isinstance(raw, int) and not isinstance(raw, bool):  # version: 3
         v.data = {**v.data, "version": str(raw)}
+    if "/" in str(v.raw("version") or ""):
+        v.error(child(path, "version"), "must not contain '/' (it names the version in URLs)")
     pool = v.text("pool")
     if pool and pool not in pools:
         known = ", ".join(sorted(pools)) or "none"

@@ -80,6 +80,13 @@ def test_a_route_of_a_registered_model_adds_its_traffic_policies_but_no_pools() 
             ],
         ),
         ("[]", ["models.chat.versions (line 6): needs at least one version"]),
+        (
+            "[{version: a/b, pool: a, stage: production}]",
+            [
+                "models.chat.versions[0].version (line 6): must not contain '/' (it names the "
+                "version in URLs)"
+            ],
+        ),
     ],
 )
 def test_registry_errors_name_the_field(versions: str, errors: list[str]) -> None:
