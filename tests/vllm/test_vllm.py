@@ -214,10 +214,13 @@ def test_anthropic_messages_through_the_gateway_are_served_by_vllm_natively(
 
 
 def test_the_epp_reads_real_metrics(vllm_servers: list[VllmServer]) -> None:
-    metrics = parse_metrics(scrape(vllm_servers[0]))
-    # vLLM sets lora_requests_info when it logs its stats (VLLM_LOG_STATS_INTERVAL: the harness
-    # sets 1 s), not at once: wait up to 30 s (it failed once in CI waiting for one interval)
-    for _ in range(120):
+    server = vllm_servers[0]
+    # vLLM sets lora_requests_info when it records an engine step's stats, not at once: a
+    # request makes one whatever ran before this test, then wait up to 60 s for the gauge (it
+    # failed in CI waiting 30 s while the machine was busy)
+    server.post("/v1/completions", {"model": server.name, "prompt": "stats", "max_tokens": 2})
+    metrics = parse_metrics(scrape(server))
+    for _ in range(240):
         if metrics.max_loras:
             break
         time.sleep(0.25)
