@@ -251,6 +251,7 @@ async def open_upstream(
         if call.adapters is not None:
             placed = await _place_adapter(call.adapters, attempt, pool, pick)
             if placed is not None:
+                ranking.refused(endpoint)  # the request never went there: nothing to learn
                 last = placed
                 continue
         try:

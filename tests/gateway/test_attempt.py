@@ -203,3 +203,30 @@ routes: [{{model: m, pool: p}}]
         for attempt in attempts:
             attempt.close()
         assert (state.in_flight, picked.in_flight, picked.load.dispatched) == (0, 0, 0)
+
+
+async def test_an_endpoint_where_the_adapter_could_not_be_loaded_is_refused() -> None:
+    dead = f"127.0.0.1:{free_port()}"  # the adapter's load cannot reach it
+    async with upstream(OK) as ok:  # loads (200) and answers
+        policy = load_policy_text(f"""
+pools: {{p: {{endpoints: [{dead}, {ok}], adapters: {{sql: /m/sql}}}}}}
+routes: [{{model: sql, pool: p}}]
+retries: {{attempts: 3, backoff: 1ms, max_backoff: 1ms}}
+""")
+        parts = RuntimeParts(GatewayMetrics(), EppMetrics(), ConnectionPool(connect_timeout=1.0))
+        ordered = InOrder()
+        runtime = build_runtime(policy, parts, picker=ordered)
+        ordered.pools = runtime.endpoints
+        pick = PickRequest("sql", {"model": "sql", "prompt": "x"}, {}, None, "r1")
+        attempt = await open_upstream(
+            runtime.calls["p"],
+            RequestContext("r1"),
+            policy.pools["p"],
+            "/v1/completions",
+            b"{}",
+            b"",
+            pick,
+        )
+        assert attempt.endpoint.address == ok and attempt.response is not None
+        assert ordered.refused == [dead]  # the request never went there: nothing to learn
+        attempt.close()
