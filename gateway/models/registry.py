@@ -85,7 +85,11 @@ class ModelRegistry:
             saved = store.load()
             if saved is None:
                 saved = store.update(lambda saved: saved or in_force(model, None))
-            return in_force(model, saved)
+            before = self.stages.get(name)
+            stages = in_force(model, saved, quiet=True)
+            if before is None or stages.stages != before.stages:
+                in_force(model, saved)  # what the merge with the policy says, once a change
+            return stages
         except OSError as exc:
             log.warning("model %s: saved stages unreadable, keeping those in force: %s", name, exc)
             return self.stages.get(name) or in_force(model, None)

@@ -61,10 +61,13 @@ class ModelStages:
         )
 
 
-def in_force(model: RegisteredModel, saved: ModelStages | None) -> ModelStages:
+def in_force(
+    model: RegisteredModel, saved: ModelStages | None, *, quiet: bool = False
+) -> ModelStages:
     """The stages of the policy's versions: as saved where the saved state knows the version,
     as declared where it does not — except that a new version declared in production or canary
-    while the saved stages have that stage taken enters as staging (with a warning)."""
+    while the saved stages have that stage taken enters as staging (with a warning, unless
+    ``quiet``)."""
     declared = model.declared()
     if saved is None:
         canary = next((v for v, s in declared.items() if s == "canary"), None)
@@ -74,7 +77,8 @@ def in_force(model: RegisteredModel, saved: ModelStages | None) -> ModelStages:
         if version in stages:
             continue
         if stage in ("production", "canary") and stage in stages.values():
-            log.warning(
+            log.log(
+                logging.DEBUG if quiet else logging.WARNING,
                 "model %s: version %s is declared %s, but the saved stages keep another there: "
                 "it enters as staging (promote it to change that)",
                 model.name,
@@ -85,7 +89,8 @@ def in_force(model: RegisteredModel, saved: ModelStages | None) -> ModelStages:
         stages[version] = stage
     if "production" not in stages.values():  # its saved version left the policy
         production = next(v for v, s in declared.items() if s == "production")
-        log.warning("model %s: no saved version is in production; %s is", model.name, production)
+        level = logging.DEBUG if quiet else logging.WARNING
+        log.log(level, "model %s: no saved version is in production; %s is", model.name, production)
         stages[production] = "production"
     run = saved.canary_run
     canary = next((v for v, s in stages.items() if s == "canary"), None)

@@ -207,3 +207,35 @@ def test_a_version_declared_in_canary_starts_its_canary_at_once(tmp_path: Path) 
     assert (route.auto_canary.pool, route.auto_canary.run) == ("v3", "3@declared")
     saved = ModelStages.from_json((tmp_path / "models-chat.json").read_text())
     assert saved.stages == {"1": "production", "2": "staging", "3": "canary"}  # kept as found
+
+
+def test_a_declared_stage_the_saved_ones_overrule_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = policy(extra=f"state_dir: {tmp_path}")
+    registry = ModelRegistry(CollectorRegistry())
+    registry.update(first)
+    registry.act("chat", "2", "promote")
+    registry.act("chat", "2", "promote")  # 2 in production, 1 archived
+    # the policy now declares a new version 3 in production (and 1 back in staging)
+    changed = load_policy_text(
+        f"""pools:
+  v1: {{endpoints: [127.0.0.1:8001]}}
+  v2: {{endpoints: [127.0.0.1:8002]}}
+  v3: {{endpoints: [127.0.0.1:8003]}}
+models:
+  chat:
+    versions:
+      - {{version: 1, pool: v1}}
+      - {{version: 2, pool: v2}}
+      - {{version: 3, pool: v3, stage: production}}
+state_dir: {tmp_path}
+""",
+        plugins=CATALOG,
+    )
+    caplog.set_level("WARNING", logger="kvgate.gateway")
+    registry.update(changed)
+    for _ in range(3):
+        registry.tick(Canaries(CollectorRegistry()))
+    assert registry.stages["chat"].stages == {"1": "archived", "2": "production", "3": "staging"}
+    assert caplog.text.count("version 3 is declared production") == 1
