@@ -47,11 +47,6 @@ class SeqStep:
     num_draft_tokens: int = 0  # the last input_ids are drafts: each row's token is sampled
 
     @property
-    def num_sampled_rows(self) -> int:
-        """The rows whose logits are sampled: the last real token's, and each draft's."""
-        return 1 + self.num_draft_tokens if self.do_sample else 0
-
-    @property
     def num_new_tokens(self) -> int:
         return len(self.input_ids)
 

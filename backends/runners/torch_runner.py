@@ -113,7 +113,9 @@ class TorchRunner:
         sample_rows: list[int] = []  # the step row of each sampled token's logits
         targets: list[int] = []  # the sequence each of them is for
         rows: list[SampleRow] = []
-        drafted: list[tuple[int, SampleRow]] = []  # sequences given drafts, and their rows
+        # sequences given drafts: their sampling row, and the step rows of their last real
+        # token and drafts
+        drafted: list[tuple[int, SampleRow, range]] = []
         prompt_rows: list[tuple[int, list[int], list[int]]] = []  # seq, rows, next tokens
         for number, seq in enumerate(step.seqs):
             offset = len(input_ids)
@@ -130,7 +132,8 @@ class TorchRunner:
                 num_output -= seq.num_draft_tokens
                 row = SampleRow(seq.seq_id, seq.sampling, num_output)
                 if seq.num_draft_tokens:
-                    drafted.append((number, row))
+                    first = len(input_ids) - 1 - seq.num_draft_tokens
+                    drafted.append((number, row, range(first, len(input_ids))))
                 else:
                     sample_rows.append(len(input_ids) - 1)
                     targets.append(number)
@@ -146,44 +149,26 @@ class TorchRunner:
             cache,
             lora,
         )
-        size = len(step.seqs)
         of_prompts = self._prompt_logprobs(step, hidden, prompt_rows) if prompt_rows else None
-        if drafted:
-            return self._verified(step, hidden, drafted, sample_rows, targets, rows, of_prompts)
-        if not sample_rows:
-            return StepOutput([None] * size, prompt_logprobs=of_prompts)
-        logits = self.model.logits(hidden[torch.tensor(sample_rows, device=device)])
-        sampled = self.sampler.sample(logits, rows)
-        logprobs, tops = sampled.logprobs, sampled.top_logprobs
-        return StepOutput(
-            _placed(sampled.tokens, targets, size),
-            None if logprobs is None else _placed(logprobs, targets, size),
-            None if tops is None else _placed(tops, targets, size),
-            of_prompts,
-        )
+        chosen = sample_rows + [r for _, _, span in drafted for r in span]
+        if not chosen:
+            return StepOutput([None] * len(step.seqs), prompt_logprobs=of_prompts)
+        logits = self.model.logits(hidden[torch.tensor(chosen, device=device)])
+        return self._sampled(step, logits, rows, targets, drafted, of_prompts)
 
-    def _verified(
+    def _sampled(
         self,
         step: StepInput,
-        hidden: torch.Tensor,
-        drafted: list[tuple[int, SampleRow]],
-        sample_rows: list[int],
-        targets: list[int],
+        logits: torch.Tensor,
         rows: list[SampleRow],
+        targets: list[int],
+        drafted: list[tuple[int, SampleRow, range]],
         of_prompts: list[list[PromptLogprob] | None] | None,
     ) -> StepOutput:
-        """A step with drafts: the logits of every sampled row in one projection, the plain
-        rows sampled as a batch, each drafted sequence's rows verified (``Sampler.verify``)."""
+        """The step's tokens from the logits of its sampled rows: the plain rows (first,
+        ``targets`` their sequences) sampled as a batch, then each drafted sequence's rows
+        checked against its drafts (``Sampler.verify``)."""
         size = len(step.seqs)
-        ends = [s.num_new_tokens for s in step.seqs]
-        offsets = [sum(ends[:n]) for n in range(size)]
-        spans = []
-        for number, _ in drafted:
-            seq = step.seqs[number]
-            first = offsets[number] + seq.num_new_tokens - 1 - seq.num_draft_tokens
-            spans.append(range(first, first + 1 + seq.num_draft_tokens))
-        chosen = sample_rows + [r for span in spans for r in span]
-        logits = self.model.logits(hidden[torch.tensor(chosen, device=self.device)])
         tokens: list[int | None] = [None] * size
         logprobs = tops = None
         if rows:
@@ -193,13 +178,15 @@ class TorchRunner:
                 logprobs = _placed(sampled.logprobs, targets, size)
             if sampled.top_logprobs is not None:
                 tops = _placed(sampled.top_logprobs, targets, size)
-        accepted: list[list[int] | None] = [None] * size
-        at = len(rows)
-        for (number, row), span in zip(drafted, spans, strict=True):
-            drafts = step.seqs[number].input_ids[-step.seqs[number].num_draft_tokens :]
-            kept, token = self.sampler.verify(logits[at : at + len(span)], row, drafts)
-            accepted[number], tokens[number] = kept, token
-            at += len(span)
+        accepted: list[list[int] | None] | None = None
+        if drafted:
+            accepted = [None] * size
+            at = len(rows)
+            for number, row, span in drafted:
+                drafts = step.seqs[number].input_ids[-step.seqs[number].num_draft_tokens :]
+                kept, token = self.sampler.verify(logits[at : at + len(span)], row, drafts)
+                accepted[number], tokens[number] = kept, token
+                at += len(span)
         return StepOutput(tokens, logprobs, tops, of_prompts, accepted)
 
     def _prompt_logprobs(
