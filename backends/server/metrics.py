@@ -149,19 +149,22 @@ class EngineCollector(Collector):
                 stats.generation_tokens,
             ),
         }
+        speculative = scheduler.config.speculative
+        if speculative is not None:
+            counters.update(self._speculation_counters())
         for name, (doc, value) in counters.items():
             counter = CounterMetricFamily(name, doc, labels=names)
             counter.add_metric(values, float(value))
             yield counter
-        if scheduler.config.speculative is not None:
-            yield from self._speculation(names, values)
+        if speculative is not None:
+            yield self._accepted_per_position(names, values, speculative.num_speculative_tokens)
         yield self._cache_config_info()
         yield self._lora_info()
 
-    def _speculation(self, names: list[str], values: list[str]) -> Iterator[Metric]:
+    def _speculation_counters(self) -> dict[str, tuple[str, int]]:
         """vLLM's ``vllm:spec_decode_*`` counters (with ``--speculative-config``)."""
         stats = self.engine.scheduler.speculation
-        counters = {
+        return {
             "vllm:spec_decode_num_drafts": ("Number of spec decoding drafts.", stats.num_drafts),
             "vllm:spec_decode_num_draft_tokens": (
                 "Number of draft tokens.",
@@ -172,22 +175,18 @@ class EngineCollector(Collector):
                 stats.num_accepted_tokens,
             ),
         }
-        for name, (doc, value) in counters.items():
-            counter = CounterMetricFamily(name, doc, labels=names)
-            counter.add_metric(values, float(value))
-            yield counter
+
+    def _accepted_per_position(self, names: list[str], values: list[str], width: int) -> Metric:
         per_position = CounterMetricFamily(
             "vllm:spec_decode_num_accepted_tokens_per_pos",
             "Accepted tokens per draft position.",
             labels=[*names, "position"],
         )
-        speculative = self.engine.scheduler.config.speculative
-        assert speculative is not None
-        accepted = stats.accepted_per_position
-        for position in range(speculative.num_speculative_tokens):
+        accepted = self.engine.scheduler.speculation.accepted_per_position
+        for position in range(width):
             count = accepted[position] if position < len(accepted) else 0
             per_position.add_metric([*values, str(position)], float(count))
-        yield per_position
+        return per_position
 
     def _cache_config_info(self) -> Metric:
         blocks = self.engine.block_manager
