@@ -29,7 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.engine_load import make_prompts, run_round, shared_prefix_ttft
+from bench.engine_load import make_prompts, measured_round, run_round, shared_prefix_ttft
 from bench.engine_report import report
 from loadtest.harness.proc_stats import rss_mb
 from loadtest.harness.processes import KvgateProcess, backend_process, free_port
@@ -190,19 +190,9 @@ def main() -> int:
             prompts = make_prompts(args.requests, 32, 512, VOCAB, seed=number)
             order = list(servers) if number % 2 == 0 else list(reversed(servers))
             for name in order:
-                salt = uuid.uuid4().hex
-                result = asyncio.run(
-                    run_round(
-                        servers[name],
-                        MODEL_NAME,
-                        prompts,
-                        args.output_tokens,
-                        args.concurrency,
-                        salt,
-                    )
+                result = measured_round(
+                    name, servers[name], MODEL_NAME, prompts, args.output_tokens, args.concurrency
                 )
-                if result.errors:
-                    raise RuntimeError(f"{name}: {len(result.errors)} errors, {result.errors[0]}")
                 rounds[name].append(
                     {
                         "tokens_per_s": result.tokens_per_s,

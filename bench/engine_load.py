@@ -12,6 +12,7 @@ import asyncio
 import json
 import random
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -99,6 +100,17 @@ async def run_round(
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         result.seconds = time.perf_counter() - start
+    return result
+
+
+def measured_round(
+    name: str, url: str, model: str, prompts: list[list[int]], max_tokens: int, concurrency: int
+) -> LoadRound:
+    """One timed round on a fresh ``cache_salt`` (nothing cached from another round); raises
+    when a request of ``name``'s failed."""
+    result = asyncio.run(run_round(url, model, prompts, max_tokens, concurrency, uuid.uuid4().hex))
+    if result.errors:
+        raise RuntimeError(f"{name}: {len(result.errors)} errors, {result.errors[0]}")
     return result
 
 

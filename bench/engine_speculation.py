@@ -22,13 +22,12 @@ import json
 import random
 import time
 import urllib.request
-import uuid
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.engine import MODEL_NAME, VOCAB, build_model, start_kvgate, vllm_python
-from bench.engine_load import run_round
+from bench.engine_load import measured_round, run_round
 from loadtest.harness.processes import KvgateProcess
 from loadtest.harness.vllm import VllmServer
 
@@ -123,18 +122,9 @@ def measure(servers: dict[str, str], args: argparse.Namespace) -> dict[str, obje
             prompts = edit_prompts(count, args.document, seed=number * 100 + batch)
             order = list(servers) if number % 2 == 0 else list(reversed(servers))
             for name in order:
-                result = asyncio.run(
-                    run_round(
-                        servers[name],
-                        MODEL_NAME,
-                        prompts,
-                        args.output_tokens,
-                        batch,
-                        uuid.uuid4().hex,
-                    )
+                result = measured_round(
+                    name, servers[name], MODEL_NAME, prompts, args.output_tokens, batch
                 )
-                if result.errors:
-                    raise RuntimeError(f"{name}: {len(result.errors)} errors, {result.errors[0]}")
                 rounds[name][batch].append(result.tokens_per_s)
                 print(f"round {number} batch {batch} {name}: {result.tokens_per_s:.0f} tok/s")
                 time.sleep(args.pause)

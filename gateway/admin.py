@@ -108,12 +108,8 @@ async def canary_action(request: web.Request) -> web.Response:
     it within a tick."""
     model, action = request.match_info["model"], request.match_info["action"]
     if action not in ACTIONS:
-        body = error_body(
-            f"unknown action {action!r} (expected: {', '.join(ACTIONS)})",
-            "invalid_request_error",
-            code="unknown_action",
-        )
-        return web.json_response(body, status=400)
+        message = f"unknown action {action!r} (expected: {', '.join(ACTIONS)})"
+        return _error(400, message, "invalid_request_error", "unknown_action")
     audited = f"canary.{action}"
     if (denied := await _denied(request, "operator", audited, model)) is not None:
         return denied
@@ -124,18 +120,11 @@ async def canary_action(request: web.Request) -> web.Response:
         summary = await asyncio.to_thread(canaries.act, model, action)
     except KeyError:
         await _audit(request, audited, "not_found", model)
-        body = error_body(
-            f"the route {model!r} has no automatic canary",
-            "invalid_request_error",
-            code="not_found",
-        )
-        return web.json_response(body, status=404)
+        message = f"the route {model!r} has no automatic canary"
+        return _error(404, message, "invalid_request_error", "not_found")
     except OSError as exc:  # the state store is unreachable: nothing was changed
         await _audit(request, audited, "error", model, before)
-        body = error_body(
-            f"canary state not saved: {exc}", "server_error", code="state_unavailable"
-        )
-        return web.json_response(body, status=503)
+        return _error(503, f"canary state not saved: {exc}", "server_error", "state_unavailable")
     await _audit(request, audited, "applied", model, before, summary)
     return web.json_response(summary)
 
@@ -183,6 +172,7 @@ async def model_action(request: web.Request) -> web.Response:
 
 
 def _error(status: int, message: str, kind: str, code: str) -> web.Response:
+    """An admin API refusal, as an OpenAI error body."""
     return web.json_response(error_body(message, kind, code=code), status=status)
 
 
@@ -209,8 +199,7 @@ async def _denied(
         return None
     await _audit(request, action, "denied", target)
     message = f"{action} needs the {role} role; the key {caller.name!r} is {caller.role}"
-    body = error_body(message, "permission_error", code="insufficient_role")
-    return web.json_response(body, status=403)
+    return _error(403, message, "permission_error", "insufficient_role")
 
 
 async def _audit(
@@ -236,10 +225,8 @@ def _guard(admin: Admin) -> Middleware:
         if caller is None:
             if request.method == "POST":  # an attempted change: on the record
                 await _audit(request, request.path.removeprefix("/admin/"), "unauthenticated")
-            body = error_body(
-                "admin token required", "authentication_error", code="invalid_admin_token"
-            )
-            return web.json_response(body, status=401)
+            message = "admin token required"
+            return _error(401, message, "authentication_error", "invalid_admin_token")
         request[CALLER] = caller
         return await handler(request)
 
