@@ -6,23 +6,41 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test test-vllm test-compiled compiled lint format prometheus kubectl envoy check-images bench bench-engine bench-proxy bench-routing bench-replicas bench-pd bench-crosscheck bench-epp bench-extproc bench-kv-events bench-policy bench-limiter bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
+.PHONY: demo test constraints test-vllm test-compiled compiled lint format prometheus kubectl envoy check-images bench bench-engine bench-proxy bench-routing bench-replicas bench-pd bench-crosscheck bench-epp bench-extproc bench-kv-events bench-policy bench-limiter bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
 
-$(STAMP): pyproject.toml
+# Every install takes its versions from constraints.txt: the set the project is tested with
+# (`make constraints` writes it anew from the newest releases; review its diff, then test).
+CONSTRAINTS := constraints.txt
+PIP_INSTALL := $(BIN)/python -m pip install --quiet -c $(CONSTRAINTS)
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first, pinned: it is the CPU build on local disk here (a bare range pulls CUDA)
-	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e '.[dev,backend,loadtest]'
+	$(PIP_INSTALL) $(TORCH)
+	$(PIP_INSTALL) -e '.[dev,backend,loadtest]'
 	touch $(STAMP) $(DEMO_STAMP)
 
 # The demo needs only the package and its plots (no torch, no dev tools): `make demo` on a
 # fresh clone installs just that; a venv set up for the tests has it already.
-$(DEMO_STAMP): pyproject.toml
+$(DEMO_STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[loadtest]'
+	$(PIP_INSTALL) -e '.[loadtest]'
 	touch $(DEMO_STAMP)
+
+# The newest releases the project's ranges allow, resolved in a scratch venv and written as
+# exact pins (kvgate itself left out).
+constraints:
+	rm -rf build/constraints-venv && $(PYTHON) -m venv build/constraints-venv
+	build/constraints-venv/bin/python -m pip install --quiet --upgrade pip
+	build/constraints-venv/bin/python -m pip install --quiet $(TORCH)
+	build/constraints-venv/bin/python -m pip install --quiet -e '.[dev,backend,loadtest]'
+	( echo "# What the project is tested with: every install in the Makefile and deploy/ uses it"; \
+	  echo "# (\`make constraints\` writes it anew). Upper bounds belong in pyproject.toml."; \
+	  build/constraints-venv/bin/python -m pip freeze --exclude-editable --exclude kvgate \
+	    | sed 's/+cpu$$//' ) > $(CONSTRAINTS)
+	rm -rf build/constraints-venv
 
 # Every .proto under proto/ compiles into the package its path names (proto/kvgate/api/x.proto
 # -> kvgate/api/x_pb2.py); the generated code is committed and a test fails when it is stale.

@@ -27,6 +27,7 @@ from kvgate.wire.http.tls import server_context
 from kvgate.wire.request_tokenizer import ReferenceTokenizer
 
 log = logging.getLogger("kvgate.backend")
+TORCH_EXTRA = frozenset({"torch", "safetensors"})  # what the backend extra installs
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -243,7 +244,9 @@ def run(args: argparse.Namespace) -> int:
         log.error("invalid configuration: %s", exc)
         return 2
     except ImportError as exc:
-        log.error("--runner torch needs torch: pip install 'kvgate[backend]' (%s)", exc)
+        if (exc.name or "").split(".")[0] not in TORCH_EXTRA:
+            raise  # not the torch runner's: the command names what failed
+        log.error("--runner torch needs %s: pip install 'kvgate[backend]' (%s)", exc.name, exc)
         return 2
     try:
         import uvloop

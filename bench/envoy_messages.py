@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from envoy.config.core.v3 import base_pb2 as core
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from google.protobuf import struct_pb2
 
 from epp.servers.ext_proc_messages import BODY_CHUNK, SUBSET_NAMESPACE
+from kvgate.api.envoy import base_pb2 as core
+from kvgate.api.envoy import external_processor_pb2 as ep
 from kvgate.wire.routing_headers import SUBSET_KEY
 
 

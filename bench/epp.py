@@ -29,14 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from bench.envoy_messages import body_messages, headers_message
 from bench.metrics_parse import compare as compare_parsers
 from bench.scrape_cost import main as print_scrape_costs
 from epp.framework import SchedulingRequest
 from epp.service import EppService
+from kvgate.api.envoy import external_processor_pb2 as ep
+from kvgate.api.envoy import external_processor_pb2_grpc as ep_grpc
 from loadtest.harness.proc_stats import cpu_seconds
 from loadtest.harness.processes import epp_process, free_port
 from loadtest.reports.stats import percentile
@@ -98,7 +98,7 @@ async def over_ext_proc(
     ]
     channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(connections)]
     try:
-        stubs = [ep_grpc.ExternalProcessorStub(channel) for channel in channels]
+        stubs = [ep_grpc.ExternalProcessorStub(channel) for channel in channels]  # type: ignore[no-untyped-call]
 
         async def one(i: int) -> float:
             messages = envoy_messages(bodies[i % len(bodies)])

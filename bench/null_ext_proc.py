@@ -17,16 +17,16 @@ import sys
 from collections.abc import AsyncIterator
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from epp.server import MAX_MESSAGE
 from epp.servers.ext_proc_messages import body_chunks
+from kvgate.api.envoy import external_processor_pb2 as ep
+from kvgate.api.envoy import external_processor_pb2_grpc as ep_grpc
 
 
-class NullProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+class NullProcessor(ep_grpc.ExternalProcessorServicer):
     def __init__(self, endpoints: list[str]) -> None:
         self._next = itertools.cycle(endpoints or ["127.0.0.1:1"])
 
@@ -52,8 +52,10 @@ class NullProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 chunk = request.response_body
                 for reply in body_chunks(chunk.body, "response_body", chunk.end_of_stream):
                     yield reply
-            elif kind in ("request_trailers", "response_trailers"):
-                yield ep.ProcessingResponse(**{kind: ep.TrailersResponse()})
+            elif kind == "request_trailers":
+                yield ep.ProcessingResponse(request_trailers=ep.TrailersResponse())
+            elif kind == "response_trailers":
+                yield ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
 
     def _routed(self) -> ep.ProcessingResponse:
         metadata = struct_pb2.Struct()
@@ -71,7 +73,7 @@ async def serve(port: int, endpoints: list[str]) -> None:
             ("grpc.max_send_message_length", MAX_MESSAGE),
         ]
     )
-    ep_grpc.add_ExternalProcessorServicer_to_server(NullProcessor(endpoints), server)
+    ep_grpc.add_ExternalProcessorServicer_to_server(NullProcessor(endpoints), server)  # type: ignore[no-untyped-call]
     checks = health.aio.HealthServicer()  # Envoy's health checks of the ext_proc service
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
     server.add_insecure_port(f"127.0.0.1:{port}")

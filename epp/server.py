@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import grpc
 from aiohttp import web
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -19,6 +18,7 @@ from epp.servers.ext_proc import ExternalProcessor
 from epp.servers.pick_api import PickApi
 from epp.service import EppService
 from kvgate.api import epp_pb2_grpc
+from kvgate.api.envoy import external_processor_pb2_grpc as ep_grpc
 from policies.schema import Policy
 
 log = logging.getLogger("kvgate.epp")
@@ -102,7 +102,7 @@ def _grpc_server(
             ("grpc.so_reuseport", 1 if reuse_port else 0),  # grpc's own default is 1
         ]
     )
-    ep_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(service), server)
+    ep_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(service), server)  # type: ignore[no-untyped-call]
     epp_pb2_grpc.add_EndpointPickerServicer_to_server(PickApi(service), server)  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import pathlib
 import sys
 from collections.abc import Sequence
 
@@ -78,8 +80,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     fmt = getattr(args, "command_log_format", None) or args.log_format or "text"
     app_logging.export(level, fmt)
     app_logging.configure()
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except ImportError as exc:  # an optional part's dependency, missing or broken
+        print(f"kvgate {args.command}: {import_failure(exc)}", file=sys.stderr)
+        return 2
     return code
+
+
+def import_failure(exc: ImportError) -> str:
+    """What a failed import means, naming the module and the distribution that installed it
+    (a broken install is told apart from a missing package)."""
+    module = exc.name or "?"
+    if isinstance(exc, ModuleNotFoundError):
+        return f"the module {module} is not installed ({exc}); install the package that has it"
+    owners = _owners_of(exc.path) if exc.path else []
+    where = f" (installed by {', '.join(owners)})" if owners else ""
+    return (
+        f"{module}{where} cannot be imported: {exc}. Its install is broken or another "
+        "package overwrote its files: reinstall it"
+    )
+
+
+def _owners_of(path: str) -> list[str]:
+    """The installed distributions whose files include ``path``."""
+    target = pathlib.Path(path).resolve()
+    return sorted(
+        dist.metadata["Name"]
+        for dist in importlib.metadata.distributions()
+        if any(pathlib.Path(str(dist.locate_file(f))).resolve() == target for f in dist.files or ())
+    )
 
 
 if __name__ == "__main__":

@@ -82,3 +82,39 @@ def test_an_open_listener_without_auth_is_warned_about(caplog: pytest.LogCapture
             )
         )
     assert len(caplog.records) == 1 and "0.0.0.0:8080" in caplog.records[0].getMessage()
+
+
+def _broken_exporter(endpoint: str, model: str) -> object:
+    """What importing the OTLP exporter raised when another wheel overwrote opentelemetry's
+    protos with older copies: a name missing from a module that is there."""
+    from opentelemetry.proto.common.v1 import common_pb2
+
+    raise ImportError(
+        f"cannot import name 'InstrumentationScope' from '{common_pb2.__name__}'",
+        name=common_pb2.__name__,
+        path=common_pb2.__file__,
+    )
+
+
+def test_a_broken_optional_import_names_its_package_not_torch(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from backends.server.tracing import RequestTracer
+    from kvgate.cli import main
+
+    monkeypatch.setattr(RequestTracer, "otlp", staticmethod(_broken_exporter))
+    code = main(["backend", "--otlp-traces-endpoint", "http://127.0.0.1:1/v1/traces"])
+    said = capsys.readouterr().err
+    assert code == 2
+    assert "opentelemetry.proto.common.v1.common_pb2" in said
+    assert "installed by opentelemetry-proto" in said and "reinstall" in said
+    assert "torch" not in said
+
+
+def test_a_missing_module_is_named() -> None:
+    from kvgate.cli import import_failure
+
+    with pytest.raises(ModuleNotFoundError) as missing:
+        import kvgate_no_such_module  # type: ignore[import-not-found]  # noqa: F401
+    said = import_failure(missing.value)
+    assert "kvgate_no_such_module is not installed" in said

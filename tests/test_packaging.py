@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
 import subprocess
 import sys
 import venv
@@ -61,3 +63,48 @@ def test_wheel_carries_the_license_its_metadata_names(wheel: Path) -> None:
     assert text.lstrip().startswith("Apache License") and "Version 2.0" in text
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
     assert "License-Expression: Apache-2.0" in zipfile.ZipFile(wheel).read(metadata).decode()
+
+
+def _owned_files() -> dict[str, list[str]]:
+    """Every file an installed distribution's RECORD lists (compiled caches and the
+    distributions' own metadata aside), with the distributions that list it."""
+    owners: dict[str, list[str]] = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        for path in dist.files or ():
+            text = path.as_posix()
+            if text.endswith(".pyc") or ".dist-info/" in text or ".egg-info/" in text:
+                continue
+            owners.setdefault(text, []).append(name)
+    return owners
+
+
+def test_no_two_installed_distributions_own_the_same_file() -> None:
+    """Two wheels writing one path install in whichever order pip picks, and the last one
+    wins: an import then works on one machine and fails on the next."""
+    shared = {
+        path: sorted(set(names)) for path, names in _owned_files().items() if len(set(names)) > 1
+    }
+    assert not shared, f"{len(shared)} files owned twice, e.g. {sorted(shared.items())[:5]}"
+
+
+def test_every_installed_distribution_is_the_pinned_version() -> None:
+    """The venv the tests run in is the one constraints.txt describes (a range in
+    pyproject.toml alone lets a new release change what is tested)."""
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[_normalized(name)] = version
+    installed = {
+        _normalized(dist.metadata["Name"]): dist.version.split("+")[0]
+        for dist in importlib.metadata.distributions()
+    }
+    missing = sorted(name for name in pins if name not in installed)
+    assert not missing, f"pinned but not installed: {missing}"
+    differ = {n: (installed[n], pins[n]) for n in pins if installed[n] != pins[n]}
+    assert not differ, f"installed versions differ from constraints.txt: {differ}"
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()

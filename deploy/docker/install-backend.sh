@@ -8,7 +8,8 @@ set -eu
 venv=$1
 build=$(copy_of_tree "$2")
 new_venv "$venv"
-"$venv/bin/pip" install --no-cache-dir --quiet "${TORCH:-torch==2.13.0}"
-"$venv/bin/pip" install --no-cache-dir --quiet "$build[backend]"
+pin="-c $build/constraints.txt"  # the versions the project is tested with
+"$venv/bin/pip" install --no-cache-dir --quiet $pin "${TORCH:-torch==2.13.0}"
+"$venv/bin/pip" install --no-cache-dir --quiet $pin "$build[backend]"
 rm -rf "$build"
 (cd / && "$venv/bin/python" -c "import torch, safetensors, backends.runners")

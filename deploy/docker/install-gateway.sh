@@ -7,10 +7,11 @@ set -eu
 venv=$1
 build=$(copy_of_tree "$2")
 new_venv "$venv"
+pin="-c $build/constraints.txt"  # the versions the project is tested with
 # the runtime dependencies first: mypyc type-checks the modules against them
-"$venv/bin/pip" install --no-cache-dir --quiet "$build"
-"$venv/bin/pip" install --no-cache-dir --quiet 'mypy>=1.10' 'types-PyYAML>=6.0' \
-    'types-protobuf>=5.0' 'types-tqdm>=4.66' 'setuptools>=77' wheel
+"$venv/bin/pip" install --no-cache-dir --quiet $pin "$build"
+"$venv/bin/pip" install --no-cache-dir --quiet $pin mypy types-PyYAML types-protobuf \
+    types-tqdm 'setuptools>=77' wheel
 (cd "$build" && KVGATE_COMPILE=1 "$venv/bin/pip" install --no-cache-dir --quiet \
     --no-build-isolation --no-deps --force-reinstall .)
 rm -rf "$build"

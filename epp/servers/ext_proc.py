@@ -19,8 +19,6 @@ import logging
 from collections.abc import AsyncIterator
 
 import orjson
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from epp.servers.ext_proc_messages import (
     StreamState,
@@ -33,6 +31,8 @@ from epp.servers.ext_proc_messages import (
 )
 from epp.servers.ext_proc_response import ResponsePath
 from epp.service import EppService
+from kvgate.api.envoy import external_processor_pb2 as ep
+from kvgate.api.envoy import external_processor_pb2_grpc as ep_grpc
 from kvgate.wire.messages_api import MESSAGES_PATH, chat_messages
 from kvgate.wire.model_name import model_restorer
 from kvgate.wire.openai_errors import (
@@ -83,7 +83,7 @@ class PickError(Exception):
         self.param = param or None
 
 
-class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
     """Envoy's ext_proc service (FULL_DUPLEX_STREAMED), picking with an ``EppService``."""
 
     def __init__(self, service: EppService) -> None:

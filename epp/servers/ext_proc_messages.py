@@ -6,13 +6,14 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass, field
+from typing import cast
 
-from envoy.config.core.v3 import base_pb2 as core
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from epp.service import Dispatch
+from kvgate.api.envoy import base_pb2 as core
+from kvgate.api.envoy import external_processor_pb2 as ep
+from kvgate.api.envoy import http_status_pb2
 from kvgate.wire.messages_api import MESSAGES_PATH
 from kvgate.wire.messages_api import error_body as messages_error_body
 from kvgate.wire.model_name import Restore
@@ -81,7 +82,7 @@ def immediate(
         headers.append(header_option("x-request-id", request_id))
     return ep.ProcessingResponse(
         immediate_response=ep.ImmediateResponse(
-            status=http_status_pb2.HttpStatus(code=status),
+            status=http_status_pb2.HttpStatus(code=cast(http_status_pb2.StatusCode, status)),
             body=body.encode(),
             headers=ep.HeaderMutation(set_headers=headers),
             details=f"inference error: {code}",
@@ -102,9 +103,10 @@ def _body_reply(piece: bytes, phase: str, end_of_stream: bool) -> ep.ProcessingR
     mutation = ep.BodyMutation(
         streamed_response=ep.StreamedBodyResponse(body=piece, end_of_stream=end_of_stream)
     )
-    return ep.ProcessingResponse(
-        **{phase: ep.BodyResponse(response=ep.CommonResponse(body_mutation=mutation))}
-    )
+    reply = ep.BodyResponse(response=ep.CommonResponse(body_mutation=mutation))
+    if phase == "request_body":
+        return ep.ProcessingResponse(request_body=reply)
+    return ep.ProcessingResponse(response_body=reply)
 
 
 @functools.lru_cache(maxsize=4096)

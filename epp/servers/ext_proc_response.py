@@ -6,10 +6,9 @@ as it comes, its usage not read)."""
 
 from __future__ import annotations
 
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-
 from epp.servers.ext_proc_messages import StreamState, body_chunks, read_headers
 from epp.service import EppService
+from kvgate.api.envoy import external_processor_pb2 as ep
 from kvgate.wire.http.client import MAX_UPSTREAM_BODY
 from kvgate.wire.responses_api import id_in_body
 from kvgate.wire.routing_headers import SERVED

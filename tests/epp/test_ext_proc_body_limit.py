@@ -8,12 +8,12 @@ import json
 from collections.abc import AsyncIterator
 
 import pytest
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from bench.envoy_messages import body_messages, headers_message
 from epp.servers import ext_proc_response
 from epp.servers.ext_proc import ExternalProcessor
 from epp.service import EppService
+from kvgate.api.envoy import external_processor_pb2 as ep
 from policies.loader import load_policy_text
 
 POLICY = """

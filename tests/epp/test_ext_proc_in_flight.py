@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-from envoy.config.core.v3 import base_pb2 as core
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-
 from bench.envoy_messages import body_messages, headers_message
 from epp.servers.ext_proc import ExternalProcessor
 from epp.service import EppService
+from kvgate.api.envoy import base_pb2 as core
+from kvgate.api.envoy import external_processor_pb2 as ep
 from kvgate.wire.sse import MAX_EVENT_BYTES
 from policies.loader import load_policy_text
 

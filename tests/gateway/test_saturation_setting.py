@@ -7,7 +7,6 @@ import time
 from collections.abc import AsyncIterator
 
 import orjson
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from bench.envoy_messages import body_messages, headers_message
 from epp.filters.saturation import SaturationFilter
@@ -16,6 +15,7 @@ from epp.servers.ext_proc import ExternalProcessor
 from gateway.metrics import GatewayMetrics
 from gateway.reload import capacity_gate
 from gateway.runtime import Runtime, RuntimeParts, build_runtime
+from kvgate.api.envoy import external_processor_pb2 as ep
 from kvgate.wire.http.connection_pool import ConnectionPool
 from policies.loader import load_policy_text
 from tests.epp.builders import make_request

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import grpc
 import pytest
-from envoy.config.core.v3 import base_pb2 as core
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.envoy_messages import body_messages, headers_message
 from kvgate.api import epp_pb2, epp_pb2_grpc
+from kvgate.api.envoy import base_pb2 as core
+from kvgate.api.envoy import external_processor_pb2 as ep
+from kvgate.api.envoy import external_processor_pb2_grpc as ep_grpc
 from loadtest.harness.processes import epp_process, free_port
 
 ENDPOINTS = ["127.0.0.2:{p}", "127.0.0.3:{p}"]  # loopback addresses nothing listens on
@@ -46,7 +46,7 @@ def exchange(target: str, messages: list[ep.ProcessingRequest]) -> list[ep.Proce
     with grpc.insecure_channel(
         target, options=[("grpc.max_receive_message_length", 64 << 20)]
     ) as channel:
-        stub = ep_grpc.ExternalProcessorStub(channel)
+        stub = ep_grpc.ExternalProcessorStub(channel)  # type: ignore[no-untyped-call]
         return list(stub.Process(iter(messages), timeout=10))
 
 

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from bench.envoy_messages import body_messages, headers_message
 from epp.service import EppService
+from kvgate.api.envoy import external_processor_pb2_grpc as ep_grpc
 from loadtest.harness.processes import epp_process, free_port
 from policies.loader import load_policy_text
 from tests.integration.metrics_util import scrape
@@ -40,7 +40,7 @@ def destination(target: str, prefix: str, question: int) -> str:
     body = json.dumps(chat(prefix, question)).encode()
     with grpc.insecure_channel(target) as channel:
         replies = list(
-            ep_grpc.ExternalProcessorStub(channel).Process(
+            ep_grpc.ExternalProcessorStub(channel).Process(  # type: ignore[no-untyped-call]
                 iter([headers_message(HEADERS), *body_messages(body)]), timeout=10
             )
         )

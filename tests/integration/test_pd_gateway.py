@@ -16,9 +16,9 @@ from typing import Any
 import grpc
 import openai
 import pytest
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from bench.envoy_messages import body_messages, headers_message
+from kvgate.api.envoy import external_processor_pb2_grpc as ep_grpc
 from loadtest.harness.processes import KvgateProcess, backend_process, epp_process, free_port
 from tests.fakes import close_after_test
 from tests.integration.metrics_util import scrape
@@ -219,7 +219,7 @@ def test_behind_envoy_the_picker_names_the_decode_worker_and_its_prefiller(
     with epp_process(str(policy), grpc_port, metrics_port):
         time.sleep(0.5)
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
-            stub = ep_grpc.ExternalProcessorStub(channel)
+            stub = ep_grpc.ExternalProcessorStub(channel)  # type: ignore[no-untyped-call]
             replies = list(
                 stub.Process(iter([headers_message(headers), *body_messages(raw)]), timeout=10)
             )

@@ -18,7 +18,6 @@ import anthropic
 import grpc
 import openai
 import pytest
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from openai.types.chat import ChatCompletionMessageParam
 
 from bench.envoy_messages import body_messages, headers_message
@@ -28,6 +27,7 @@ from epp.kv_events import KVEventSubscriber
 from epp.metrics_parser import VLLM, parse_metrics
 from epp.scraper import filtered_path
 from epp.tokenize import make_tokenizer, request_token_ids
+from kvgate.api.envoy import external_processor_pb2_grpc as ep_grpc
 from loadtest.client.sse import stream_request
 from loadtest.harness.processes import epp_process, free_port, gateway_process
 from loadtest.harness.vllm import VllmServer
@@ -319,7 +319,7 @@ def test_ext_proc_picks_the_engine_the_embedded_picker_picks(
         }
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             replies = list(
-                ep_grpc.ExternalProcessorStub(channel).Process(
+                ep_grpc.ExternalProcessorStub(channel).Process(  # type: ignore[no-untyped-call]
                     iter([headers_message(headers), *body_messages(body)]), timeout=10
                 )
             )
