@@ -73,6 +73,7 @@ async def run_round(
     max_tokens: int,
     concurrency: int,
     salt: str,
+    temperature: float = 0.0,
 ) -> LoadRound:
     result = LoadRound()
     queue = list(enumerate(prompts))
@@ -86,7 +87,7 @@ async def run_round(
                     "model": model,
                     "prompt": prompt,
                     "max_tokens": max_tokens,
-                    "temperature": 0,
+                    "temperature": temperature,
                     "ignore_eos": True,
                     "cache_salt": salt,
                 }
@@ -104,11 +105,18 @@ async def run_round(
 
 
 def measured_round(
-    name: str, url: str, model: str, prompts: list[list[int]], max_tokens: int, concurrency: int
+    name: str,
+    url: str,
+    model: str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    concurrency: int,
+    temperature: float = 0.0,
 ) -> LoadRound:
     """One timed round on a fresh ``cache_salt`` (nothing cached from another round); raises
     when a request of ``name``'s failed."""
-    result = asyncio.run(run_round(url, model, prompts, max_tokens, concurrency, uuid.uuid4().hex))
+    salt = uuid.uuid4().hex
+    result = asyncio.run(run_round(url, model, prompts, max_tokens, concurrency, salt, temperature))
     if result.errors:
         raise RuntimeError(f"{name}: {len(result.errors)} errors, {result.errors[0]}")
     return result

@@ -1,17 +1,21 @@
-"""Speculative decoding (n-gram prompt lookup): kvgate's torch engine with and without drafts,
-beside vLLM's CPU build with and without its ``ngram`` speculator, on a workload where prompt
-lookup applies — the last step of `make bench-engine`.
+"""Speculative decoding (n-gram prompt lookup): kvgate's torch engine without drafts, with
+vLLM's proposer and with kvgate's periodic drafts, beside vLLM's CPU build with and without its
+``ngram`` speculator — the last step of `make bench-engine`.
 
 The model is the engine benchmark's (``bench.engine``: a ~5M-parameter random-weight Llama).
-Each prompt is an edit of a given text: ``--document`` token ids, then the text's first 20
-tokens again, as a model continuing to copy it would see; 128 output tokens, greedy,
-``ignore_eos``. The same speculative configuration for both engines:
-``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
-"prompt_lookup_min": 2}``. Batch 1 (one request at a time) and batch 16 (16 in flight), in
-interleaved rounds after an untimed warm-up; acceptance from each server's own
-``vllm:spec_decode_*`` counters. A random model's greedy text falls into loops that prompt lookup
-predicts: the acceptance measured is reported, not assumed. Figures go to stdout as Markdown and
-to ``build/bench-speculation.json``.
+Two workloads, 128 output tokens each, ``ignore_eos``:
+
+- ``editing``: each prompt is an edit of a given text (``--document`` token ids, then the
+  text's first 20 tokens again, as a model continuing to copy it would see), greedy. A random
+  model's greedy text falls into short loops, which prompt lookup predicts;
+- ``sampled``: prompts of random tokens, sampled at temperature 1: no loops, and few matches.
+
+The same speculative configuration for both engines: ``{"method": "ngram",
+"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}`` (kvgate's
+periodic variant adds ``"periodic_drafts": true``). Batch 1 (one request at a time) and batch
+16 (16 in flight), in interleaved rounds after an untimed warm-up; acceptance from each
+server's own ``vllm:spec_decode_*`` counters, per workload: measured, not assumed. Figures go
+to stdout as Markdown and to ``build/bench-speculation.json``.
 """
 
 from __future__ import annotations
@@ -32,10 +36,23 @@ from loadtest.harness.processes import KvgateProcess
 from loadtest.harness.vllm import VllmServer
 
 ROOT = Path(__file__).resolve().parents[1]
-SPECULATIVE = json.dumps(
-    {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-)
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 4,
+    "prompt_lookup_max": 4,
+    "prompt_lookup_min": 2,
+}
+SPECULATIVE = json.dumps(NGRAM)
+PERIODIC = json.dumps({**NGRAM, "periodic_drafts": True})
 BATCHES = {1: 8, 16: 48}  # concurrency: requests per round
+WORKLOADS = {"editing": 0.0, "sampled": 1.0}  # name: temperature
+
+
+def workload_prompts(workload: str, count: int, document: int, seed: int) -> list[list[int]]:
+    if workload == "editing":
+        return edit_prompts(count, document, seed)
+    rng = random.Random(seed)
+    return [[rng.randrange(5, VOCAB) for _ in range(document + 20)] for _ in range(count)]
 
 
 def edit_prompts(count: int, document: int, seed: int) -> list[list[int]]:
@@ -77,6 +94,7 @@ def main() -> int:
         for name, extra in (
             ("kvgate", ()),
             ("kvgate+ngram", ("--speculative-config", SPECULATIVE)),
+            ("kvgate+periodic", ("--speculative-config", PERIODIC)),
         ):
             kvgates.append(start_kvgate(model, *extra))
             servers[name] = kvgates[-1].health_url.rsplit("/", 1)[0]
@@ -110,24 +128,42 @@ def main() -> int:
 
 
 def measure(servers: dict[str, str], args: argparse.Namespace) -> dict[str, object]:
-    """Every server's output tokens/s at each batch size, in interleaved rounds, and the
-    acceptance its counters show over the timed rounds."""
+    """Every server's output tokens/s per workload and batch size, in interleaved rounds, and
+    the acceptance its counters show over each workload's timed rounds."""
     warm_up = edit_prompts(4, args.document, seed=10_000)
     for url in servers.values():
         asyncio.run(run_round(url, MODEL_NAME, warm_up, args.output_tokens, 4, "warm-up"))
-    before = {name: spec_counters(url) for name, url in servers.items()}
-    rounds: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in servers}
-    for number in range(args.rounds):
-        for batch, count in BATCHES.items():
-            prompts = edit_prompts(count, args.document, seed=number * 100 + batch)
-            order = list(servers) if number % 2 == 0 else list(reversed(servers))
-            for name in order:
-                result = measured_round(
-                    name, servers[name], MODEL_NAME, prompts, args.output_tokens, batch
-                )
-                rounds[name][batch].append(result.tokens_per_s)
-                print(f"round {number} batch {batch} {name}: {result.tokens_per_s:.0f} tok/s")
-                time.sleep(args.pause)
+    results: dict[str, object] = {"config": NGRAM}
+    for workload, temperature in WORKLOADS.items():
+        before = {name: spec_counters(url) for name, url in servers.items()}
+        rounds: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in servers}
+        for number in range(args.rounds):
+            for batch, count in BATCHES.items():
+                prompts = workload_prompts(workload, count, args.document, number * 100 + batch)
+                order = list(servers) if number % 2 == 0 else list(reversed(servers))
+                for name in order:
+                    result = measured_round(
+                        name,
+                        servers[name],
+                        MODEL_NAME,
+                        prompts,
+                        args.output_tokens,
+                        batch,
+                        temperature,
+                    )
+                    rounds[name][batch].append(result.tokens_per_s)
+                    print(
+                        f"{workload} round {number} batch {batch} {name}: "
+                        f"{result.tokens_per_s:.0f} tok/s"
+                    )
+                    time.sleep(args.pause)
+        results[workload] = {"rounds": rounds, "acceptance": acceptance_since(servers, before)}
+    return results
+
+
+def acceptance_since(
+    servers: dict[str, str], before: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
     acceptance = {}
     for name, url in servers.items():
         after = spec_counters(url)
@@ -138,31 +174,35 @@ def measure(servers: dict[str, str], args: argparse.Namespace) -> dict[str, obje
                 "acceptance_rate": delta["accepted_tokens"] / delta["draft_tokens"],
                 "mean_accepted_per_draft": delta["accepted_tokens"] / delta["drafts"],
             }
-    return {"rounds": rounds, "acceptance": acceptance, "config": json.loads(SPECULATIVE)}
+    return acceptance
 
 
 def report(results: dict[str, object]) -> None:
-    rounds = results["rounds"]
-    assert isinstance(rounds, dict)
-    print("\n| engine | batch 1 tok/s | batch 16 tok/s |")
-    print("| --- | ---: | ---: |")
-    best = {name: {b: max(v) for b, v in by_batch.items()} for name, by_batch in rounds.items()}
-    for name, by_batch in best.items():
-        print(f"| {name} | {by_batch[1]:.0f} | {by_batch[16]:.0f} |")
-    print("\n| speculation's speed-up (best rounds) | batch 1 | batch 16 |")
-    print("| --- | ---: | ---: |")
-    for engine in ("kvgate", "vllm"):
-        if engine in best and f"{engine}+ngram" in best:
-            gains = [best[f"{engine}+ngram"][b] / best[engine][b] for b in BATCHES]
-            print(f"| {engine} | {gains[0]:.2f}x | {gains[1]:.2f}x |")
-    acceptance = results["acceptance"]
-    assert isinstance(acceptance, dict)
-    for name, figures in acceptance.items():
-        print(
-            f"{name}: {figures['accepted_tokens']:.0f} of {figures['draft_tokens']:.0f} draft "
-            f"tokens kept ({figures['acceptance_rate']:.0%}), "
-            f"{figures['mean_accepted_per_draft']:.2f} per draft"
-        )
+    for workload in WORKLOADS:
+        figures = results[workload]
+        assert isinstance(figures, dict)
+        rounds = figures["rounds"]
+        best = {name: {b: max(v) for b, v in by_batch.items()} for name, by_batch in rounds.items()}
+        print(f"\n{workload}:\n\n| engine | batch 1 tok/s | batch 16 tok/s |")
+        print("| --- | ---: | ---: |")
+        for name, by_batch in best.items():
+            print(f"| {name} | {by_batch[1]:.0f} | {by_batch[16]:.0f} |")
+        print("\n| speculation's speed-up (best rounds) | batch 1 | batch 16 |")
+        print("| --- | ---: | ---: |")
+        for engine, drafted in (
+            ("kvgate", "kvgate+ngram"),
+            ("kvgate", "kvgate+periodic"),
+            ("vllm", "vllm+ngram"),
+        ):
+            if engine in best and drafted in best:
+                gains = [best[drafted][b] / best[engine][b] for b in BATCHES]
+                print(f"| {drafted} | {gains[0]:.2f}x | {gains[1]:.2f}x |")
+        for name, kept in figures["acceptance"].items():
+            print(
+                f"{name}: {kept['accepted_tokens']:.0f} of {kept['draft_tokens']:.0f} draft "
+                f"tokens kept ({kept['acceptance_rate']:.0%}), "
+                f"{kept['mean_accepted_per_draft']:.2f} per draft"
+            )
 
 
 if __name__ == "__main__":

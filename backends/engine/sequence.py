@@ -48,6 +48,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0  # rule out tokens less likely than min_p times the likeliest one
     seed: int | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
@@ -63,6 +64,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.top_k < -1:
             raise ValueError(f"top_k must be -1 (disabled) or at least 0, got {self.top_k}")
         if not 0 <= self.top_logprobs <= MAX_LOGPROBS:

@@ -1,12 +1,14 @@
 """Next-token sampling from a step's logits, as vLLM's sampler behaves.
 
-Per row: greedy when ``temperature`` is 0; otherwise logits / temperature, then top-k, then
-top-p (the smallest set of most likely tokens whose probability reaches ``top_p``), drawn from a
-generator seeded by the request's ``seed`` (so a seeded request is reproducible whatever else
-is in the batch) or from the runner's shared generator. End-of-sequence and stop tokens are
-masked until ``min_tokens`` tokens are out. The chosen token's log-probability, and those of
-the ``top_logprobs`` most likely tokens, are those of the unmodified distribution (vLLM's
-default ``logprobs_mode``, raw log-probabilities), from the same log-softmax.
+Per row: greedy when ``temperature`` is 0; otherwise logits / temperature, then min-p (tokens
+less likely than ``min_p`` times the likeliest one are ruled out), top-k, then top-p (the
+smallest set of most likely tokens whose probability reaches ``top_p``), renormalised (vLLM's
+order), drawn from a generator seeded by the request's ``seed`` (so a seeded request is
+reproducible whatever else is in the batch) or from the runner's shared generator.
+End-of-sequence and stop tokens are masked until ``min_tokens`` tokens are out (on a copy: the
+caller's logits are never changed). The chosen token's log-probability, and those of the
+``top_logprobs`` most likely tokens, are the model's own (vLLM's default ``logprobs_mode``,
+raw log-probabilities): from the logits before any masking.
 """
 
 from __future__ import annotations
@@ -48,19 +50,19 @@ class Sampler:
     def sample(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> Sampled:
         """Tokens for each row of ``logits`` (``[rows, vocab]``), and their log-probs (and the
         most likely tokens') when any row asks for them."""
-        logits = logits.float()
-        self._mask_early_stops(logits, rows)
-        tokens = logits.argmax(dim=-1)
+        raw = logits.float()
+        masked = self._without_early_stops(raw, rows)
+        tokens = masked.argmax(dim=-1)
         random_rows = [i for i, row in enumerate(rows) if not row.sampling.is_greedy]
         if random_rows:
             tokens = tokens.clone()
             for i in random_rows:
-                tokens[i] = self._draw(logits[i], rows[i])
+                tokens[i] = self._draw(masked[i], rows[i])
         chosen = tokens.tolist()
         asked = [row.sampling.top_logprobs if row.sampling.logprobs else -1 for row in rows]
         if max(asked) < 0:
             return Sampled(chosen)
-        log_probs = torch.log_softmax(logits, dim=-1)
+        log_probs = torch.log_softmax(raw, dim=-1)
         logprobs = log_probs.gather(1, tokens[:, None])[:, 0].tolist()
         most = max(asked)
         tops: list[TopLogprobs | None] | None = None
@@ -70,7 +72,10 @@ class Sampler:
         kept = [lp if k >= 0 else None for lp, k in zip(logprobs, asked, strict=True)]
         return Sampled(chosen, kept, tops)
 
-    def _mask_early_stops(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> None:
+    def _without_early_stops(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
+        """``logits`` with the end tokens ruled out in the rows still short of ``min_tokens``
+        (a copy when any is: the caller's tensor is left as it was)."""
+        masked = logits
         for i, row in enumerate(rows):
             sampling = row.sampling
             if row.num_output_tokens >= sampling.min_tokens:
@@ -79,7 +84,10 @@ class Sampler:
             if not sampling.ignore_eos:
                 stops.extend(self.eos_token_ids)
             if stops:
-                logits[i, stops] = float("-inf")
+                if masked is logits:
+                    masked = logits.clone()
+                masked[i, stops] = float("-inf")
+        return masked
 
     def verify(
         self, logits: torch.Tensor, row: SampleRow, drafts: Sequence[int]
@@ -93,12 +101,11 @@ class Sampler:
         prompt-lookup draft is one token for certain, so this is the rejection sampling of
         speculative decoding) and a rejected one is replaced by a draw from ``p_i`` without it,
         renormalised — each emitted token is distributed as ``p_i``, as without drafts."""
-        logits = logits.float()
         steps = [
             SampleRow(row.seq_id, row.sampling, row.num_output_tokens + i)
             for i in range(len(drafts) + 1)
         ]
-        self._mask_early_stops(logits, steps)
+        logits = self._without_early_stops(logits.float(), steps)
         if row.sampling.is_greedy:
             targets = logits.argmax(dim=-1).tolist()
             kept = 0
@@ -123,8 +130,11 @@ class Sampler:
 
     @staticmethod
     def _probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
-        """One row's distribution: temperature, then top-k, then top-p."""
+        """One row's distribution, summing to 1: temperature, then min-p, top-k and top-p."""
         scaled = logits / sampling.temperature
+        if sampling.min_p > 0.0:
+            probs = torch.softmax(scaled, dim=-1)
+            scaled = scaled.masked_fill(probs < sampling.min_p * probs.max(), float("-inf"))
         if 0 < sampling.top_k < scaled.shape[-1]:
             kth = torch.topk(scaled, sampling.top_k).values[-1]
             scaled = scaled.masked_fill(scaled < kth, float("-inf"))
@@ -134,6 +144,7 @@ class Sampler:
             before = sorted_probs.cumsum(-1) - sorted_probs  # mass of the more likely tokens
             sorted_probs = sorted_probs.masked_fill(before >= sampling.top_p, 0.0)
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+            probs /= probs.sum()  # the nucleus is the distribution: its mass is 1
         return probs
 
     def _generator(self, row: SampleRow) -> torch.Generator:

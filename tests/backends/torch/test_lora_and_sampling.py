@@ -217,3 +217,22 @@ def test_logprobs_are_those_of_the_unmodified_distribution() -> None:
     most = torch.topk(expected[2], 4)
     assert [token for token, _ in tops[2]] == most.indices.tolist()
     assert [lp for _, lp in tops[2]] == pytest.approx(most.values.tolist(), abs=1e-6)
+
+
+def test_logprobs_under_min_tokens_are_the_models_and_the_logits_are_left_alone() -> None:
+    logits = torch.tensor([[0.0, 1.0, 3.0, 2.0]])
+    before = logits.clone()
+    early = SampleRow(0, SamplingParams(temperature=0.0, min_tokens=2, logprobs=True), 0)
+    sampled = Sampler(eos_token_ids=(2,)).sample(logits, [early])
+    assert sampled.tokens == [3]  # EOS (2) ruled out for the draw...
+    assert sampled.logprobs is not None
+    expected = torch.log_softmax(before, -1)[0, 3].item()
+    assert sampled.logprobs[0] == pytest.approx(expected, abs=1e-6)  # ...not for the logprob
+    assert torch.equal(logits, before)
+
+
+def test_min_p_rules_out_the_unlikely() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    sampler = Sampler((), seed=2)
+    drawn = {sampler.sample(logits, rows(SamplingParams(min_p=0.5))).tokens[0] for _ in range(200)}
+    assert drawn == {0, 1}  # 0.15 and 0.05 are under half of 0.5

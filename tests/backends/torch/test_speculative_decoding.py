@@ -79,3 +79,62 @@ def test_sampled_tokens_with_drafts_are_distributed_as_the_model_says() -> None:
             kept += len(accepted)
         assert torch.allclose(counts / trials, probs, atol=0.015), (draft, counts / trials)
         assert kept / trials == pytest.approx(float(probs[draft]), abs=0.015)
+
+
+def _target(probs: list[float], sampling: SamplingParams) -> torch.Tensor:
+    """The distribution vLLM samples from, worked out by hand: temperature, min-p, top-k,
+    top-p, renormalised."""
+    weights = [p ** (1 / sampling.temperature) for p in probs]
+    total = sum(weights)
+    weights = [w / total for w in weights]
+    likeliest = max(weights)
+    kept = [w if w >= sampling.min_p * likeliest else 0.0 for w in weights]
+    order = sorted(range(len(kept)), key=lambda i: -kept[i])
+    if 0 < sampling.top_k < len(kept):
+        for i in order[sampling.top_k :]:
+            kept[i] = 0.0
+    total = sum(kept)
+    kept = [w / total for w in kept]
+    mass = 0.0
+    for i in order:
+        if mass >= sampling.top_p:
+            kept[i] = 0.0
+        mass += kept[i] if mass < sampling.top_p else 0.0
+    total = sum(kept)
+    return torch.tensor([w / total for w in kept])
+
+
+GRID = [
+    SamplingParams(temperature=1.0, top_p=0.8),
+    SamplingParams(temperature=0.7, top_p=0.9),
+    SamplingParams(temperature=1.3, top_k=3),
+    SamplingParams(temperature=1.0, top_k=3, top_p=0.7),
+    SamplingParams(temperature=1.0, min_p=0.25),
+    SamplingParams(temperature=0.8, min_p=0.1, top_p=0.85),
+]
+
+
+@pytest.mark.parametrize(
+    "sampling", GRID, ids=lambda s: f"t{s.temperature}-p{s.top_p}-k{s.top_k}-m{s.min_p}"
+)
+def test_with_drafts_each_token_follows_the_truncated_distribution(
+    sampling: SamplingParams,
+) -> None:
+    """Whatever is drafted, the token emitted at a drafted position is distributed as plain
+    sampling's (the nucleus renormalised: accepted at p(d)/Z, not p(d))."""
+    probs = [0.5, 0.3, 0.15, 0.05]
+    logits = torch.log(torch.tensor(probs)).expand(2, 4).clone()
+    target = _target(probs, sampling)
+    sampler = Sampler((), seed=11)
+    row = SampleRow(0, sampling, 0)
+    trials = 20_000
+    plain = torch.zeros(4)
+    for _ in range(trials):
+        plain[sampler.sample(logits[:1], [row]).tokens[0]] += 1
+    assert torch.allclose(plain / trials, target, atol=0.015), (plain / trials, target)
+    for draft in (0, 1, 3):
+        counts = torch.zeros(4)
+        for _ in range(trials):
+            accepted, token = sampler.verify(logits, row, [draft])
+            counts[accepted[0] if accepted else token] += 1
+        assert torch.allclose(counts / trials, target, atol=0.015), (draft, counts / trials, target)
