@@ -1,11 +1,11 @@
 """The admin API, on its own listener: policy version, breakers, queues, limiter, SLOs, canaries,
 the model registry, reload.
 
-Every request needs ``Authorization: Bearer <key>``, one of ``listen.admin``'s keys
-(``gateway.admin_access``): any role reads; canary actions and stage changes need
-``operator``, a reload ``admin``; each of those, allowed or denied, is a line of the audit
-log. With ``--workers N`` each worker answers for itself (the port is shared); a file change
-reloads every worker, ``POST /admin/reload`` the one that answered.
+Every request needs ``Authorization: Bearer <key>``, one of the keys of ``listen.admin`` as
+the policy in force says (``gateway.admin_access``): any role reads; canary actions and stage
+changes need ``operator``, a reload ``admin``; each of those, allowed or denied, is a line of
+the audit log. With ``--workers N`` each worker answers for itself (the port is shared); a
+file change reloads every worker, ``POST /admin/reload`` the one that answered.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from gateway.admin_access import AuditLog, Caller, caller_of
+from gateway.admin_access import UNAUTHENTICATED, AuditLog, Caller, caller_of
 from gateway.canary.controller import ACTIONS
 from gateway.keys import ADMISSION, CANARIES, METRICS, MODELS, RUNTIME, SLOS
 from gateway.models.stages import ACTIONS as STAGE_ACTIONS
@@ -153,8 +153,9 @@ async def model_action(request: web.Request) -> web.Response:
     gateway = _gateway(request)
     registry = gateway[MODELS]
     before = registry.stages[model].stages if model in registry.stages else None
+    caller: Caller = request[CALLER]
     try:
-        stages = await asyncio.to_thread(registry.act, model, version, action)
+        stages = await asyncio.to_thread(registry.act, model, version, action, caller.name)
     except KeyError:
         await _audit(request, audited, "not_found", target)
         message = f"no registered model {model!r} with a version {version!r}"
@@ -217,14 +218,22 @@ async def _audit(
     )
 
 
-def _guard(admin: Admin) -> Middleware:
+def _guard() -> Middleware:
+    """Who may call: the keys, roles and issuers of the policy in force (a reload that removes
+    a key revokes it at once; an admin section removed shuts every caller out)."""
+
     @web.middleware
     async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
-        authenticator = _gateway(request)[RUNTIME].current.authenticator
-        caller = caller_of(admin, request.headers.get("Authorization", ""), authenticator)
+        runtime = _gateway(request)[RUNTIME].current
+        admin = runtime.policy.listen.admin
+        caller = None
+        if admin is not None:
+            request.app[AUDIT].path = admin.audit_log
+            authorization = request.headers.get("Authorization", "")
+            caller = caller_of(admin, authorization, runtime.authenticator)
         if caller is None:
             if request.method == "POST":  # an attempted change: on the record
-                await _audit(request, request.path.removeprefix("/admin/"), "unauthenticated")
+                await _audit(request, _action_of(request), UNAUTHENTICATED)
             message = "admin token required"
             return _error(401, message, "authentication_error", "invalid_admin_token")
         request[CALLER] = caller
@@ -233,8 +242,17 @@ def _guard(admin: Admin) -> Middleware:
     return impl
 
 
+def _action_of(request: web.Request) -> str:
+    """What a call is, as the metrics and the audit log name it: its route (a bounded set),
+    never the path the caller made up."""
+    resource = request.match_info.route.resource
+    if resource is None:
+        return "unknown"
+    return resource.canonical.removeprefix("/admin/")
+
+
 def create_admin_app(gateway: web.Application, admin: Admin) -> web.Application:
-    app = web.Application(middlewares=[_guard(admin)])
+    app = web.Application(middlewares=[_guard()])
     app[GATEWAY] = gateway
     app[AUDIT] = AuditLog(admin.audit_log, gateway[METRICS].admin_actions)
     app.router.add_get("/admin/policy", policy)

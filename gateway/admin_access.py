@@ -1,12 +1,14 @@
 """Who calls the admin API, what their role lets them do, and the audit trail of what they did.
 
 A caller is the key whose token their ``Authorization: Bearer`` header carries (compared in
-constant time with every key's), or, with ``role_claim``, the subject of a JWT the gateway's
-issuers signed whose claim names a role (a list of roles: the highest). Roles rank ``viewer`` <
-``operator`` < ``admin``: a call needs at least the role its action names. Every
-state-changing call, allowed or denied, becomes one JSON line (time, who, role, action, target,
-before, after, result, request id) in the audit log and one count of
-``kvgate_admin_actions_total{action,result}``.
+constant time with every key's), or, with ``role_claim``, the subject of a JWT one of
+``role_issuers`` signed (with ``role_audience`` among its audiences, where set) whose claim
+names a role (a list of roles: the highest). Roles rank ``viewer`` < ``operator`` < ``admin``:
+a call needs at least the role its action names. Every state-changing call, allowed or denied,
+becomes one JSON line (time, who, role, action, target, before, after, result, request id) in
+the audit log and one count of ``kvgate_admin_actions_total{action,result}``; calls nobody
+authenticated are recorded at most ``UNAUTHENTICATED_PER_MINUTE`` a minute (the rest are
+counted, and the next line says how many were left out), so that they cannot fill a disk.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from gateway.errors import Unauthorized
 from policies.admin_section import ADMIN_ROLES, Admin
 
 log = logging.getLogger("kvgate.audit")
+UNAUTHENTICATED = "unauthenticated"  # the result of a call without a valid key or token
 
 
 @dataclass(frozen=True)
@@ -50,16 +53,24 @@ def caller_of(
             found = Caller(key.name, key.role)
     token = authorization.removeprefix("Bearer ")
     if found is None and admin.role_claim and authenticator is not None and token.count(".") == 2:
-        found = _jwt_caller(authenticator, token, admin.role_claim)
+        found = _jwt_caller(admin, authenticator, token)
     return found
 
 
-def _jwt_caller(authenticator: Authenticator, token: str, claim: str) -> Caller | None:
+def _jwt_caller(admin: Admin, authenticator: Authenticator, token: str) -> Caller | None:
     try:
-        claims, _ = authenticator.verified_claims(token)
+        claims, issuer = authenticator.verified_claims(token)
     except Unauthorized:
         return None
-    named = claims.get(claim)
+    if issuer.issuer not in admin.role_issuers:
+        return None  # a tenant's issuer: its tokens carry no admin role, whatever they claim
+    if admin.role_audience is not None:
+        audience = claims.get("aud")
+        audiences = audience if isinstance(audience, list) else [audience]
+        if admin.role_audience not in audiences:
+            return None
+    assert admin.role_claim is not None
+    named = claims.get(admin.role_claim)
     roles = [named] if isinstance(named, str) else named if isinstance(named, list) else []
     known = [role for role in roles if role in ADMIN_ROLES]
     if not known:
@@ -70,13 +81,32 @@ def _jwt_caller(authenticator: Authenticator, token: str, claim: str) -> Caller 
     )
 
 
+UNAUTHENTICATED_PER_MINUTE = 60  # lines of calls nobody authenticated; the rest are counted
+
+
 class AuditLog:
     """Appends one JSON line per state-changing admin call to ``path`` (every worker to the
-    same file: one ``write`` of one line each, opened for appending), or to the gateway's log."""
+    same file: one ``write`` of one line each, opened for appending), or to the gateway's log;
+    ``path`` follows the policy in force."""
 
     def __init__(self, path: str | None, actions: Counter) -> None:
         self.path = path
         self.actions = actions
+        self._minute = 0  # the minute unauthenticated calls are being counted in
+        self._unauthenticated = 0  # ... recorded in it
+        self._left_out = 0  # ... not recorded since the last line
+
+    def keeps_unauthenticated(self) -> bool:
+        """Whether a call nobody authenticated gets a line (at most a bounded number a
+        minute); counted either way."""
+        minute = int(time.monotonic() // 60)
+        if minute != self._minute:
+            self._minute, self._unauthenticated = minute, 0
+        self._unauthenticated += 1
+        if self._unauthenticated > UNAUTHENTICATED_PER_MINUTE:
+            self._left_out += 1
+            return False
+        return True
 
     async def record(
         self,
@@ -89,7 +119,7 @@ class AuditLog:
         after: object = None,
         request_id: str = "",
     ) -> None:
-        entry = {
+        entry: dict[str, object] = {
             "time": time.time(),
             "who": caller.name if caller else None,
             "role": caller.role if caller else None,
@@ -101,6 +131,11 @@ class AuditLog:
             "request_id": request_id,
         }
         self.actions.labels(action, result).inc()
+        if result == UNAUTHENTICATED:
+            if not self.keeps_unauthenticated():
+                return
+            if self._left_out:
+                entry["unauthenticated_left_out"], self._left_out = self._left_out, 0
         line = json.dumps(entry, default=str, separators=(",", ":")) + "\n"
         if self.path is None:
             log.info("%s", line.rstrip())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from dataclasses import replace
 
 from aiohttp import web
 
@@ -25,7 +26,7 @@ from gateway.remote_jwks import jwks_urls
 from gateway.runtime import Runtime, RuntimeParts, build_runtime
 from policies.errors import PolicyError
 from policies.loader import load_policy
-from policies.schema import Policy
+from policies.schema import Listen, Policy
 
 log = logging.getLogger("kvgate.gateway")
 RETIRE_AFTER = 60.0  # seconds before a replaced limiter is closed (its reservations settle)
@@ -124,8 +125,11 @@ class Reloader:
     async def _apply(self, policy: Policy) -> None:
         holder = self.app[RUNTIME]
         old = holder.current
-        if policy.listen != old.policy.listen:
-            log.warning("listen settings changed: they apply after a restart")
+        if _listeners(policy.listen) != _listeners(old.policy.listen):
+            log.warning(
+                "listen settings changed: the listeners apply them after a restart (the admin "
+                "API's keys, roles and audit log apply now)"
+            )
         await self.parts.key_sets.fetch_new(jwks_urls(policy))  # before its tokens arrive
         new = build_runtime(policy, self.parts, previous=old)
         if new.limiter is not old.limiter:
@@ -154,6 +158,12 @@ class Reloader:
     async def close(self) -> None:
         for task in list(self._retiring):
             task.cancel()
+
+
+def _listeners(listen: Listen) -> tuple[Listen, tuple[str, int] | None]:
+    """What of ``listen`` only a restart applies: all of it but who may call the admin API."""
+    admin = listen.admin
+    return replace(listen, admin=None), None if admin is None else (admin.host, admin.port)
 
 
 RELOADER = web.AppKey("reloader", Reloader)

@@ -137,7 +137,7 @@ def _build(src: Source, source: str, base_dir: Path, plugins: PluginCatalog | No
         pools=pools,
         routes=routes,
         version=version,
-        listen=_listen(top, base_dir),
+        listen=_listen(top, base_dir, tuple(issuer.issuer for issuer in auth.jwt)),
         auth=auth,
         tenants=tenants,
         timeouts=_timeouts(top),
@@ -163,7 +163,7 @@ def _state_dir(top: Fields, base_dir: Path) -> str:
     return str(base_dir / value) if value else ""
 
 
-def _listen(top: Fields, base_dir: Path) -> Listen:
+def _listen(top: Fields, base_dir: Path, issuers: tuple[str, ...]) -> Listen:
     f = top.sub(
         "listen",
         {
@@ -182,7 +182,7 @@ def _listen(top: Fields, base_dir: Path) -> Listen:
         },
     )
     port = f.integer("port", Listen().port, low=0, high=65535)
-    admin = load_admin(f, port) if f.has("admin") else None
+    admin = load_admin(f, port, issuers) if f.has("admin") else None
     trusted = f.str_list("trusted_proxies") or ()
     for number, value in enumerate(trusted):
         try:

@@ -118,9 +118,10 @@ class ModelRegistry:
             except OSError as exc:
                 log.warning("model %s: the canary's verdict is not saved yet: %s", name, exc)
 
-    def act(self, name: str, version: str, action: str, by: str = "admin") -> ModelStages:
-        """An operator's ``action`` on a version: saved, then in force here. Raises
-        ``KeyError`` (unknown model or version), ``StageConflict``, ``OSError`` (not saved)."""
+    def act(self, name: str, version: str, action: str, by: str) -> ModelStages:
+        """An operator's ``action`` on a version (``by``: the operator, as the admin API names
+        the caller): saved, then in force here. Raises ``KeyError`` (unknown model or
+        version), ``StageConflict``, ``OSError`` (not saved)."""
         with self._changing:
             return self._act(name, version, action, by)
 
@@ -147,7 +148,7 @@ class ModelRegistry:
         for event in events:
             level = logging.WARNING if action == "rollback" else logging.INFO
             log.log(level, json.dumps({"model": name, **event}))
-            self.changes.labels(name, action, by).inc()
+            self.changes.labels(name, action, "admin" if run is None else "canary").inc()
         self._export()
         return self.stages[name]
 

@@ -128,7 +128,7 @@ def test_the_route_takes_production_and_a_canary_against_it(tmp_path: Path) -> N
         None,
         ("other",),
     )
-    registry.act("chat", "2", "promote")
+    registry.act("chat", "2", "promote", "ops")
     resolved = registry.resolve(declared)
     route = resolved.route_for("chat")
     assert route is not None and route.auto_canary is not None
@@ -152,14 +152,14 @@ def test_a_canary_verdict_is_settled_once_across_workers(tmp_path: Path) -> None
     canaries = [Canaries(CollectorRegistry(), clock) for _ in range(2)]
     for registry in workers:
         registry.update(declared)
-    workers[0].act("chat", "2", "promote")
+    workers[0].act("chat", "2", "promote", "ops")
     assert workers[1].tick(canaries[1])  # reads the saved canary
     for registry, manager in zip(workers, canaries, strict=True):
         verdict(registry, manager, declared, "promoted")
     assert workers[0].tick(canaries[0]) and workers[1].tick(canaries[1])
     for registry in workers:
         assert registry.stages["chat"].stages == {"1": "archived", "2": "production"}
-        assert [e["by"] for e in registry.stages["chat"].events] == ["admin", "canary"]
+        assert [e["by"] for e in registry.stages["chat"].events] == ["ops", "canary"]
         route = registry.resolve(declared).route_for("chat")
         assert route is not None and (route.pool, route.auto_canary) == ("v2", None)
     # a restart reads the saved stages
@@ -172,7 +172,7 @@ def test_a_rolled_back_canary_archives_its_version(tmp_path: Path) -> None:
     declared = policy(extra=f"state_dir: {tmp_path}")
     registry, canaries = ModelRegistry(CollectorRegistry()), Canaries(CollectorRegistry())
     registry.update(declared)
-    registry.act("chat", "2", "promote")
+    registry.act("chat", "2", "promote", "ops")
     verdict(registry, canaries, declared, "rolled_back")
     assert registry.tick(canaries)
     assert registry.stages["chat"].stages == {"1": "production", "2": "archived"}
@@ -186,14 +186,14 @@ def test_replicas_share_the_stages_through_redis(redis_server: RedisServer) -> N
     first, second = ModelRegistry(CollectorRegistry()), ModelRegistry(CollectorRegistry())
     for registry in (first, second):
         registry.update(declared)
-    first.act("chat", "2", "promote")
+    first.act("chat", "2", "promote", "ops")
     assert second.tick(Canaries(CollectorRegistry()))
     assert second.stages["chat"].stages == {"1": "production", "2": "canary"}
     redis_server.stop()  # Redis gone: the stages in force stay, a change is refused
     assert not second.tick(Canaries(CollectorRegistry()))
     assert second.stages["chat"].stages["2"] == "canary"
     with pytest.raises(OSError, match="models state in Redis"):
-        second.act("chat", "2", "archive")
+        second.act("chat", "2", "archive", "ops")
     for registry in (first, second):
         registry.close()
 
@@ -215,8 +215,8 @@ def test_a_declared_stage_the_saved_ones_overrule_is_logged_once(
     first = policy(extra=f"state_dir: {tmp_path}")
     registry = ModelRegistry(CollectorRegistry())
     registry.update(first)
-    registry.act("chat", "2", "promote")
-    registry.act("chat", "2", "promote")  # 2 in production, 1 archived
+    registry.act("chat", "2", "promote", "ops")
+    registry.act("chat", "2", "promote", "ops")  # 2 in production, 1 archived
     # the policy now declares a new version 3 in production (and 1 back in staging)
     changed = load_policy_text(
         f"""pools:

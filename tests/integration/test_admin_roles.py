@@ -11,11 +11,13 @@ from pathlib import Path
 
 import aiohttp
 
+from gateway.admin_access import UNAUTHENTICATED_PER_MINUTE
 from loadtest.harness.processes import KvgateProcess, free_port
 from tests.gateway.jwt_keys import make_keys
 from tests.integration.metrics_util import scrape
 
 ADMIN, OPERATOR, VIEWER = "admin-token-0123456789", "operator-token-012345", "viewer-token-0123456"
+TENANTS_IDP, STAFF_IDP = "https://idp.test", "https://staff-idp.test"
 
 
 def policy(backend: str, admin_port: int, audit: Path) -> str:
@@ -80,7 +82,7 @@ async def test_roles_decide_and_every_attempted_change_is_audited(
     }
 
 
-async def test_a_jwt_with_a_role_claim_is_a_caller_named_by_its_subject(
+async def test_a_jwt_role_counts_only_from_the_issuers_and_audience_the_admin_names(
     start_backend: Callable[..., str],
     start_gateway: Callable[..., tuple[str, KvgateProcess]],
     tmp_path: Path,
@@ -88,20 +90,30 @@ async def test_a_jwt_with_a_role_claim_is_a_caller_named_by_its_subject(
     keys = make_keys(tmp_path)
     backend = start_backend("--cost", "zero").removeprefix("http://")
     admin_port, audit = free_port(), tmp_path / "audit.jsonl"
-    issuer = (
-        f'auth: {{jwt: [{{issuer: "https://idp.test", audience: kvgate, '
-        f"jwks_file: {keys.jwks_path}, algorithms: [RS256], claims: {{tenant: org}}}}]}}"
+    issuers = "".join(
+        f'\n    - {{issuer: "{issuer}", audience: kvgate, jwks_file: {keys.jwks_path}, '
+        "algorithms: [RS256], claims: {tenant: org}}"
+        for issuer in (TENANTS_IDP, STAFF_IDP)
     )
     text = policy(backend, admin_port, audit).replace(
-        f"    audit_log: {audit}", f"    audit_log: {audit}\n    role_claim: kvgate_role"
+        f"    audit_log: {audit}",
+        f"    audit_log: {audit}\n    role_claim: kvgate_role\n"
+        f'    role_issuers: ["{STAFF_IDP}"]\n    role_audience: kvgate-admin',
     )
-    start_gateway(text + issuer + "\n")
+    start_gateway(text + f"auth:\n  jwt:{issuers}\n")
     admin = f"http://127.0.0.1:{admin_port}/admin"
+
+    def staff(**claims: object) -> str:
+        return keys.token("RS256", None, iss=STAFF_IDP, aud=["kvgate", "kvgate-admin"], **claims)
+
     tokens = {
-        "admin": keys.token(sub="alice", kvgate_role=["viewer", "admin"]),
-        "operator": keys.token(sub="bob", kvgate_role="operator"),
-        "none": keys.token(sub="carol"),
-        "expired": keys.token(sub="dave", kvgate_role="admin", exp=int(time.time()) - 60),
+        "admin": staff(sub="alice", kvgate_role=["viewer", "admin"]),
+        "operator": staff(sub="bob", kvgate_role="operator"),
+        "none": staff(sub="carol"),
+        "expired": staff(sub="dave", kvgate_role="admin", exp=int(time.time()) - 60),
+        # a tenant's token, valid for the gateway, claiming a role its issuer cannot grant
+        "tenant": keys.token(sub="mallory", kvgate_role="admin", iss=TENANTS_IDP),
+        "no admin audience": keys.token(sub="erin", kvgate_role="admin", iss=STAFF_IDP),
     }
     statuses = {}
     async with aiohttp.ClientSession() as session:
@@ -109,11 +121,82 @@ async def test_a_jwt_with_a_role_claim_is_a_caller_named_by_its_subject(
             headers = {"Authorization": f"Bearer {token}"}
             async with session.post(f"{admin}/reload", headers=headers) as response:
                 statuses[name] = response.status
-    assert statuses == {"admin": 200, "operator": 403, "none": 401, "expired": 401}
+    assert statuses == {
+        "admin": 200,
+        "operator": 403,
+        "none": 401,
+        "expired": 401,
+        "tenant": 401,
+        "no admin audience": 401,
+    }
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
     assert [(e["who"], e["role"], e["result"]) for e in lines] == [
         ("jwt:alice", "admin", "applied"),
         ("jwt:bob", "operator", "denied"),
-        (None, None, "unauthenticated"),
-        (None, None, "unauthenticated"),
+        *[(None, None, "unauthenticated")] * 4,
     ]
+
+
+async def test_a_reload_that_removes_a_key_revokes_it_and_one_that_changes_a_role_applies_it(
+    start_backend: Callable[..., str],
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+    tmp_path: Path,
+) -> None:
+    backend = start_backend("--cost", "zero").removeprefix("http://")
+    admin_port, audit = free_port(), tmp_path / "audit.jsonl"
+    text = policy(backend, admin_port, audit)
+    _, gateway = start_gateway(text)
+    admin = f"http://127.0.0.1:{admin_port}/admin"
+    policy_file = tmp_path / "policy-0.yaml"
+    moved = tmp_path / "moved-audit.jsonl"
+    policy_file.write_text(
+        text.replace(f"      - {{name: ops, token: {OPERATOR}, role: operator}}\n", "")
+        .replace(f"token: {VIEWER}, role: viewer", f"token: {VIEWER}, role: admin")
+        .replace(f"audit_log: {audit}", f"audit_log: {moved}")
+    )
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{admin}/reload", headers=bearer(ADMIN)) as reload:
+            assert reload.status == 200 and (await reload.json())["applied"]
+        async with session.get(f"{admin}/policy", headers=bearer(OPERATOR)) as removed:
+            assert removed.status == 401  # the removed key no longer opens anything
+        async with session.post(f"{admin}/reload", headers=bearer(VIEWER)) as promoted:
+            assert promoted.status == 200  # a viewer made admin may reload now
+    lines = [json.loads(line) for line in moved.read_text().splitlines()]
+    assert [(e["who"], e["role"], e["result"]) for e in lines] == [
+        ("dashboards", "admin", "applied")  # the audit log moved with the policy
+    ]
+    assert gateway.proc is not None and gateway.proc.poll() is None
+
+
+async def test_calls_nobody_authenticated_cannot_grow_labels_or_fill_the_audit_log(
+    start_backend: Callable[..., str],
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+    tmp_path: Path,
+) -> None:
+    backend = start_backend("--cost", "zero").removeprefix("http://")
+    admin_port, audit = free_port(), tmp_path / "audit.jsonl"
+    url, _ = start_gateway(policy(backend, admin_port, audit))
+    admin = f"http://127.0.0.1:{admin_port}/admin"
+    async with aiohttp.ClientSession() as session:
+        for number in range(150):
+            path = f"{admin}/made-up-{number}-{'x' * 200}"
+            async with session.post(path, headers=bearer("y" * 20)) as response:
+                assert response.status == 401
+        async with session.post(f"{admin}/canaries/chat/pause") as response:
+            assert response.status == 401
+    lines = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert len(lines) <= UNAUTHENTICATED_PER_MINUTE  # a bounded number a minute
+    assert {line["action"] for line in lines} <= {"unknown", "canaries/{model}/{action}"}
+    assert all("made-up" not in json.dumps(line) for line in lines)
+    counts = {
+        (s.labels["action"], s.labels["result"]): s.value
+        for s in scrape(url)["kvgate_admin_actions_total"]
+    }
+    assert counts == {
+        ("unknown", "unauthenticated"): 150,  # every call counted, under one label
+        ("canaries/{model}/{action}", "unauthenticated"): 1,
+    }
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}

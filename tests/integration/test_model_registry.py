@@ -23,6 +23,7 @@ from tests.integration.metrics_util import scrape
 
 TOKEN = "admin-token-0123456789"
 VIEWER = "viewer-token-0123456789"
+OPERATOR = "operator-token-012345678"  # the key named release-bot
 
 Start = Callable[..., str]
 StartGateway = Callable[..., tuple[str, KvgateProcess]]
@@ -36,7 +37,9 @@ listen:
   admin:
     port: {admin_port}
     token: {TOKEN}
-    keys: [{{name: dashboards, token: {VIEWER}, role: viewer}}]
+    keys:
+      - {{name: dashboards, token: {VIEWER}, role: viewer}}
+      - {{name: release-bot, token: {OPERATOR}, role: operator}}
 pools:
   chat-v1: {{model: kvgate-sim, endpoints: [{v1.removeprefix("http://")}]}}
   chat-v2: {{model: kvgate-sim, endpoints: [{v2.removeprefix("http://")}]}}
@@ -52,11 +55,14 @@ observability: {{access_log: "off"}}
 {extra}"""
 
 
-def kvgate_models(capsys: pytest.CaptureFixture[str], admin_port: int, *args: str) -> str:
-    """``kvgate models ARGS`` in this process, as the admin; what it printed (it must succeed)."""
+def kvgate_models(
+    capsys: pytest.CaptureFixture[str], admin_port: int, *args: str, token: str = TOKEN
+) -> str:
+    """``kvgate models ARGS`` in this process, as the admin (or the key of ``token``); what it
+    printed (it must succeed)."""
     capsys.readouterr()
     admin = f"http://127.0.0.1:{admin_port}"
-    code = main(["models", "--admin", admin, "--token", TOKEN, *args])
+    code = main(["models", "--admin", admin, "--token", token, *args])
     out, err = capsys.readouterr()
     assert code == 0, err
     return out
@@ -118,7 +124,7 @@ async def test_a_canary_version_is_promoted_by_its_verdict_and_the_stages_outliv
     load = loadtest(url, tmp_path / "load", 30)
     await asyncio.sleep(2)  # traffic before, during and after the switch
     assert served(v2) == 0
-    promoted = kvgate_models(capsys, port, "promote", "chat", "2")
+    promoted = kvgate_models(capsys, port, "promote", "chat", "2", token=OPERATOR)
     assert promoted.splitlines()[0] == "chat 2: canary"
     await until(
         lambda: stages(capsys, port) == {"1": "archived", "2": "production"}, 60, "promotion"
@@ -128,7 +134,7 @@ async def test_a_canary_version_is_promoted_by_its_verdict_and_the_stages_outliv
     listed = json.loads(kvgate_models(capsys, port, "list", "--json"))["chat"]
     changes = [(e["version"], e["action"], e["by"], e["to"]) for e in listed["events"]]
     assert changes == [
-        ("2", "promote", "admin", "canary"),
+        ("2", "promote", "release-bot", "canary"),  # the operator who made the change
         ("2", "promote", "canary", "production"),
     ]
     assert [v["share"] for v in listed["versions"]] == [0.0, 100.0]
