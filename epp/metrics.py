@@ -47,7 +47,8 @@ class EppMetrics:
         )
         self.cross_zone_picks = Counter(
             "kvgate_epp_cross_zone_picks",
-            "Picks of an endpoint labelled with another zone than the picker's (epp.zone).",
+            "Requests sent to an endpoint labelled with another zone than the picker's (epp.zone):"
+            " where they went, the first choice skipped by a breaker or a refusal or not.",
             ["pool"],
             registry=r,
         )

@@ -130,5 +130,10 @@ BUILTINS: dict[str, PluginType] = {
         "filter", RoleFilter.parse_config, lambda name, raw, _: RoleFilter.prefill(name, raw)
     ),
 }
+# plugins that read what every tenant's requests taught the picker (the shared prefix index,
+# the sessions' homes): what they say of a request tells whether others sent the same prompt
+SHARED_KNOWLEDGE = frozenset(
+    {"prefix-cache-scorer", "cold-spread-scorer", "token-backlog-scorer", "session-affinity-scorer"}
+)
 for _type_name, _plugin_type in BUILTINS.items():
     register(_type_name, _plugin_type)

@@ -226,8 +226,6 @@ class EppService:
                 held = matched.get(target.address, 0)
                 if max(matched.values()) - held >= self.prefix.params.min_match_blocks:
                     self.metrics.child(self.metrics.warm_diverted, pool).inc()
-            if not in_zone(target, self.policy.epp.zone):
-                self.metrics.child(self.metrics.cross_zone_picks, pool).inc()
         elapsed = time.perf_counter() - started
         self.metrics.child(self.metrics.pick_latency, pool).observe(elapsed)
         return decision
@@ -255,6 +253,8 @@ class EppService:
         (or it is over first), and let the prefix indexes and learning plugins record it."""
         load = endpoint.load
         load.dispatched += 1
+        if not in_zone(endpoint, self.policy.epp.zone):  # where it went, not the first choice
+            self.metrics.child(self.metrics.cross_zone_picks, endpoint.pool).inc()
         if self.counts_in_flight:
             endpoint.in_flight += 1
         # before the indexes learn this pick: what the endpoint does not hold yet

@@ -11,7 +11,10 @@ The continuation goes on:
   token for token with an uninterrupted one;
 - else from text: a chat request ends with the assistant message so far and
   ``continue_final_message`` (no new generation prompt), as vLLM takes it; a completion's
-  prompt is its prompt and the text so far.
+  prompt is its prompt and the text so far. The gateway then asks the engines for vLLM's
+  ``continuous_usage_stats`` (stripped again from what the client gets): each chunk's count of
+  the tokens so far, since an event may carry several tokens (stream intervals, speculative
+  decoding), so the tokens generated are the engine's count, not the events'.
 
 ``max_tokens`` (and ``min_tokens``) shrink by what was generated. A stream that broke after its
 last token only gets its missing end (``ending``). Not resumable (``resumable``): several
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from kvgate.wire.sse import SSERelay, event_object
+from kvgate.wire.sse import SSERelay, error_message, event_object
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -91,9 +94,11 @@ class Progress:
     created: int = 0
     model: str = ""
     text: str = ""
-    events: int = 0  # content events: the generated tokens, where no ids say exactly
+    events: int = 0  # content events: a lower bound of the tokens, where nothing says more
     token_ids: list[int] | None = None  # what was generated, where the engine said
     prompt_token_ids: list[int] | None = None
+    prompt_tokens: int | None = None  # the engine's counts, where its chunks carry usage
+    completion_tokens: int | None = None  # ... of the whole answer so far
     finish_reason: str | None = None
     resumable: bool = True
     extras: dict[str, object] = field(default_factory=dict)
@@ -111,8 +116,10 @@ class Progress:
 
     @property
     def generated(self) -> int:
-        """Output tokens so far (counted from the events where no ids were given)."""
-        return len(self.token_ids) if self.token_ids is not None else self.events
+        """Output tokens so far: the ids, else the engine's count, else the events."""
+        if self.token_ids is not None:
+            return len(self.token_ids)
+        return self.completion_tokens if self.completion_tokens is not None else self.events
 
     @property
     def started(self) -> bool:
@@ -126,6 +133,11 @@ class Progress:
             self.created = created if isinstance(created, int) else 0
             self.model = str(chunk.get("model", ""))
         prompt_ids = chunk.get("prompt_token_ids")
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            if self.prompt_tokens is None:
+                self.prompt_tokens = _count(usage.get("prompt_tokens"))
+            self.completion_tokens = _count(usage.get("completion_tokens"))
         choices = chunk.get("choices")
         if not isinstance(choices, list):
             return
@@ -170,9 +182,12 @@ def continuation(
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
             limits[key] = max(1 if key != "min_tokens" else 0, value - generated)
-    stream: dict[str, object] = {"stream": True, "stream_options": {"include_usage": True}}
+    options: dict[str, object] = {"include_usage": True}
+    stream: dict[str, object] = {"stream": True, "stream_options": options}
     if token_ids:
         stream["return_token_ids"] = True
+    else:
+        options["continuous_usage_stats"] = True
     if progress.prompt_token_ids is not None and progress.token_ids is not None:
         kept = {k: body[k] for k in SAMPLING if k in body}
         if "max_completion_tokens" in limits:
@@ -204,12 +219,16 @@ def whole_usage(
 ) -> dict[str, object] | None:
     """The usage of the whole answer: the first stream's prompt and everything generated; from
     the ids where known, else from ``last``, a continuation's usage whose prompt held the
-    ``before`` tokens generated before it."""
+    ``before`` tokens generated before it (the first stream's prompt as its engine counted it,
+    where its chunks said), else from the engines' counts so far."""
     if progress.prompt_token_ids is not None and progress.token_ids is not None:
         prompt, completion = len(progress.prompt_token_ids), len(progress.token_ids)
     elif last is not None:
-        prompt = max(0, _int(last.get("prompt_tokens")) - before)
+        reported = progress.prompt_tokens
+        prompt = max(0, _int(last.get("prompt_tokens")) - before) if reported is None else reported
         completion = before + _int(last.get("completion_tokens"))
+    elif progress.prompt_tokens is not None and progress.completion_tokens is not None:
+        prompt, completion = progress.prompt_tokens, progress.completion_tokens
     else:
         return None
     usage: dict[str, object] = {
@@ -242,7 +261,7 @@ class ContinuationRelay(SSERelay):
             return b""
         out: list[bytes] = []
         for event in complete.split(b"\n\n"):
-            if not event:
+            if not event or self.failed:
                 continue
             if event.strip() == _DONE.strip():
                 self.saw_done = True
@@ -250,6 +269,9 @@ class ContinuationRelay(SSERelay):
                 continue
             data = event_object(event)
             if data is None:
+                continue
+            self.failed = error_message(data)
+            if self.failed:
                 continue
             rewritten = self._rewrite(data)
             if rewritten is not None:
@@ -260,6 +282,8 @@ class ContinuationRelay(SSERelay):
         progress = self.progress
         choices = data.get("choices")
         usage = data.get("usage")
+        if choices and isinstance(usage, dict):  # the engine's count so far
+            progress.completion_tokens = self.before + _int(usage.get("completion_tokens"))
         if not choices:
             if isinstance(usage, dict):
                 self.usage = whole_usage(progress, usage, self.before)
@@ -300,6 +324,10 @@ def _usage_chunk(progress: Progress, usage: dict[str, object]) -> dict[str, obje
 
 def _event(data: Mapping[str, object]) -> bytes:
     return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _int(value: object) -> int:

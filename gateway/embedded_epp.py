@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 from epp.framework import Endpoint, SchedulingRequest, SchedulingResult
+from epp.registry import SHARED_KNOWLEDGE
 from epp.service import Dispatch, EppService
 from gateway.endpoint_picker import EndpointState, PickRequest, Ranking
 from policies.schema import Policy
@@ -78,10 +79,13 @@ class EppRanking:
         self._cursor = 0
         self._dispatches: list[tuple[EndpointState, Dispatch]] = []
 
-    def explanation(self, top: int = 5) -> dict[str, object]:
+    def explanation(self, top: int = 5, matches: bool = True) -> dict[str, object]:
         """The decision for whoever asked to read it: what each filter dropped, each scorer's
         weight and score of the ``top`` candidates with their totals, the pick, the scorer
-        that decided it, and how much of the prompt the pick holds."""
+        that decided it, and how much of the prompt the pick holds. Without ``matches``, what
+        tells of other requests (the prefix held, the scores of plugins that read what every
+        tenant's traffic taught the picker, the totals, the ranking and the deciding scorer)
+        is withheld: a caller cannot probe whether another sent a prompt."""
         result = self._result
         if result is None:
             return {}
@@ -90,12 +94,17 @@ class EppRanking:
             gone = {e.address for e in before} - {e.address for e in after}
             if gone:
                 dropped[name] = sorted(gone)
-        parts = result.parts
-        candidates = [
+        hidden = set() if matches else self._shared_knowledge()
+        parts = [(name, weight, scores) for name, weight, scores in result.parts]
+        candidates: list[dict[str, object]] = [
             {
                 "endpoint": e.address,
                 "total": round(result.scores[e.address], 4),
-                "scores": {name: round(scores.get(e.address, 0.0), 4) for name, _, scores in parts},
+                "scores": {
+                    name: round(scores.get(e.address, 0.0), 4)
+                    for name, _, scores in parts
+                    if name not in hidden
+                },
             }
             for e in result.ranked[:top]
         ]
@@ -106,12 +115,24 @@ class EppRanking:
             "candidates": candidates,
             "filtered": dropped,
         }
+        if not matches:
+            for candidate in candidates:
+                del candidate["total"]
+            candidates.sort(key=lambda candidate: str(candidate["endpoint"]))
+            del found["decided_by"]
+            found["withheld"] = sorted(hidden)
+            return found
         index = self._service.prefix
         if index is not None and result.ranked:
             prompt = index.prompt_tokens(self._request)
             uncached = index.uncached_tokens(self._request, result.ranked[0])
             found["prefix"] = {"prompt_tokens": prompt, "matched_tokens": prompt - uncached}
         return found
+
+    def _shared_knowledge(self) -> set[str]:
+        """The names of the policy's plugins that read what all traffic taught the picker."""
+        plugins = self._service.policy.epp.plugins
+        return {spec.name for spec in plugins if spec.type in SHARED_KNOWLEDGE}
 
     def prefill(self) -> EndpointState | None:
         """The prefill endpoint, dispatched now (the prefill hop is about to be sent)."""

@@ -27,14 +27,34 @@ def explain_mode(explain: Explain, headers: Mapping[str, str], ctx: RequestConte
     return LOG if explain.sample and random.random() < explain.sample else ""
 
 
-def record_explanation(ctx: RequestContext, pool: str, ranking: Ranking) -> None:
-    """Keep the decision on ``ctx`` (for the access log) and, when the caller asked, in the
-    response's header."""
+def record_explanation(
+    ctx: RequestContext, pool: str, ranking: Ranking, explain: Explain | None
+) -> None:
+    """Keep the decision on ``ctx`` (for the access log, in full) and, when the caller asked,
+    in the response's header (cache matches only where ``explain`` shows them to the caller)."""
     decided: dict[str, object] = {"pool": pool}
     if isinstance(ranking, EppRanking):
         decided.update(ranking.explanation())
     else:
         decided["picker"] = "least-in-flight"  # no scores: the fewest requests in flight
     ctx.explanation = decided
-    if ctx.explain == REPLY:
-        ctx.add_headers({HEADER: orjson.dumps(decided).decode()})
+    if ctx.explain != REPLY:
+        return
+    replied = decided
+    if isinstance(ranking, EppRanking) and not (explain and explain.shows_matches(ctx.tenant)):
+        replied = {"pool": pool, **ranking.explanation(matches=False)}
+    ctx.add_headers({HEADER: orjson.dumps(replied).decode()})
+
+
+def record_destination(ctx: RequestContext, endpoint: str) -> None:
+    """Where the request was sent: the explanation's ``pick``, and the picker's first choice
+    as ``first_choice`` when that was skipped (its breaker open, or it refused)."""
+    decided = ctx.explanation
+    if decided is None or "pick" not in decided or decided["pick"] == endpoint:
+        return
+    decided["first_choice"], decided["pick"] = decided["pick"], endpoint
+    header = (ctx.extra_headers or {}).get(HEADER)
+    if header is not None:
+        replied = orjson.loads(header)
+        replied["first_choice"], replied["pick"] = replied.get("pick"), endpoint
+        ctx.add_headers({HEADER: orjson.dumps(replied).decode()})

@@ -34,6 +34,13 @@ class RequestTotals:
 
 
 TotalsKey = tuple[str, str, int, str]  # route (path), model, status, priority class
+STREAM_BROKEN = "upstream_stream_broken"  # the error of a stream that ended with an error event
+
+
+def outcome_status(ctx: RequestContext) -> int:
+    """The status a finished request counts as: the one it was answered with, but 502 for a
+    stream that broke after its 200 head (the client got an error event, not an answer)."""
+    return 502 if ctx.error == STREAM_BROKEN else ctx.status
 
 
 class FinishedRequests:
@@ -47,7 +54,7 @@ class FinishedRequests:
         self._totals: dict[TotalsKey, RequestTotals] = {}
 
     def add(self, ctx: RequestContext) -> None:
-        key = (ctx.route, ctx.model, ctx.status, ctx.priority_class)
+        key = (ctx.route, ctx.model, outcome_status(ctx), ctx.priority_class)
         totals = self._totals.get(key)
         if totals is None:
             totals = self._totals[key] = RequestTotals()

@@ -34,6 +34,7 @@ class Forward:
         "pick",
         "raw",
         "request",
+        "rewritten",
         "route",
         "runtime",
     )
@@ -56,7 +57,8 @@ class Forward:
         self.ctx = ctx
         self.path = path  # the upstream path
         self.raw = raw  # the client's body as sent (decoded)
-        self.body = body  # ... parsed
+        self.body = body  # ... parsed (changed by the gateway where ``rewritten``)
+        self.rewritten = False  # the body differs from ``raw`` (an output limit was set)
         self.route = route
         self.client_wants_usage = client_wants_usage
         self.form = form  # a multipart body: forwarded as sent, but for its model field

@@ -22,35 +22,52 @@ from gateway.context import RequestContext
 from gateway.disaggregation import run_prefill
 from gateway.endpoint_picker import Ranking
 from gateway.errors import (
+    BadRequest,
     Evicted,
     NoEndpoint,
     Rejected,
     UpstreamError,
     UpstreamTimeout,
 )
-from gateway.explain import record_explanation
+from gateway.explain import record_destination, record_explanation
 from gateway.forward import Forward, parse
 from gateway.keys import CANARIES, RESPONSE_CACHE, RUNTIME, SHADOW
+from gateway.limits.budgets import most_cost
 from gateway.limits.limiter import Reservation
 from gateway.relay import body_response, read_upstream_body, relay_body, relay_stream
 from gateway.routing.selector import Selection, select
 from gateway.routing.shadow import Outcome, text_of
-from gateway.spend import settled_cost
+from gateway.spend import served, settled_cost
 from gateway.stored_responses import continuing, created
 from gateway.stream_resume import StreamResume, asks_token_ids, stream_resume
 from gateway.tracing import decision_attributes, span
 from gateway.upstream import UpstreamCall, client_request_headers, open_upstream
 from gateway.upstream_payload import KV_TRANSFER, payload_for, pool_body
-from kvgate.wire.http.messages import AnyResponse, Request, Response, StreamResponse
+from kvgate.wire.http.messages import (
+    AnyResponse,
+    Request,
+    Response,
+    StreamResponse,
+    header_line,
+)
 from kvgate.wire.messages_api import MESSAGES_PATH
 from kvgate.wire.model_name import model_restorer
+from kvgate.wire.output_limit import OUTPUT_LIMITS
 from kvgate.wire.responses_api import RESPONSES_PATH, id_in_body
 from kvgate.wire.routing_headers import INFERENCE_OBJECTIVE
 from kvgate.wire.sse import MessagesRelay, ResponsesRelay, SSERelay
 from policies.schema import Pool
+from policies.spend_section import Price
 
 # the streams that report usage in a last chunk only when stream_options asks for it
 OPENAI_STREAMS = frozenset({"/v1/chat/completions", "/v1/completions"})
+# where an API takes its output limit, when the request names none
+OUTPUT_FIELDS = {
+    "/v1/chat/completions": "max_tokens",
+    "/v1/completions": "max_tokens",
+    RESPONSES_PATH: "max_output_tokens",
+    MESSAGES_PATH: "max_tokens",
+}
 
 
 async def proxy(
@@ -96,13 +113,17 @@ def _arm(forward: Forward) -> Selection:
 
 
 async def _cached(forward: Forward, pool: str) -> Response | None:
-    """The response cache's answer, or None (then ``forward.keep`` keeps this answer)."""
-    request, route = forward.request, forward.route
+    """The response cache's answer, or None (then ``forward.keep`` keeps this answer). A hit
+    costs nothing, and says what the caller's budgets have left, as every answer does."""
+    request, route, ctx = forward.request, forward.route, forward.ctx
     assert route.cache is not None
     cache = request.app[RESPONSE_CACHE]
     hit, forward.keep = await cache.look_up(
-        forward.ctx, route.cache, forward.path, forward.body, request.headers, pool
+        ctx, route.cache, forward.path, forward.body, request.headers, pool
     )
+    if hit is not None:
+        for name, value in (await forward.runtime.limiter.spend_remaining(ctx.identity)).items():
+            hit.block += header_line(name.encode(), value)
     return hit
 
 
@@ -116,7 +137,24 @@ async def _reserve(forward: Forward, pool: str) -> Reservation | None:
         )
     if reservation is not None:
         ctx.add_headers(reservation.headers)
+        if reservation.budget_specs and forward.form is None:
+            _hold_to_output_limit(forward, reservation.output_limit)
     return reservation
+
+
+def _hold_to_output_limit(forward: Forward, limit: int) -> None:
+    """Tell the engine the output limit a budget reserved, where the request asks for more or
+    names none (the engine would write up to its context): a budget is a cap."""
+    field = OUTPUT_FIELDS.get(forward.path)
+    if field is None or limit <= 0:
+        return
+    body = forward.body
+    name = next((n for n in OUTPUT_LIMITS if n in body), field)
+    asked = body.get(name)
+    if type(asked) is int and asked <= limit:
+        return
+    forward.body = {**body, name: limit}
+    forward.rewritten = True
 
 
 def _shadow(forward: Forward) -> asyncio.Task[Outcome | None] | None:
@@ -152,13 +190,30 @@ def _settle(forward: Forward, reservation: Reservation | None, ab_arm: str | Non
     runtime, ctx, metrics = forward.runtime, forward.ctx, forward.holder.parts.metrics
     prices = runtime.policy.spend.prices
     price = prices.get(ctx.model) if prices else None
-    cost = None if price is None else settled_cost(price, ctx, metrics)
+    cost = None
+    if price is not None:
+        cost = settled_cost(price, ctx, metrics, lambda: _most_cost(forward, reservation, price))
     if reservation is not None:
         used = ctx.prompt_tokens + ctx.completion_tokens if ctx.usage_known else None
+        if used is None and not served(ctx):
+            used = 0
         runtime.limiter.settle(reservation, used, cost)
     if ab_arm:
         test, _, name = ab_arm.partition("=")
         metrics.child(metrics.ab_requests, test, name, str(ctx.status or 0)).inc()
+
+
+def _most_cost(forward: Forward, reservation: Reservation | None, price: Price) -> float:
+    """What the request was charged (its budgets' reservation), else the most it may cost."""
+    if reservation is not None and reservation.budget_specs:
+        return reservation.cost
+    pool = forward.runtime.policy.pools.get(forward.ctx.pool)
+    context_length = pool.max_model_len if pool is not None else None
+    try:
+        prompt, output = forward.runtime.limiter.estimate_parts(forward.body, context_length)
+    except BadRequest:
+        return 0.0
+    return most_cost(price, prompt, output)
 
 
 async def _serve_with_fallbacks(forward: Forward, first_pool: str) -> AnyResponse:
@@ -208,6 +263,8 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
         attempt = await open_upstream(
             call, ctx, pool, forward.path, payload, headers, forward.pick, ranking
         )
+        if ctx.explain:
+            record_destination(ctx, attempt.endpoint.address)
         try:
             return await _relayed(forward, pool, attempt, payload, headers, resumes)
         finally:
@@ -290,7 +347,7 @@ async def _relayed(
         created(request, ctx, id_in_body(data))
     response = body_response(ctx, upstream, data, model_restorer(pool.model, ctx.model))
     if forward.keep is not None:
-        forward.keep.body(upstream.status, upstream.content_type, response.body)
+        forward.keep.answer(ctx, upstream.status, upstream.content_type, response.body)
     return response
 
 
@@ -311,7 +368,7 @@ def _ranked(forward: Forward, pool: Pool) -> tuple[UpstreamCall, bytes, Ranking]
             ranking = call.picker.rank(pool.name, forward.pick)
             route.set_attributes(decision_attributes(ranking))
     if ctx.explain:
-        record_explanation(ctx, pool.name, ranking)
+        record_explanation(ctx, pool.name, ranking, forward.route.explain)
     return call, headers, ranking
 
 
@@ -326,13 +383,14 @@ async def _streamed(
     relay, resume = _stream_relay(forward, pool, payload, headers, resumes)
     idle, restore = forward.runtime.policy.timeouts.idle, model_restorer(pool.model, ctx.model)
     copy = None if keep is None else keep.copy
+    copy_limit = request.app[RESPONSE_CACHE].settings.max_entry
     streamed = await relay_stream(
-        request, ctx, attempt, upstream, idle, relay, resume, restore, copy
+        request, ctx, attempt, upstream, idle, relay, resume, restore, copy, copy_limit
     )
     if forward.path == RESPONSES_PATH:
         created(request, ctx, relay.response_id)
     elif keep is not None:
-        keep.stream(ctx)
+        keep.stream(ctx, streamed.copy is not None)
     return streamed
 
 
@@ -348,8 +406,26 @@ def _upstream_payload(
         )
     add_usage = ctx.stream and not forward.client_wants_usage and forward.path in OPENAI_STREAMS
     add_ids = resumes and asks_token_ids(pool, body)
-    if pool.model or add_usage or params is not None or KV_TRANSFER in body or add_ids:
-        return payload_for(forward.raw, body, pool, ctx.model, add_usage, params, add_ids)
+    add_counts = resumes and not pool.returns_token_ids
+    if (
+        pool.model
+        or add_usage
+        or params is not None
+        or KV_TRANSFER in body
+        or add_ids
+        or add_counts
+        or forward.rewritten
+    ):
+        return payload_for(
+            body,
+            pool,
+            ctx.model,
+            raw=None if forward.rewritten else forward.raw,
+            usage=add_usage,
+            counts=add_counts,
+            kv_transfer_params=params,
+            token_ids=add_ids,
+        )
     return forward.raw
 
 

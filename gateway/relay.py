@@ -19,6 +19,7 @@ import time
 from gateway.attempt import Attempt
 from gateway.context import RequestContext
 from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.finished_requests import STREAM_BROKEN
 from gateway.stream_resume import StreamResume
 from gateway.upstream import response_headers
 from kvgate.wire.http.client import (
@@ -34,7 +35,7 @@ from kvgate.wire.sse import EventTooLarge, SSERelay, usage_of
 from kvgate.wire.token_usage import token_counts
 
 MID_STREAM_ERRORS = (UpstreamConnectionError, asyncio.TimeoutError)
-AFTER_DONE = 1.0  # seconds to wait for the upstream body's end after [DONE]
+AFTER_DONE = 1.0  # seconds the upstream has to end its body after [DONE] (else it is closed)
 CUT_BY_SHUTDOWN = "cut_by_shutdown"  # the error of a stream still running when the grace ended
 
 
@@ -75,13 +76,15 @@ async def relay_stream(
     resume: StreamResume | None = None,
     restore: Restore | None = None,
     copy: list[bytes] | None = None,
+    copy_limit: int = 0,
 ) -> StreamResponse:
     """Relay the upstream's events as they complete (``relay``: how this API's stream is read
     and ended; ``restore`` puts the public model name back in them; ``copy`` gets what the
-    client is sent); a stream that breaks off goes on from another endpoint where ``resume``
-    can (its attempts are closed here), else ends with an error event."""
+    client is sent, up to ``copy_limit`` bytes: past it, the copy is dropped and the
+    response's ``copy`` is None); a stream that breaks off goes on from another endpoint
+    where ``resume`` can (its attempts are closed here), else ends with an error event."""
     response = await _prepared(request, ctx, upstream, None)
-    response.copy = copy
+    response.copy, response.copy_limit = copy, copy_limit
     current = attempt
     try:
         failure = await _relay_events(ctx, current, upstream, idle, relay, response, restore)
@@ -101,15 +104,14 @@ async def relay_stream(
             assert current.response is not None
             upstream = current.response
             failure = await _relay_events(ctx, current, upstream, idle, relay, response, restore)
-    finally:
-        if relay.usage:
-            _record_usage(ctx, relay.usage)
+    finally:  # the client may have gone: what the engine sent is metered all the same
+        _record_usage(ctx, relay.usage or _relayed_usage(upstream, relay, resume))
         if current is not attempt:
             current.close(ctx.prompt_tokens if ctx.usage_known else None)
     if failure:
-        ctx.error = "upstream_stream_broken"
+        ctx.error = STREAM_BROKEN
         current.break_off()
-        await response.write(relay.error_event(failure, "upstream_stream_broken"))
+        await response.write(relay.error_event(failure, STREAM_BROKEN))
     await response.write_eof()
     return response
 
@@ -127,9 +129,13 @@ async def _relay_events(
     forward = _Forward(ctx, attempt, relay, response, restore)
     try:
         while not await upstream.push(forward.take, idle):
-            if forward.last is not None:  # the last event: the body's end goes with it
-                await response.finish(forward.last)
-                await _rest_after_done(upstream, idle)
+            if relay.failed:
+                return relay.failed
+            if forward.last is not None:
+                # the last event and the body's end in one write: the client's stream is whole,
+                # whatever the upstream's last bytes do (they are dropped as they come)
+                response.write_last(forward.last)
+                upstream.discard_rest(AFTER_DONE)
                 return ""
             await response.drain()  # the client reads slower than the upstream writes
     except asyncio.CancelledError as cancel:
@@ -145,6 +151,8 @@ async def _relay_events(
         return "upstream connection lost mid-stream"
     except EventTooLarge as exc:
         return str(exc)
+    if relay.failed:
+        return relay.failed
     if relay.saw_done:
         return ""
     if relay.pending:
@@ -199,9 +207,10 @@ class _Forward:
         self.started = False  # this upstream's first event went out
 
     def take(self, chunk: bytes) -> bool:
-        out = self.relay.feed(chunk)
+        relay = self.relay
+        out = relay.feed(chunk)
         if not out:
-            return True
+            return not relay.failed
         if self.restore is not None:
             out = self.restore(out)
         if not self.started:
@@ -210,20 +219,13 @@ class _Forward:
             ctx = self.ctx
             if ctx.ttft is None:
                 ctx.ttft = time.perf_counter() - ctx.start
-        if self.relay.saw_done:
+        if relay.failed:  # an in-band error: what came before it goes out, the task decides
+            self.response.write_now(out)
+            return False
+        if relay.saw_done:
             self.last = out
             return False
         return self.response.write_now(out)
-
-
-async def _rest_after_done(upstream: UpstreamResponse, idle: float) -> None:
-    """Read and drop what the upstream sends after ``[DONE]`` (its body's end, as a rule at
-    once), so its connection can be reused; one that does not end its body within
-    ``AFTER_DONE`` seconds loses its connection, and the request is not held for it."""
-    with contextlib.suppress(*MID_STREAM_ERRORS):
-        async with asyncio.timeout(AFTER_DONE):
-            while await upstream.readany(idle):
-                pass
 
 
 async def _prepared(
@@ -249,6 +251,21 @@ def _upstream_failed(ctx: RequestContext, exc: BaseException) -> Exception:
     if isinstance(exc, asyncio.TimeoutError):
         return UpstreamTimeout(f"upstream {ctx.endpoint} stalled while sending its response")
     return UpstreamError(f"upstream {ctx.endpoint} failed while sending its response")
+
+
+def _relayed_usage(
+    upstream: UpstreamResponse, relay: SSERelay, resume: StreamResume | None
+) -> dict[str, object] | None:
+    """The usage of a stream that ended without its usage (cut, or its client gone): from the
+    token ids the engine sent (what arrived is read first, unsent), where it sent them; else
+    None (the request keeps what its limits and budgets reserved)."""
+    if resume is None:
+        return None
+    rest = upstream.buffered()
+    if rest:
+        with contextlib.suppress(EventTooLarge):
+            relay.feed(rest)
+    return resume.usage_so_far(relay)
 
 
 def _record_usage(ctx: RequestContext, usage: dict[str, object] | None) -> None:

@@ -39,6 +39,7 @@ class StreamResume:
     __slots__ = (
         "body",
         "call",
+        "client_counts",
         "client_ids",
         "client_wants_usage",
         "ctx",
@@ -76,6 +77,10 @@ class StreamResume:
         self.pick = pick
         self.client_wants_usage = client_wants_usage
         self.client_ids = body.get("return_token_ids") is True
+        options = body.get("stream_options")
+        self.client_counts = (
+            isinstance(options, dict) and options.get("continuous_usage_stats") is True
+        )
         self.token_ids = pool.returns_token_ids
         self.left = call.retries.resumes
         self.failed: set[str] = set()
@@ -87,6 +92,7 @@ class StreamResume:
             strip_usage=not self.client_wants_usage,
             record=True,
             strip_token_ids=self.token_ids and not self.client_ids,
+            strip_counts=not self.token_ids and not self.client_counts,
         )
 
     def ending(self, relay: SSERelay) -> bytes | None:
@@ -98,6 +104,10 @@ class StreamResume:
             relay.usage = whole_usage(progress, None)
             self._count("finished")
         return tail
+
+    def usage_so_far(self, relay: SSERelay) -> dict[str, object] | None:
+        """The usage of what the engines sent so far, where their token ids tell it."""
+        return whole_usage(self._progress(relay), None)
 
     async def reopen(
         self, relay: SSERelay, broken: EndpointState, failure: str

@@ -24,34 +24,39 @@ def pool_body(body: dict[str, object], pool: Pool, model: str) -> dict[str, obje
 
 
 def payload_for(
-    raw: bytes,
     body: Mapping[str, object],
     pool: Pool,
     model: str,
-    add_usage: bool,
+    *,
+    raw: bytes | None = None,
+    usage: bool = False,
+    counts: bool = False,
     kv_transfer_params: dict[str, object] | None = None,
     token_ids: bool = False,
 ) -> bytes:
-    """The body for ``pool``: the original bytes unless the pool's model differs, on a
-    stream the client asked no usage of ``stream_options.include_usage`` must be added, or
-    ``kv_transfer_params`` are the gateway's (a decode hop carries its prefill's; a client's
-    own are dropped: they would have a worker pull KV from wherever they name); ``token_ids``:
-    ask for vLLM's ``return_token_ids`` (a stream the gateway may have to resume)."""
+    """The body for ``pool``: ``raw`` (the client's bytes; None when ``body`` was changed)
+    unless the pool's model differs, or a stream needs ``stream_options`` the client did not
+    ask for (``usage``: its ``include_usage``; ``counts``: vLLM's ``continuous_usage_stats``,
+    each chunk's count of tokens so far, for a stream the gateway may continue from its text),
+    or ``kv_transfer_params`` are the gateway's (a decode hop carries its prefill's; a
+    client's own are dropped: they would have a worker pull KV from wherever they name);
+    ``token_ids``: ask for vLLM's ``return_token_ids`` (a stream the gateway may resume)."""
     changes: dict[str, object] = {}
     if token_ids:
         changes["return_token_ids"] = True
     if pool.model and pool.model != model:
         changes["model"] = pool.model
-    if add_usage:
+    if usage or counts:
         options = body.get("stream_options")
         changes["stream_options"] = {
             **(options if isinstance(options, dict) else {}),
-            "include_usage": True,
+            **({"include_usage": True} if usage else {}),
+            **({"continuous_usage_stats": True} if counts else {}),
         }
     if kv_transfer_params is not None:
         changes[KV_TRANSFER] = kv_transfer_params
     elif KV_TRANSFER in body:
         return orjson.dumps({k: v for k, v in {**body, **changes}.items() if k != KV_TRANSFER})
-    if not changes:
+    if not changes and raw is not None:
         return raw
     return orjson.dumps({**body, **changes})

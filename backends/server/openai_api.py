@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from backends.engine.engine import RequestStream
-from backends.engine.sequence import FinishReason, SamplingParams
+from backends.engine.sequence import FinishReason, SamplingParams, Sequence
 from backends.server.choice_details import (
     logprobs_field,
     logprobs_of,
@@ -202,6 +202,16 @@ async def _merged_choice_events(
             task.cancel()
 
 
+def _usage_so_far(seq: Sequence, completion: int) -> dict[str, object]:
+    """One choice's tokens so far, as vLLM's ``continuous_usage_stats`` puts them in a chunk."""
+    prompt = seq.num_prompt_tokens
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
 def _usage(streams: list[RequestStream], n: int) -> dict[str, object]:
     """Each prompt counted once (its first sample's), every sample's output."""
     prompt = sum(s.seq.num_prompt_tokens for s in streams[::n])
@@ -335,7 +345,10 @@ async def write_deltas(
         first = emitted[index] == 0
         emitted[index] += len(tokens)
         prompt_ids = list(seq.prompt_token_ids) if ids and first and not req.is_chat else None
-        chunk = fmt.delta(index, text, reason, logprobs, tokens if ids else None, prompt_ids)
+        so_far = _usage_so_far(seq, emitted[index]) if req.continuous_usage else None
+        chunk = fmt.delta(
+            index, text, reason, logprobs, tokens if ids else None, prompt_ids, so_far
+        )
         if opening:
             chunk, opening = opening + chunk, ""
         if reason is not None and len(streams) == 1:

@@ -46,6 +46,8 @@ class GenerationRequest:
     cache_salt: str | None = None  # vLLM's: prefix-cache sharing only within one salt
     kv_transfer: KVTransferParams | None = None  # prefill/decode disaggregation (vLLM's)
     n: int = 1  # samples of each prompt: choice prompt_index * n + sample
+    # vLLM's stream_options.continuous_usage_stats: each chunk says the tokens so far
+    continuous_usage: bool = False
 
 
 def _get_int(body: Mapping[str, object], key: str, default: int | None) -> int | None:
@@ -178,6 +180,7 @@ def parse_request(
     if options is not None and not isinstance(options, Mapping):
         raise RequestError("stream_options must be an object", "stream_options")
     include_usage = bool(options and options.get("include_usage") is True)
+    continuous_usage = bool(options and options.get("continuous_usage_stats") is True)
     temperature = _get_float(body, "temperature", 1.0)
     top_p = _get_float(body, "top_p", 1.0)
     seed = _get_int(body, "seed", None)
@@ -190,6 +193,7 @@ def parse_request(
             temperature=temperature,
             top_p=top_p,
             top_k=_get_int(body, "top_k", -1) or 0,
+            min_p=_get_float(body, "min_p", 0.0),
             seed=seed,
             ignore_eos=ignore_eos,
             min_tokens=_get_int(body, "min_tokens", 0) or 0,
@@ -213,6 +217,7 @@ def parse_request(
         cache_salt=_cache_salt(body),
         kv_transfer=_kv_transfer(body, len(prompts) * n),
         n=n,
+        continuous_usage=continuous_usage,
     )
 
 

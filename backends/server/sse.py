@@ -48,9 +48,11 @@ class ChunkFormatter:
         logprobs: dict[str, object] | None = None,
         token_ids: list[int] | None = None,
         prompt_token_ids: list[int] | None = None,
+        usage: dict[str, object] | None = None,
     ) -> str:
         """One choice's chunk; ``logprobs`` and vLLM's ``token_ids`` of the delta when asked
-        (and, on a completion choice's first chunk, its ``prompt_token_ids``)."""
+        (and, on a completion choice's first chunk, its ``prompt_token_ids``); ``usage``: the
+        tokens so far (vLLM's ``continuous_usage_stats``)."""
         finish = f'"{finish_reason}"' if finish_reason else "null"
         content = json.dumps(text)
         if self.is_chat:
@@ -62,7 +64,8 @@ class ChunkFormatter:
             extra += f',"token_ids":{json.dumps(token_ids)}'
         if prompt_token_ids is not None:
             extra += f',"prompt_token_ids":{json.dumps(prompt_token_ids)}'
-        return f'{self.head}[{choice},"logprobs":{extra},"finish_reason":{finish}}}]}}\n\n'
+        counts = "" if usage is None else f',"usage":{json.dumps(usage, separators=(",", ":"))}'
+        return f'{self.head}[{choice},"logprobs":{extra},"finish_reason":{finish}}}]{counts}}}\n\n'
 
     def usage(self, usage: dict[str, object]) -> str:
         return f'{self.head}[],"usage":{json.dumps(usage, separators=(",", ":"))}}}\n\n'

@@ -6,7 +6,8 @@ The picker knows where it runs (``epp.zone``, ``epp.region``) and each endpoint 
 saturated one (the pool's saturation thresholds, as the saturation filter reads them) scores 0
 while any candidate has room. So a request stays in its zone until the zone is full, then
 spills to the nearest zone with room; when every endpoint is saturated, nearness alone decides.
-``kvgate_epp_cross_zone_picks_total`` counts the picks that left the zone.
+``kvgate_epp_cross_zone_picks_total`` counts the requests sent out of the zone (where they went:
+a first choice in the zone that a breaker skipped does not hide the crossing).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from gateway.canary.controller import CanaryController
 from gateway.canary.state import STATUSES, CanaryState
 from gateway.canary.stores import StatePlace, state_place
 from gateway.context import RequestContext
+from gateway.finished_requests import outcome_status
 from policies.schema import Policy, WeightedPool
 
 log = logging.getLogger("kvgate.gateway")
@@ -126,7 +127,7 @@ class Canaries:
         controller = self.controllers.get(ctx.model)
         if controller is None:
             return
-        controller.observe(ctx.canary_arm, ctx.status, ctx.ttft, ctx.tpot)
+        controller.observe(ctx.canary_arm, outcome_status(ctx), ctx.ttft, ctx.tpot)
 
     def shadow_result(self, model: str, result: str) -> None:
         controller = self.controllers.get(model)

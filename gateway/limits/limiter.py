@@ -1,12 +1,14 @@
 """Admission by rate limits: reserve at admission, settle from the real usage at the end.
 
-A request takes one unit from every matching rule's request bucket and its token estimate
-(prompt characters / ``chars_per_token`` + ``max_tokens``) from every token bucket, all or
-nothing. When the response ends, the difference between the real usage and the estimate is
-refunded or charged (a charge may put a bucket in debt). With Redis away, ``fail_open``
-enforces this replica's share of each limit in memory (``FallbackBuckets``), and what it admits
-is owed to Redis and sent when Redis is back (``PendingUsage``), as are settlements that could
-not be sent; ``fail_closed`` refuses with 503.
+A request takes one unit from every matching rule's request bucket and its token estimate (the
+prompt's UTF-8 bytes / ``chars_per_token`` + ``max_tokens``) from every token bucket, all or
+nothing. Bytes, not characters: a byte-level BPE token covers a few bytes of any script, so a
+CJK character (three bytes) counts as the few tokens it becomes, not a quarter of one. When the
+response ends, the difference between the real usage and the estimate is refunded or charged (a
+charge may put a bucket in debt). With Redis away, ``fail_open`` enforces this replica's share
+of each limit in memory (``FallbackBuckets``), and what it admits is owed to Redis and sent when
+Redis is back (``PendingUsage``), as are settlements that could not be sent; ``fail_closed``
+refuses with 503.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class Reservation:
     headers: dict[str, str] = field(default_factory=dict)
     budget_specs: list[BucketSpec] = field(default_factory=list)
     cost: float = 0.0  # what the budgets were charged: the most the request may cost
+    output_limit: int = 0  # the output tokens reserved for each of the request's samples
 
 
 SETTLE_EVERY = 0.1  # seconds between batched settlements with Redis
@@ -132,7 +135,7 @@ class Limiter:
         return matched
 
     def estimate(self, body: Mapping[str, object], context_length: int | None = None) -> int:
-        """Prompt characters / ``chars_per_token`` + the output the request may ask for, at most
+        """Prompt bytes / ``chars_per_token`` + the output the request may ask for, at most
         the model's ``context_length`` when known (no request can use more); ``BadRequest`` for
         an output limit that is not a positive integer."""
         prompt, output = self.estimate_parts(body, context_length)
@@ -148,12 +151,10 @@ class Limiter:
             raise BadRequest(f"{name} must be a positive integer; got {out!r}", param=name)
         max_tokens = out if isinstance(out, int) else self.limits.default_max_tokens
         text = body.get("messages") or body.get("prompt") or body.get("input") or ""
-        chars = len(text) if isinstance(text, str) else len(compact_json(text))
         # the system prompt of a Responses API request, or of an Anthropic Messages one
         system = body.get("instructions") or body.get("system")
-        if system:
-            chars += len(system) if isinstance(system, str) else len(compact_json(system))
-        prompt = chars // self.limits.chars_per_token
+        size = _utf8_length(text) + (_utf8_length(system) if system else 0)
+        prompt = size // self.limits.chars_per_token
         if context_length is not None and prompt + max_tokens > context_length:
             prompt = min(prompt, context_length)
             max_tokens = context_length - prompt
@@ -215,7 +216,23 @@ class Limiter:
                 f"Rate limit reached; retry in {retry}s.",
                 headers={**headers, "retry-after": str(retry)},
             )
-        return Reservation(token_specs, estimate, headers, budget_specs, cost)
+        samples = body.get("n")
+        per_sample = output // samples if type(samples) is int and samples > 1 else output
+        return Reservation(token_specs, estimate, headers, budget_specs, cost, per_sample)
+
+    async def spend_remaining(self, identity: Identity | None) -> dict[str, str]:
+        """``x-kvgate-spend-remaining`` for a caller whose request costs nothing (a cached
+        answer): what its budgets have left, read without charging them ({} with none)."""
+        if not self.spend.budgets:
+            return {}
+        budgets = budget_buckets(self.spend, identity, 0.0, datetime.now(UTC))
+        if not budgets:
+            return {}
+        try:
+            result = await self._take([bucket.spec for bucket in budgets])
+        except LimiterUnavailable:
+            return {}
+        return remaining_header(result.remaining)
 
     def settle(
         self,
@@ -339,3 +356,10 @@ class Limiter:
             if len(self.pending):
                 log.warning("closing with usage of %d bucket(s) unsent", len(self.pending))
             await self.primary.close()
+
+
+def _utf8_length(value: object) -> int:
+    """The UTF-8 bytes of a prompt: a string, or any JSON value (messages, content parts)."""
+    if isinstance(value, str):
+        return len(value.encode())
+    return len(compact_json(value).encode())

@@ -59,25 +59,43 @@ def cache_key(tenant: str, path: str, pool: str, body: Mapping[str, object]) -> 
 
 
 class Keep:
-    """Where the answer to one missed request is kept, if it turns out whole."""
+    """Where the answer to one missed request is kept, if it turns out whole: under the key of
+    the pool that served it (a fallback's answer is not the primary's)."""
 
-    __slots__ = ("cache", "copy", "key", "ttl")
+    __slots__ = ("body", "cache", "copy", "path", "pool", "tenant", "ttl")
 
-    def __init__(self, cache: ResponseCache, key: str, ttl: float) -> None:
+    def __init__(
+        self,
+        cache: ResponseCache,
+        tenant: str,
+        path: str,
+        body: Mapping[str, object],
+        pool: str,
+        ttl: float,
+    ) -> None:
         self.cache = cache
-        self.key = key
+        self.tenant = tenant
+        self.path = path
+        self.body = body
+        self.pool = pool  # the pool the answer was looked up for
         self.ttl = ttl
         self.copy: list[bytes] = []  # a stream's bytes as the client got them
 
-    def body(self, status: int, content_type: str | None, data: bytes) -> None:
+    def answer(
+        self, ctx: RequestContext, status: int, content_type: str | None, data: bytes
+    ) -> None:
         """Keep a whole answer (a 200 JSON body only)."""
         if status == 200 and content_type == _JSON:
-            self.cache.put(self.key, data, False, self.ttl)
+            self.cache.put(self._key(ctx), data, False, self.ttl)
 
-    def stream(self, ctx: RequestContext) -> None:
-        """Keep the stream copied into ``copy``, if it ended whole (no error) as a 200."""
-        if ctx.status == 200 and not ctx.error:
-            self.cache.put(self.key, b"".join(self.copy), True, self.ttl)
+    def stream(self, ctx: RequestContext, copied: bool) -> None:
+        """Keep the stream copied into ``copy``, if it ended whole (no error) as a 200 and was
+        ``copied`` whole (not dropped for its size as it was written)."""
+        if ctx.status == 200 and not ctx.error and copied:
+            self.cache.put(self._key(ctx), b"".join(self.copy), True, self.ttl)
+
+    def _key(self, ctx: RequestContext) -> str:
+        return cache_key(self.tenant, self.path, ctx.pool or self.pool, self.body)
 
 
 class ResponseCache:
@@ -152,14 +170,13 @@ class ResponseCache:
             self._count(ctx, "bypass")
             return None, None
         tenant = "*" if route.across_tenants else ctx.tenant
-        key = cache_key(tenant, path, pool, body)
         if "no-cache" not in said:
-            answer = await self._get(key)
+            answer = await self._get(cache_key(tenant, path, pool, body))
             if answer is not None:
                 self._count(ctx, "hit")
                 return self._replay(ctx, answer), None
         self._count(ctx, "miss")
-        return None, Keep(self, key, route.ttl)
+        return None, Keep(self, tenant, path, body, pool, route.ttl)
 
     async def _get(self, key: str) -> KeptAnswer | None:
         answer = self.memory.get(key)

@@ -2,6 +2,12 @@
 injected (when the client did not ask for it), and notice ``[DONE]`` (a Responses API stream:
 its terminal event, and the response's id; a Messages API stream: ``message_stop``).
 
+An engine that fails mid-stream says so in the stream itself: vLLM with a ``data:`` event
+whose object is an ``error`` (then ``[DONE]``), Anthropic's API and the Responses API with an
+``error`` event. Such an event is not forwarded: the relay notes the engine's message
+(``failed``) and forwards nothing after it, and the caller treats the stream as broken (it
+goes on elsewhere, or ends with the gateway's own error event).
+
 Only complete events (ending in a blank line) are forwarded; a partial event waits for the rest,
 up to ``MAX_EVENT_BYTES``: an upstream that sends more without ending an event (not SSE, or
 broken) fails the stream (``EventTooLarge``) instead of growing the gateway's memory without
@@ -42,18 +48,26 @@ class SSERelay:
     """Forwards complete SSE events, notes usage and ``[DONE]``, drops the injected usage chunk."""
 
     def __init__(
-        self, *, strip_usage: bool, record: bool = False, strip_token_ids: bool = False
+        self,
+        *,
+        strip_usage: bool,
+        record: bool = False,
+        strip_token_ids: bool = False,
+        strip_counts: bool = False,
     ) -> None:
         """``record``: keep the events forwarded (``recorded``), as a stream that may have to
         be continued elsewhere needs; ``strip_token_ids``: drop vLLM's ``token_ids`` and
-        ``prompt_token_ids`` fields (asked for by the gateway, not the client) from what is
-        forwarded, not from what is recorded."""
+        ``prompt_token_ids`` fields, ``strip_counts`` the usage of chunks that carry choices
+        (vLLM's ``continuous_usage_stats``), asked for by the gateway, not the client, from
+        what is forwarded, not from what is recorded. The usage last seen is ``usage``."""
         self.strip_usage = strip_usage
+        self.strip_counts = strip_counts
         self.usage: dict[str, object] | None = None
         self.saw_done = False  # the stream's end: [DONE] (a response's terminal event)
         self.response_id = ""  # a Responses API stream's response id
         self.recorded: list[bytes] | None = [] if record else None
         self.strip_token_ids = strip_token_ids
+        self.failed = ""  # the engine's in-band error, once one came (nothing goes out after it)
         self._buffer = bytearray()  # the start of an event whose end has not come yet
         self._cr = False  # a chunk ended in CR: it may be the first half of a CRLF
 
@@ -73,6 +87,8 @@ class SSERelay:
             recorded.append(out)
             if self.strip_token_ids and _TOKEN_IDS in out:
                 out = without_token_ids(out)
+            if self.strip_counts and _USAGE in out:
+                out = without_chunk_usage(out)
         return out
 
     def _complete(self, chunk: bytes) -> bytes:
@@ -124,21 +140,29 @@ class SSERelay:
 
     def _plain(self, events: bytes) -> bool:
         """Whether ``events`` are forwarded as they are, unread."""
-        return _USAGE not in events and _DONE not in events
+        return _USAGE not in events and _DONE not in events and events.find(_ERROR) < 0
 
     def _keep(self, event: bytes) -> bool:
+        if self.failed:
+            return False
         payload = _data_of(event)
         if payload is None:
             return True
         if payload == _DONE:
             self.saw_done = True
             return True
-        if _USAGE not in payload:
+        has_error = payload.find(_ERROR) >= 0
+        if _USAGE not in payload and not has_error:
             return True
         try:
             parsed = orjson.loads(payload)
         except ValueError:
             return True
+        if has_error and isinstance(parsed, dict):
+            message = error_message(parsed)
+            if message:
+                self.failed = message
+                return False
         if isinstance(parsed, dict) and isinstance(parsed.get("usage"), dict):
             self.usage = parsed["usage"]
             if self.strip_usage and not parsed.get("choices"):
@@ -161,13 +185,16 @@ class ResponsesRelay(SSERelay):
         return _RESPONSE not in events and _ERROR not in events
 
     def _keep(self, event: bytes) -> bool:
+        if self.failed:
+            return False
         parsed = event_object(event)
         if parsed is None:
             return True
         kind, response = parsed.get("type"), parsed.get("response")
         if kind == "error":
-            self.saw_done = True  # the upstream's own account of the failure
-        elif isinstance(response, dict):
+            self.failed = error_message(parsed) or "the upstream sent an error event"
+            return False
+        if isinstance(response, dict):
             if not self.response_id and isinstance(response.get("id"), str):
                 self.response_id = response["id"]
             if kind in TERMINAL_EVENTS:
@@ -179,12 +206,14 @@ class ResponsesRelay(SSERelay):
 
 class MessagesRelay(SSERelay):
     """An Anthropic Messages stream (``event:`` names, no ``[DONE]``): its end is
-    ``message_stop`` or an ``error`` event; its usage is ``message_start``'s message's, updated
-    by each ``message_delta``'s (the output tokens, and with vLLM the input's again). Nothing is
-    dropped."""
+    ``message_stop``; an ``error`` event is a failure. Its usage is known at its final
+    ``message_delta`` (the output tokens, and with vLLM the input's again), over what
+    ``message_start`` said: a stream cut before it has no usage (``message_start``'s output
+    is 0, not the answer's). Nothing else is dropped."""
 
     def __init__(self) -> None:
         super().__init__(strip_usage=False)
+        self._started: dict[str, object] = {}  # message_start's usage
 
     def error_event(self, message: str, code: str) -> bytes:
         return messages_error_event(message).encode()
@@ -193,21 +222,43 @@ class MessagesRelay(SSERelay):
         return _USAGE not in events and _MESSAGE_STOP not in events and _ERROR not in events
 
     def _keep(self, event: bytes) -> bool:
+        if self.failed:
+            return False
         parsed = event_object(event)
         if parsed is None:
             return True
         kind = parsed.get("type")
-        if kind in ("message_stop", "error"):
+        if kind == "message_stop":
             self.saw_done = True
-            return True
-        if kind == "message_start":
+        elif kind == "error":
+            self.failed = error_message(parsed) or "the upstream sent an error event"
+            return False
+        elif kind == "message_start":
             message = parsed.get("message")
             usage = message.get("usage") if isinstance(message, dict) else None
-        else:
-            usage = parsed.get("usage") if kind == "message_delta" else None
-        if isinstance(usage, dict):
-            self.usage = {**(self.usage or {}), **usage}
+            if isinstance(usage, dict):
+                self._started = usage
+        elif kind == "message_delta":
+            usage = parsed.get("usage")
+            if isinstance(usage, dict):
+                self.usage = {**self._started, **usage}
         return True
+
+
+def error_message(event: dict[str, object]) -> str:
+    """The message of an in-band error event ("" when ``event`` is not one): vLLM's
+    ``{"error": {"message": ...}}`` (or its older ``{"object": "error", "message": ...}``),
+    Anthropic's and the Responses API's ``{"type": "error", "error": {...}}``."""
+    error = event.get("error")
+    if isinstance(error, dict):
+        message = error.get("message")
+        return message if isinstance(message, str) and message else "the upstream failed"
+    if isinstance(error, str) and error:
+        return error
+    if event.get("object") == "error" or event.get("type") == "error":
+        message = event.get("message")
+        return message if isinstance(message, str) and message else "the upstream failed"
+    return ""
 
 
 def usage_of(body: bytes) -> dict[str, object] | None:
@@ -278,6 +329,21 @@ def event_object(event: bytes) -> dict[str, object] | None:
 def _data_of(event: bytes) -> bytes | None:
     lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
     return b"\n".join(lines) if lines else None
+
+
+def without_chunk_usage(events: bytes) -> bytes:
+    """``events`` without the ``usage`` of chunks that carry choices (a usage chunk of its
+    own stays): the per-chunk counts of vLLM's ``continuous_usage_stats``."""
+    out: list[bytes] = []
+    for event in events.split(b"\n\n"):
+        if not event:
+            continue
+        data = event_object(event) if event.find(_USAGE) >= 0 else None
+        if data is not None and data.get("choices") and "usage" in data:
+            del data["usage"]
+            event = b"data: " + orjson.dumps(data)
+        out.append(event + b"\n\n")
+    return b"".join(out)
 
 
 def without_token_ids(events: bytes) -> bytes:

@@ -67,11 +67,23 @@ epp:
 """
 
 
-def test_the_service_counts_picks_that_leave_the_zone() -> None:
+def test_the_service_counts_requests_sent_out_of_the_zone() -> None:
     service = EppService(load_policy_text(POLICY))
     near, far = service.datastore.all()
     for endpoint in (near, far):
         endpoint.metrics = make_endpoint(queue=5 if endpoint is near else 0).metrics
-    decision = service.pick("p", make_request("x", model="m"))
+    request = make_request("x", model="m")
+    decision = service.pick("p", request)
     assert decision.result.target is far
+    assert service.metrics.cross_zone_picks.labels("p")._value.get() == 0  # not sent yet
+    service.dispatched(request, far)
+    assert service.metrics.cross_zone_picks.labels("p")._value.get() == 1
+
+
+def test_a_first_choice_in_the_zone_skipped_by_its_breaker_counts_where_it_went() -> None:
+    service = EppService(load_policy_text(POLICY))
+    near, far = service.datastore.all()
+    request = make_request("x", model="m")
+    assert service.pick("p", request).result.target is near  # the picker's first choice...
+    service.dispatched(request, far)  # ... skipped (its breaker open): the request crossed
     assert service.metrics.cross_zone_picks.labels("p")._value.get() == 1

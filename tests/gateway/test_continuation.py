@@ -318,3 +318,43 @@ def test_tokens_without_text_of_their_own_are_counted_not_sent() -> None:
     )
     assert [o["choices"][0]["text"] for o in out] == ["é"]  # type: ignore[index]
     assert progress.token_ids == [1, 226, 130]
+
+
+def _counted(text: str, prompt: int, completion: int) -> dict[str, object]:
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion}
+    return {**_chat_chunk(text), "usage": usage}
+
+
+def test_a_text_continuation_counts_tokens_as_the_engine_did_not_events() -> None:
+    # two events of several tokens each (stream intervals, speculative decoding)
+    recorded = [_event(_counted("Once upon", 10, 3)) + _event(_counted(" a time", 10, 6))]
+    progress = Progress.of(True, recorded)
+    assert (progress.events, progress.generated) == (2, 6)
+    body = {"model": "m", "messages": [{"role": "user", "content": "a story"}], "max_tokens": 8}
+    _, sent = continuation("/v1/chat/completions", body, progress, token_ids=False)
+    assert sent["max_tokens"] == 2  # 8 asked, 6 written: the joined answer stays within 8
+    assert sent["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    relay = ContinuationRelay(progress, client_wants_usage=True, client_ids=False)
+    # the continuation's prompt holds the first stream's 10 and the 6 tokens written (re-tokenized
+    # as 5: text does not always split the same way); it writes 2 more
+    out = _relay_out(
+        relay,
+        _counted(" there", 15, 1),
+        _counted(" was", 15, 2),
+        {"id": "c", "choices": [], "usage": {"prompt_tokens": 15, "completion_tokens": 2}},
+    )
+    assert out[-1]["usage"] == {  # type: ignore[index]
+        "prompt_tokens": 10,
+        "completion_tokens": 8,
+        "total_tokens": 18,
+    }
+    assert all("usage" not in o for o in out[:-1])  # type: ignore[operator]
+
+
+def test_a_stream_cut_with_counts_is_metered_from_them() -> None:
+    progress = Progress.of(True, [_event(_counted("Once upon", 10, 3))])
+    assert whole_usage(progress, None) == {
+        "prompt_tokens": 10,
+        "completion_tokens": 3,
+        "total_tokens": 13,
+    }

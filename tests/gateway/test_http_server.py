@@ -21,6 +21,7 @@ from kvgate.wire.http.messages import AnyResponse, Request, Response, StreamResp
 from kvgate.wire.http.server import HttpServer
 
 cancelled: list[str] = []
+copies: list[list[bytes] | None] = []  # /copied's copy after each event
 
 
 async def handler(request: Request) -> AnyResponse:
@@ -39,6 +40,15 @@ async def handler(request: Request) -> AnyResponse:
         await response.write(b"data: 0\n\n")
         await response.finish(b"data: [DONE]\n\n")
         await response.write_eof()  # already ended: nothing more is written
+        return response
+    if request.path == "/copied":  # what the response cache would keep, bounded as written
+        response = StreamResponse(headers={"content-type": "text/event-stream"})
+        response.copy, response.copy_limit = [], 40
+        await response.prepare(request)
+        for i in range(5):
+            await response.write(f"data: {i}\n\n".encode())
+            copies.append(None if response.copy is None else list(response.copy))
+        await response.write_eof()
         return response
     if request.path == "/slow":
         try:
@@ -254,6 +264,17 @@ async def test_stream_is_chunked(server: HttpServer) -> None:
     )
     assert b"transfer-encoding: chunked" in raw
     assert raw.endswith(b"9\r\ndata: 2\n\n\r\n0\r\n\r\n")
+
+
+async def test_a_copy_is_dropped_once_it_outgrows_its_limit(server: HttpServer) -> None:
+    copies.clear()
+    raw = await exchange(
+        server.port, b"GET /copied HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    )
+    assert raw.count(b"data: ") == 5  # the client gets it all
+    event = len(b"data: 0\n\n")  # 9 bytes: four fit in 40, the fifth does not
+    assert [None if c is None else len(c) for c in copies] == [1, 2, 3, 4, None]
+    assert event * 4 <= 40 < event * 5
 
 
 async def test_a_finished_stream_ends_with_its_last_event(server: HttpServer) -> None:

@@ -120,7 +120,7 @@ async def test_a_kept_answer_is_replayed_with_its_age_and_verdicts() -> None:
     ctx = context()
     hit, keep = await cache.look_up(ctx, RouteCache(), "/v1/completions", GREEDY, {}, "p")
     assert hit is None and keep is not None and ctx.extra_headers == {HEADER: "miss"}
-    keep.body(200, "application/json", b'{"answer": 1}')
+    keep.answer(ctx, 200, "application/json", b'{"answer": 1}')
     ctx = context()
     hit, keep = await cache.look_up(ctx, RouteCache(), "/v1/completions", GREEDY, {}, "p")
     assert hit is not None and keep is None
@@ -146,14 +146,36 @@ async def test_only_whole_200_answers_within_the_entry_size_are_kept() -> None:
     ]:
         _, keep = await cache.look_up(context(), RouteCache(), "/v1/completions", GREEDY, {}, "p")
         assert keep is not None
-        keep.body(status, content_type, data)
+        keep.answer(context(), status, content_type, data)
     ctx = context()
     ctx.status, ctx.error = 200, "upstream_stream_broken"
     _, keep = await cache.look_up(ctx, RouteCache(), "/v1/completions", GREEDY, {}, "p")
     assert keep is not None
     keep.copy.append(b"data: {}\n\n")
-    keep.stream(ctx)
+    keep.stream(ctx, copied=True)
+    ctx = context()
+    ctx.status = 200
+    _, keep = await cache.look_up(ctx, RouteCache(), "/v1/completions", GREEDY, {}, "p")
+    assert keep is not None
+    keep.stream(ctx, copied=False)  # dropped as it was written: over max_entry
     assert cache.memory.bytes == 0
+
+
+async def test_an_answer_is_kept_under_the_pool_that_served_it() -> None:
+    cache = cache_for()
+    ctx = context()
+    _, keep = await cache.look_up(ctx, RouteCache(), "/v1/completions", GREEDY, {}, "primary")
+    assert keep is not None
+    ctx.pool = "fallback"  # the primary was saturated: a fallback model answered
+    keep.answer(ctx, 200, "application/json", b'{"from": "fallback"}')
+    primary, _ = await cache.look_up(
+        context(), RouteCache(), "/v1/completions", GREEDY, {}, "primary"
+    )
+    assert primary is None  # the primary's requests never get the fallback's answer
+    fallback, _ = await cache.look_up(
+        context(), RouteCache(), "/v1/completions", GREEDY, {}, "fallback"
+    )
+    assert fallback is not None and fallback.body == b'{"from": "fallback"}'
 
 
 async def test_the_callers_directives_and_other_paths_bypass() -> None:
@@ -173,7 +195,7 @@ async def test_answers_in_redis_are_found_by_another_cache(redis_server: RedisSe
     second = cache_for(registry, store="redis", url=redis_server.url)
     _, keep = await first.look_up(context(), RouteCache(), "/v1/completions", GREEDY, {}, "p")
     assert keep is not None
-    keep.body(200, "application/json", b'{"shared": true}')
+    keep.answer(context(), 200, "application/json", b'{"shared": true}')
     await asyncio.sleep(0.2)  # the write is in the background
     hit, _ = await second.look_up(context(), RouteCache(), "/v1/completions", GREEDY, {}, "p")
     assert hit is not None and hit.body == b'{"shared": true}'

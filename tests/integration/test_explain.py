@@ -55,7 +55,7 @@ def logged(log: Path) -> list[dict[str, object]]:
 async def test_an_allowed_caller_reads_the_decision_and_the_log_keeps_it(
     endpoints: list[str], start_gateway: Start, tmp_path: Path
 ) -> None:
-    url, _ = start_gateway(policy(endpoints, "{tenants: [ops]}"))
+    url, _ = start_gateway(policy(endpoints, "{tenants: [ops], match_details: [ops]}"))
     await complete(url, ALLOWED, ask=False)  # the prompt's blocks are now at one endpoint
     headers = await complete(url, ALLOWED, ask=True)
     decision = json.loads(headers["x-kvgate-explain"])
@@ -83,3 +83,25 @@ async def test_a_sampled_share_is_explained_in_the_log_only(
     [line] = logged(tmp_path / "gateway-0.log")
     explained = line["explain"]
     assert isinstance(explained, dict) and explained["pick"] == line["endpoint"]
+
+
+async def test_a_caller_who_may_not_see_others_traffic_gets_no_cache_matches(
+    endpoints: list[str], start_gateway: Start, tmp_path: Path
+) -> None:
+    """The prefix index is every tenant's: what it matched tells whether another tenant sent
+    the same prompt. A caller allowed to ask, but not to see matches, gets the decision
+    without them (the access log keeps them all)."""
+    url, _ = start_gateway(policy(endpoints, "{tenants: ['*'], match_details: [ops]}"))
+    await complete(url, ALLOWED, ask=False)  # ops sent this prompt: its blocks are cached
+    probe = json.loads((await complete(url, OTHER, ask=True))["x-kvgate-explain"])
+    assert "prefix" not in probe and "decided_by" not in probe
+    assert set(probe["withheld"]) == {"backlog", "prefix", "session", "spread"}  # the defaults
+    for candidate in probe["candidates"]:
+        assert "total" not in candidate and not set(candidate["scores"]) & set(probe["withheld"])
+    assert [c["endpoint"] for c in probe["candidates"]] == sorted(
+        c["endpoint"] for c in probe["candidates"]
+    )  # not in the ranking's order
+    full = json.loads((await complete(url, ALLOWED, ask=True))["x-kvgate-explain"])
+    assert full["prefix"]["matched_tokens"] > 0 and "withheld" not in full
+    lines = logged(tmp_path / "gateway-0.log")
+    assert lines[1]["explain"]["prefix"]["matched_tokens"] > 0  # type: ignore[index]

@@ -41,6 +41,7 @@ def test_a_message_stream_cut_before_its_end_is_not_done_and_ends_in_an_error_ev
     relay = MessagesRelay()
     relay.feed(STREAM[: STREAM.index(b"event: message_delta")])
     assert not relay.saw_done
+    assert relay.usage is None  # message_start's output (0) is not the answer's
     name, data = (
         relay.error_event("upstream stalled", "upstream_stream_broken").decode().split("\n")[:2]
     )
@@ -49,9 +50,13 @@ def test_a_message_stream_cut_before_its_end_is_not_done_and_ends_in_an_error_ev
         "type": "error",
         "error": {"type": "api_error", "message": "upstream stalled"},
     }
-    ended = MessagesRelay()
-    ended.feed(event("error", error={"type": "overloaded_error", "message": "busy"}))
-    assert ended.saw_done  # the engine's own account of its failure ends the stream
+    failed = MessagesRelay()
+    error = event("error", error={"type": "overloaded_error", "message": "busy"})
+    out = failed.feed(STREAM[: STREAM.index(b"event: ping")] + error)
+    # the engine's own account of its failure: held back (the gateway ends the stream with its
+    # error event), the stream not done
+    assert failed.failed == "busy" and not failed.saw_done
+    assert b"overloaded_error" not in out
 
 
 def test_system_and_text_blocks_become_chat_messages() -> None:

@@ -44,10 +44,11 @@ def test_a_response_stream_cut_before_its_end_is_not_done() -> None:
     assert json.loads(data[len("data: ") :])["code"] == "upstream_stream_broken"
 
 
-def test_an_upstream_error_event_ends_the_stream() -> None:
+def test_an_upstream_error_event_fails_the_stream() -> None:
     relay = ResponsesRelay()
-    relay.feed(event("response.created", response=RESPONSE) + event("error", message="boom"))
-    assert relay.saw_done and relay.usage is None
+    out = relay.feed(event("response.created", response=RESPONSE) + event("error", message="boom"))
+    assert relay.failed == "boom" and not relay.saw_done and relay.usage is None
+    assert b"boom" not in out  # held back: the gateway ends the stream with its own error
 
 
 def test_input_as_chat_messages() -> None:

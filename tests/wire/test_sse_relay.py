@@ -96,3 +96,49 @@ def test_an_event_that_never_ends_fails_past_the_limit_instead_of_growing() -> N
         for _ in range(MAX_EVENT_BYTES // len(chunk) + 1):
             relay.feed(chunk)
     assert len(relay.pending) <= MAX_EVENT_BYTES + len(chunk)
+
+
+# vLLM's shape of a failure mid-stream (EngineDeadError, GenerationError): an event whose data
+# is an ErrorResponse, then [DONE]; older vLLM sent the ErrorResponse's fields at the top level
+VLLM_ERROR = (
+    b'data: {"error": {"message": "EngineCore encountered an issue.", '
+    b'"type": "InternalServerError", "param": null, "code": 500}}\n\n'
+)
+OLD_VLLM_ERROR = (
+    b'data: {"object": "error", "message": "EngineCore encountered an issue.", '
+    b'"type": "InternalServerError", "param": null, "code": 500}\n\n'
+)
+
+
+@pytest.mark.parametrize("error", [VLLM_ERROR, OLD_VLLM_ERROR], ids=["vllm", "older-vllm"])
+@pytest.mark.parametrize("split", [1, 13, 10_000])
+def test_vllm_s_error_event_fails_the_stream_and_nothing_after_it_goes_out(
+    error: bytes, split: int
+) -> None:
+    stream = DELTA * 2 + error + DONE
+    relay = SSERelay(strip_usage=True)
+    out = b"".join(relay.feed(stream[i : i + split]) for i in range(0, len(stream), split))
+    assert out == DELTA * 2  # the error and the [DONE] after it are held back
+    assert relay.failed == "EngineCore encountered an issue."
+    assert not relay.saw_done
+
+
+def test_content_that_mentions_error_is_content() -> None:
+    chunk = {"choices": [{"index": 0, "delta": {"content": '{"error": "not mine"}'}}]}
+    event = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+    relay = SSERelay(strip_usage=True)
+    assert relay.feed(event + DONE) == event + DONE and not relay.failed
+
+
+def test_per_chunk_counts_are_recorded_and_stripped_from_what_goes_out() -> None:
+    counted = {
+        "choices": [{"index": 0, "delta": {"content": "hi"}}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    }
+    event = b"data: " + json.dumps(counted).encode() + b"\n\n"
+    relay = SSERelay(strip_usage=True, record=True, strip_counts=True)
+    out = relay.feed(event + USAGE + DONE)
+    assert json.loads(out.split(b"\n\n")[0][6:]) == {"choices": counted["choices"]}
+    assert out.endswith(DONE) and USAGE not in out
+    assert relay.recorded == [event + DONE]  # what the engine said, for a continuation
+    assert relay.usage == {"prompt_tokens": 3, "completion_tokens": 2}

@@ -105,6 +105,16 @@ class UpstreamResponse:
         ``sink`` raises is raised here."""
         return await self._conn.push(sink, idle)
 
+    def buffered(self) -> bytes:
+        """The body bytes that arrived and were not read yet (taken: read on after them)."""
+        return self._conn.take_all()
+
+    def discard_rest(self, within: float) -> None:
+        """The rest of the body is not wanted: it is dropped as it arrives, and the connection
+        is kept once the body ends (``close`` then waits for that), or closed if the end does
+        not come within ``within`` seconds. Nobody waits for it."""
+        self._conn.discard_rest(within)
+
     def close(self) -> None:
         self._conn.release()
 
@@ -156,6 +166,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._paused = False
         self._sink: Callable[[bytes], bool] | None = None  # takes body chunks as they arrive
         self._sink_error: Exception | None = None
+        self._discarding: asyncio.TimerHandle | None = None  # the rest dropped until then
+        self._release_pending = False  # released while discarding: the body's end releases it
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
@@ -267,6 +279,9 @@ class UpstreamConnection(asyncio.Protocol):
         self.complete = True
         if self._waiter is not None:
             self._wake()
+        if self._release_pending:  # once the parser is done with this message
+            self._release_pending = False
+            self._loop.call_soon(self.release)
 
     # --- use -------------------------------------------------------------------------------
     def start(self, request: bytes, timeout: float | None) -> asyncio.Future[UpstreamResponse]:
@@ -364,6 +379,12 @@ class UpstreamConnection(asyncio.Protocol):
         else:
             self._idle_timer = loop.call_later(self._idle - quiet, self._check_idle)
 
+    def _stop_discarding(self) -> None:
+        if self._discarding is not None:
+            self._discarding.cancel()
+            self._discarding = None
+            self._sink = None
+
     def _stop_idle_timer(self) -> None:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
@@ -384,15 +405,29 @@ class UpstreamConnection(asyncio.Protocol):
             self._paused = False
             self.transport.resume_reading()
 
+    def discard_rest(self, within: float) -> None:
+        """``UpstreamResponse.discard_rest``."""
+        self.take_all()
+        if self.complete or self.lost:
+            return
+        self._sink = _discard
+        self._discarding = self._loop.call_later(within, self.abort)
+
     def release(self) -> None:
         if self._idle_timer is not None:
             self._stop_idle_timer()
+        if self._discarding is not None and not self.complete and not self.lost:
+            self._release_pending = True
+            return
         if self.complete and not self.lost and not self._chunks and self._keep_alive:
+            self._stop_discarding()
             self.pool.put_back(self)
         else:
             self.abort()
 
     def abort(self) -> None:
+        self._stop_discarding()
+        self._release_pending = False
         self._stop_idle_timer()
         self.pool.unwatch(self)
         self.lost = True
@@ -406,3 +441,8 @@ class UpstreamConnection(asyncio.Protocol):
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+
+def _discard(chunk: bytes) -> bool:
+    """A sink that drops what it is given and asks for more."""
+    return True

@@ -214,14 +214,17 @@ class StreamResponse:
     HTTP/1.1 clients get chunked transfer encoding; HTTP/1.0 clients get the body up to the
     connection's close. With ``length`` (a body whose size is known ahead, as an upstream's
     ``Content-Length`` says) every client gets that ``Content-Length`` and the body as it is.
-    With ``copy`` a list, every piece of the body written is appended to it too.
+    With ``copy`` a list, every piece of the body written is appended to it too, up to
+    ``copy_limit`` bytes: past them the copy is cleared and ``copy`` becomes None.
     """
 
     __slots__ = (
         "_chunked",
         "_connection",
+        "_copied",
         "block",
         "copy",
+        "copy_limit",
         "finished",
         "headers",
         "length",
@@ -244,6 +247,8 @@ class StreamResponse:
         self.prepared = False
         self.finished = False
         self.copy: list[bytes] | None = None
+        self.copy_limit = 0
+        self._copied = 0
         self._connection: Connection | None = None
         self._chunked = True
 
@@ -273,7 +278,7 @@ class StreamResponse:
         connection = self._require()
         if data:
             if self.copy is not None:
-                self.copy.append(data)
+                self._keep_copy(data)
             if self._chunked:
                 connection.write(b"%x\r\n%b\r\n" % (len(data), data))
             else:
@@ -303,13 +308,23 @@ class StreamResponse:
             return
         self.finished = True
         if self.copy is not None and data:
-            self.copy.append(data)
+            self._keep_copy(data)
         if not self._chunked:
             self._connection.write(data)
         elif data:
             self._connection.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data))
         else:  # an empty chunk would itself end the body
             self._connection.write(b"0\r\n\r\n")
+
+    def _keep_copy(self, data: bytes) -> None:
+        copy = self.copy
+        assert copy is not None
+        self._copied += len(data)
+        if self._copied > self.copy_limit:
+            copy.clear()
+            self.copy = None
+        else:
+            copy.append(data)
 
     async def write_eof(self) -> None:
         if self.finished:
