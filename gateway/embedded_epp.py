@@ -4,8 +4,10 @@ backed by an in-process ``EppService``."""
 from __future__ import annotations
 
 import itertools
+from typing import cast
 
 from epp.framework import Endpoint, SchedulingRequest, SchedulingResult
+from epp.indexes.precise_cache import PrecisePrefixCache
 from epp.registry import SHARED_KNOWLEDGE
 from epp.service import Dispatch, EppService
 from gateway.endpoint_picker import EndpointState, PickRequest, Ranking
@@ -33,11 +35,15 @@ class EmbeddedEpp:
     async def stop(self) -> None:
         await self.service.stop()
 
+    def prompt_tokens(self, pool: str, request: PickRequest) -> int | None:
+        index = self.service.prefix
+        if not isinstance(index, PrecisePrefixCache):
+            return None
+        return index.prompt_tokens(self._scheduling(pool, request))
+
     def rank(self, pool: str, request: PickRequest) -> Ranking:
-        model = self.service.target_model(pool, request.model)
-        scheduling = self.service.scheduling_request(
-            pool, request.request_id, model, request.body, request.headers
-        )
+        scheduling = self._scheduling(pool, request)
+        request.worked_out = None  # a later ranking (a resume) starts afresh
         decision = self.service.pick(pool, scheduling)
         states = self._states
         prefill = decision.prefill
@@ -48,6 +54,19 @@ class EmbeddedEpp:
             None if prefill is None else (states[(pool, prefill.address)], prefill),
             decision.result,
         )
+
+    def _scheduling(self, pool: str, request: PickRequest) -> SchedulingRequest:
+        """What the plugins see of ``request`` for ``pool``; the one ``prompt_tokens`` made, if
+        it did (what the plugins worked out, such as its tokens, is kept with it)."""
+        worked_out = request.worked_out
+        if worked_out is not None and worked_out[0] == pool:
+            return cast(SchedulingRequest, worked_out[1])
+        model = self.service.target_model(pool, request.model)
+        scheduling = self.service.scheduling_request(
+            pool, request.request_id, model, request.body, request.headers
+        )
+        request.worked_out = (pool, scheduling)
+        return scheduling
 
 
 class EppRanking:

@@ -56,7 +56,7 @@ class PickRequest:
     (A plain slots class: one is made per request, and a dataclass's generated ``__init__``
     stays interpreted Python in the compiled build; pickers only read it.)"""
 
-    __slots__ = ("body", "headers", "identity", "model", "request_id")
+    __slots__ = ("body", "headers", "identity", "model", "request_id", "worked_out")
 
     def __init__(
         self,
@@ -71,6 +71,9 @@ class PickRequest:
         self.headers = headers
         self.identity = identity
         self.request_id = request_id
+        # what a picker worked out for one pool before ranking (its tokens, counted for the
+        # limits), kept so the ranking does not work it out again: (pool, the picker's own)
+        self.worked_out: tuple[str, object] | None = None
 
     def __repr__(self) -> str:
         return f"PickRequest(model={self.model!r}, request_id={self.request_id!r})"
@@ -106,6 +109,11 @@ class Ranking(Protocol):
 class EndpointPicker(Protocol):
     """The gateway's contract for choosing endpoints (least-in-flight, or the embedded EPP)."""
 
+    def prompt_tokens(self, pool: str, request: PickRequest) -> int | None:
+        """The prompt's tokens as ``pool``'s engines count them, where this picker tokenizes
+        requests as they do (the precise prefix index); None where it does not."""
+        ...
+
     def rank(self, pool: str, request: PickRequest) -> Ranking:
         """``pool``'s endpoints for ``request``, best first.
 
@@ -135,6 +143,9 @@ class LeastInFlightPicker:
     def __init__(self, pools: dict[str, list[EndpointState]], seed: int | None = None) -> None:
         self.pools = pools
         self._random = random.Random(seed)
+
+    def prompt_tokens(self, pool: str, request: PickRequest) -> int | None:
+        return None
 
     def rank(self, pool: str, request: PickRequest) -> Ranking:
         return LeastInFlightRanking(self.pools.get(pool, []), self._random)

@@ -131,9 +131,15 @@ async def _reserve(forward: Forward, pool: str) -> Reservation | None:
     """Take what the request may use from its rate limits and spend budgets."""
     runtime, ctx = forward.runtime, forward.ctx
     context_length = runtime.policy.pools[pool].max_model_len
-    with span(runtime.calls[pool].tracer, "limits"):
+    call = runtime.calls[pool]
+    with span(call.tracer, "limits"):
         reservation = await runtime.limiter.reserve(
-            ctx.identity, ctx.model, forward.request.path, forward.body, context_length
+            ctx.identity,
+            ctx.model,
+            forward.request.path,
+            forward.body,
+            context_length,
+            lambda: call.picker.prompt_tokens(pool, forward.pick),
         )
     if reservation is not None:
         ctx.add_headers(reservation.headers)

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -142,19 +142,19 @@ class Limiter:
         return prompt + output
 
     def estimate_parts(
-        self, body: Mapping[str, object], context_length: int | None = None
+        self,
+        body: Mapping[str, object],
+        context_length: int | None = None,
+        prompt_tokens: int | None = None,
     ) -> tuple[int, int]:
-        """``estimate``'s prompt and output tokens (the output of each of ``n`` samples)."""
+        """``estimate``'s prompt and output tokens (the output of each of ``n`` samples);
+        ``prompt_tokens``: the prompt as the engines' tokenizer counts it, where known."""
         name = next((name for name in OUTPUT_LIMITS if name in body), "max_tokens")
         out = body.get(name)
         if out is not None and (isinstance(out, bool) or not isinstance(out, int) or out < 1):
             raise BadRequest(f"{name} must be a positive integer; got {out!r}", param=name)
         max_tokens = out if isinstance(out, int) else self.limits.default_max_tokens
-        text = body.get("messages") or body.get("prompt") or body.get("input") or ""
-        # the system prompt of a Responses API request, or of an Anthropic Messages one
-        system = body.get("instructions") or body.get("system")
-        size = _utf8_length(text) + (_utf8_length(system) if system else 0)
-        prompt = size // self.limits.chars_per_token
+        prompt = self._prompt_estimate(body) if prompt_tokens is None else prompt_tokens
         if context_length is not None and prompt + max_tokens > context_length:
             prompt = min(prompt, context_length)
             max_tokens = context_length - prompt
@@ -163,6 +163,13 @@ class Limiter:
             max_tokens *= samples
         return prompt, max_tokens
 
+    def _prompt_estimate(self, body: Mapping[str, object]) -> int:
+        text = body.get("messages") or body.get("prompt") or body.get("input") or ""
+        # the system prompt of a Responses API request, or of an Anthropic Messages one
+        system = body.get("instructions") or body.get("system")
+        size = _utf8_length(text) + (_utf8_length(system) if system else 0)
+        return size // self.limits.chars_per_token
+
     async def reserve(
         self,
         identity: Identity | None,
@@ -170,13 +177,17 @@ class Limiter:
         route: str,
         body: Mapping[str, object],
         context_length: int | None = None,
+        count_prompt: Callable[[], int | None] | None = None,
     ) -> Reservation | None:
         """Take this request's units, or raise ``RateLimited`` / ``LimiterUnavailable``;
-        ``context_length``: the serving pool's ``max_model_len``, if set."""
+        ``context_length``: the serving pool's ``max_model_len``, if set; ``count_prompt``:
+        the prompt's tokens as the pool's tokenizer counts them, where one is known (asked
+        only when a rule or budget applies)."""
         rules = self.matching(identity, model, route)
         if not rules and not self.spend.budgets:
             return None
-        prompt, output = self.estimate_parts(body, context_length)
+        counted = count_prompt() if count_prompt is not None else None
+        prompt, output = self.estimate_parts(body, context_length, counted)
         estimate = prompt + output
         cost, budgets = 0.0, []
         if self.spend.budgets:  # a policy of rate limits alone does none of this

@@ -55,6 +55,9 @@ class InOrder:
         self.finished: list[str] = []  # the tries the ranking was told are over
         self.started: list[str] = []  # the tries whose first token came back
 
+    def prompt_tokens(self, pool: str, request: PickRequest) -> int | None:
+        return None
+
     def rank(self, pool: str, request: PickRequest) -> Ranking:
         self.rankings += 1
         return _Listed(self, list(self.pools[pool]))

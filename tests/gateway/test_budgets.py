@@ -107,3 +107,26 @@ async def test_a_request_that_was_never_answered_is_refunded_whole() -> None:
     reservation = await lim.reserve(ACME, "m", "/v1/completions", BODY)
     lim.settle(reservation, None, 0.0)  # failed before any byte: nothing spent
     assert await lim.reserve(ACME, "m", "/v1/completions", BODY) is not None
+
+
+async def test_a_cjk_prompt_is_estimated_from_its_bytes_not_its_characters() -> None:
+    lim = limiter(1.0)
+    cjk = {"model": "m", "prompt": "長" * 400, "max_tokens": 1}  # 400 characters, 1,200 bytes
+    assert lim.estimate_parts(cjk) == (300, 1)  # 1,200 bytes / 4 (characters / 4 said 100)
+
+
+async def test_the_pools_tokenizer_counts_the_prompt_where_it_is_known() -> None:
+    lim = limiter(1.0)
+    reservation = await lim.reserve(ACME, "m", "/v1/completions", BODY, None, lambda: 1234)
+    assert reservation is not None
+    assert reservation.estimate == 1234 + 1000
+    assert reservation.cost == pytest.approx((1234 * 2.0 + 1000 * 8.0) / 1e6)
+
+
+async def test_the_output_reserved_per_sample_is_what_the_engine_is_told() -> None:
+    lim = limiter(1.0)
+    reservation = await lim.reserve(ACME, "m", "/v1/completions", {**BODY, "n": 3})
+    assert reservation is not None and reservation.output_limit == 1000
+    unlimited = {"model": "m", "prompt": "hi"}
+    reservation = await lim.reserve(ACME, "m", "/v1/completions", unlimited, 300)
+    assert reservation is not None and reservation.output_limit == 300  # the context's room

@@ -27,3 +27,28 @@ def test_ties_spread_over_endpoints() -> None:
     picker = LeastInFlightPicker(endpoint_states(POLICY), seed=7)
     picked = {(picker.rank("a", REQ).next(set())).address for _ in range(50)}  # type: ignore[union-attr]
     assert len(picked) == 3
+
+
+def test_the_embedded_picker_counts_a_prompt_as_its_precise_index_tokenizes_it() -> None:
+    from gateway.embedded_epp import EmbeddedEpp
+    from kvgate.wire.request_tokenizer import ReferenceTokenizer
+
+    precise = load_policy_text("""
+pools: {p: {endpoints: [127.0.0.1:1]}}
+routes: [{model: m, pool: p}]
+epp:
+  plugins:
+    - {name: prefix, type: prefix-cache-scorer, params: {mode: precise}}
+    - {name: pick, type: max-score-picker}
+  profiles: [{name: default, plugins: [{ref: prefix}, {ref: pick}]}]
+""")
+    picker = EmbeddedEpp(precise, endpoint_states(precise))
+    messages = [{"role": "user", "content": "長い質問"}]
+    request = PickRequest("m", {"model": "m", "messages": messages}, {}, None)
+    counted = picker.prompt_tokens("p", request)
+    assert counted == len(ReferenceTokenizer().chat_ids(messages))  # what the engine counts
+    assert request.worked_out is not None  # the ranking reuses what was worked out...
+    picker.rank("p", request)
+    assert [request.worked_out] == [None]  # ... once
+    approximate = EmbeddedEpp(POLICY, endpoint_states(POLICY))
+    assert approximate.prompt_tokens("p", request) is None  # no tokenizer known
