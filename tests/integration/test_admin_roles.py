@@ -4,12 +4,15 @@ line of the audit log and one count of ``kvgate_admin_actions_total``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from gateway.admin_access import UNAUTHENTICATED_PER_MINUTE
 from loadtest.harness.processes import KvgateProcess, free_port
@@ -18,6 +21,36 @@ from tests.integration.metrics_util import scrape
 
 ADMIN, OPERATOR, VIEWER = "admin-token-0123456789", "operator-token-012345", "viewer-token-0123456"
 TENANTS_IDP, STAFF_IDP = "https://idp.test", "https://staff-idp.test"
+
+
+@dataclass
+class AdminGateway:
+    url: str  # the gateway's
+    admin: str  # the admin API's base URL
+    audit: Path
+    text: str  # the policy it started with
+    process: KvgateProcess
+
+
+Start = Callable[..., AdminGateway]
+
+
+@pytest.fixture
+def admin_gateway(
+    start_backend: Callable[..., str],
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+    tmp_path: Path,
+) -> Start:
+    """Starts a gateway with the admin API (its policy text passed through ``edit``)."""
+
+    def start(edit: Callable[[str], str] = lambda text: text) -> AdminGateway:
+        backend = start_backend("--cost", "zero").removeprefix("http://")
+        admin_port, audit = free_port(), tmp_path / "audit.jsonl"
+        text = edit(policy(backend, admin_port, audit))
+        url, process = start_gateway(text)
+        return AdminGateway(url, f"http://127.0.0.1:{admin_port}/admin", audit, text, process)
+
+    return start
 
 
 def policy(backend: str, admin_port: int, audit: Path) -> str:
@@ -36,15 +69,9 @@ observability: {{access_log: "off"}}
 """
 
 
-async def test_roles_decide_and_every_attempted_change_is_audited(
-    start_backend: Callable[..., str],
-    start_gateway: Callable[..., tuple[str, KvgateProcess]],
-    tmp_path: Path,
-) -> None:
-    backend = start_backend("--cost", "zero").removeprefix("http://")
-    admin_port, audit = free_port(), tmp_path / "audit.jsonl"
-    url, _ = start_gateway(policy(backend, admin_port, audit))
-    admin = f"http://127.0.0.1:{admin_port}/admin"
+async def test_roles_decide_and_every_attempted_change_is_audited(admin_gateway: Start) -> None:
+    started = admin_gateway()
+    url, admin, audit = started.url, started.admin, started.audit
 
     def as_(token: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {token}", "x-request-id": f"req-{token[:4]}"}
@@ -83,25 +110,25 @@ async def test_roles_decide_and_every_attempted_change_is_audited(
 
 
 async def test_a_jwt_role_counts_only_from_the_issuers_and_audience_the_admin_names(
-    start_backend: Callable[..., str],
-    start_gateway: Callable[..., tuple[str, KvgateProcess]],
-    tmp_path: Path,
+    admin_gateway: Start, tmp_path: Path
 ) -> None:
     keys = make_keys(tmp_path)
-    backend = start_backend("--cost", "zero").removeprefix("http://")
-    admin_port, audit = free_port(), tmp_path / "audit.jsonl"
     issuers = "".join(
         f'\n    - {{issuer: "{issuer}", audience: kvgate, jwks_file: {keys.jwks_path}, '
         "algorithms: [RS256], claims: {tenant: org}}"
         for issuer in (TENANTS_IDP, STAFF_IDP)
     )
-    text = policy(backend, admin_port, audit).replace(
-        f"    audit_log: {audit}",
-        f"    audit_log: {audit}\n    role_claim: kvgate_role\n"
-        f'    role_issuers: ["{STAFF_IDP}"]\n    role_audience: kvgate-admin',
+    started = admin_gateway(
+        lambda text: (
+            text.replace(
+                "    audit_log:",
+                f'    role_claim: kvgate_role\n    role_issuers: ["{STAFF_IDP}"]\n'
+                "    role_audience: kvgate-admin\n    audit_log:",
+            )
+            + f"auth:\n  jwt:{issuers}\n"
+        )
     )
-    start_gateway(text + f"auth:\n  jwt:{issuers}\n")
-    admin = f"http://127.0.0.1:{admin_port}/admin"
+    admin, audit = started.admin, started.audit
 
     def staff(**claims: object) -> str:
         return keys.token("RS256", None, iss=STAFF_IDP, aud=["kvgate", "kvgate-admin"], **claims)
@@ -138,15 +165,10 @@ async def test_a_jwt_role_counts_only_from_the_issuers_and_audience_the_admin_na
 
 
 async def test_a_reload_that_removes_a_key_revokes_it_and_one_that_changes_a_role_applies_it(
-    start_backend: Callable[..., str],
-    start_gateway: Callable[..., tuple[str, KvgateProcess]],
-    tmp_path: Path,
+    admin_gateway: Start, tmp_path: Path
 ) -> None:
-    backend = start_backend("--cost", "zero").removeprefix("http://")
-    admin_port, audit = free_port(), tmp_path / "audit.jsonl"
-    text = policy(backend, admin_port, audit)
-    _, gateway = start_gateway(text)
-    admin = f"http://127.0.0.1:{admin_port}/admin"
+    started = admin_gateway()
+    admin, audit, text, gateway = started.admin, started.audit, started.text, started.process
     policy_file = tmp_path / "policy-0.yaml"
     moved = tmp_path / "moved-audit.jsonl"
     policy_file.write_text(
@@ -165,18 +187,25 @@ async def test_a_reload_that_removes_a_key_revokes_it_and_one_that_changes_a_rol
     assert [(e["who"], e["role"], e["result"]) for e in lines] == [
         ("dashboards", "admin", "applied")  # the audit log moved with the policy
     ]
+    # the admin section removed (the file's change reloads it): nobody may call any more
+    policy_file.write_text("pools:" + text.split("pools:", 1)[1])
+    status = 200
+    async with aiohttp.ClientSession() as session:
+        for _ in range(50):
+            await asyncio.sleep(0.2)
+            async with session.get(f"{admin}/policy", headers=bearer(ADMIN)) as response:
+                status = response.status
+            if status == 401:
+                break
+    assert status == 401
     assert gateway.proc is not None and gateway.proc.poll() is None
 
 
 async def test_calls_nobody_authenticated_cannot_grow_labels_or_fill_the_audit_log(
-    start_backend: Callable[..., str],
-    start_gateway: Callable[..., tuple[str, KvgateProcess]],
-    tmp_path: Path,
+    admin_gateway: Start,
 ) -> None:
-    backend = start_backend("--cost", "zero").removeprefix("http://")
-    admin_port, audit = free_port(), tmp_path / "audit.jsonl"
-    url, _ = start_gateway(policy(backend, admin_port, audit))
-    admin = f"http://127.0.0.1:{admin_port}/admin"
+    started = admin_gateway()
+    url, admin, audit = started.url, started.admin, started.audit
     async with aiohttp.ClientSession() as session:
         for number in range(150):
             path = f"{admin}/made-up-{number}-{'x' * 200}"
