@@ -442,3 +442,47 @@ async def test_a_101_nobody_asked_for_fails_the_request() -> None:
         await call(pool, up)
     pool.close()
     server.close()
+
+
+async def test_a_discarded_rest_keeps_the_connection_once_the_body_ends() -> None:
+    """The client got what it needed (a stream's [DONE]); the body's end comes 50 ms later,
+    or never: the connection is reused once it ends, and closed if it does not in time."""
+    connections: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(len(connections))
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            await reader.readexactly(int(head.split(b"content-length: ")[1].split(b"\r\n")[0]))
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n8\r\ndata: x\n\r\n"
+            )
+            await writer.drain()
+            if b"never" in head:
+                await asyncio.sleep(3600)
+            await asyncio.sleep(0.05)
+            writer.write(b"6\r\n\ntail\n\r\n0\r\n\r\n")  # more of the body, then its end
+            await writer.drain()
+
+    server = await loopback_server(serve)
+    address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    pool = ConnectionPool(connect_timeout=1)
+
+    async def first_chunk_then_leave(path: str, within: float) -> None:
+        response = await pool.request(address, "POST", path, b"", b"{}")
+        assert await response.readany(idle=2) == b"data: x\n"
+        response.discard_rest(within)
+        response.close()  # the attempt is over: the connection waits for the body's end
+
+    await first_chunk_then_leave("/ends", within=1.0)
+    await asyncio.sleep(0.2)
+    await first_chunk_then_leave("/ends", within=1.0)
+    assert len(connections) == 1  # reused once the first body ended
+    await asyncio.sleep(0.2)
+    await first_chunk_then_leave("/never", within=0.1)
+    await asyncio.sleep(0.3)
+    await first_chunk_then_leave("/ends", within=1.0)
+    assert len(connections) == 2  # the one whose body never ended was closed, not reused
+    pool.close()
+    server.close()
