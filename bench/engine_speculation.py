@@ -1,6 +1,6 @@
-"""Speculative decoding (n-gram prompt lookup): kvgate's torch engine without drafts, with
-vLLM's proposer and with kvgate's periodic drafts, beside vLLM's CPU build with and without its
-``ngram`` speculator — the last step of `make bench-engine`.
+"""Speculative decoding (n-gram prompt lookup): kvgate's torch engine with and without drafts,
+beside vLLM's CPU build with and without its ``ngram`` speculator — the last step of `make
+bench-engine`.
 
 The model is the engine benchmark's (``bench.engine``: a ~5M-parameter random-weight Llama).
 Two workloads, 128 output tokens each, ``ignore_eos``:
@@ -11,11 +11,11 @@ Two workloads, 128 output tokens each, ``ignore_eos``:
 - ``sampled``: prompts of random tokens, sampled at temperature 1: no loops, and few matches.
 
 The same speculative configuration for both engines: ``{"method": "ngram",
-"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}`` (kvgate's
-periodic variant adds ``"periodic_drafts": true``). Batch 1 (one request at a time) and batch
-16 (16 in flight), in interleaved rounds after an untimed warm-up; acceptance from each
-server's own ``vllm:spec_decode_*`` counters, per workload: measured, not assumed. Figures go
-to stdout as Markdown and to ``build/bench-speculation.json``.
+"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}``. Batch 1 (one
+request at a time) and batch 16 (16 in flight), in interleaved rounds after an untimed
+warm-up; acceptance from each server's own ``vllm:spec_decode_*`` counters, per workload:
+measured, not assumed. Figures go to stdout as Markdown and to
+``build/bench-speculation.json``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ NGRAM = {
     "prompt_lookup_min": 2,
 }
 SPECULATIVE = json.dumps(NGRAM)
-PERIODIC = json.dumps({**NGRAM, "periodic_drafts": True})
 BATCHES = {1: 8, 16: 48}  # concurrency: requests per round
 WORKLOADS = {"editing": 0.0, "sampled": 1.0}  # name: temperature
 
@@ -94,7 +93,6 @@ def main() -> int:
         for name, extra in (
             ("kvgate", ()),
             ("kvgate+ngram", ("--speculative-config", SPECULATIVE)),
-            ("kvgate+periodic", ("--speculative-config", PERIODIC)),
         ):
             kvgates.append(start_kvgate(model, *extra))
             servers[name] = kvgates[-1].health_url.rsplit("/", 1)[0]
@@ -189,11 +187,7 @@ def report(results: dict[str, object]) -> None:
             print(f"| {name} | {by_batch[1]:.0f} | {by_batch[16]:.0f} |")
         print("\n| speculation's speed-up (best rounds) | batch 1 | batch 16 |")
         print("| --- | ---: | ---: |")
-        for engine, drafted in (
-            ("kvgate", "kvgate+ngram"),
-            ("kvgate", "kvgate+periodic"),
-            ("vllm", "vllm+ngram"),
-        ):
+        for engine, drafted in (("kvgate", "kvgate+ngram"), ("vllm", "vllm+ngram")):
             if engine in best and drafted in best:
                 gains = [best[drafted][b] / best[engine][b] for b in BATCHES]
                 print(f"| {drafted} | {gains[0]:.2f}x | {gains[1]:.2f}x |")

@@ -2,14 +2,12 @@
 
 A decoding sequence whose last ``n`` tokens (``prompt_lookup_max`` down to
 ``prompt_lookup_min``) occurred earlier in its prompt or output proposes the tokens that
-followed that earlier occurrence (the latest one of the longest match), up to
-``num_speculative_tokens`` and no further than the sequence goes, as vLLM's proposer does.
-With ``periodic_drafts`` (kvgate's own key) a draft goes on past the sequence's end with the
-match's period where fewer tokens follow it (a loop of a few tokens drafts whole). The runner
-computes the sequence's last token and the drafts in one forward pass through the paged KV
-cache and keeps the drafts its own sampling agrees with (``backends.runners.sampler``), so the
-output is the model's, only faster where the text repeats itself (summaries, edits, code,
-extraction).
+followed that earlier occurrence (the earliest one of the longest match: the most tokens
+follow it, so a loop of a few tokens drafts whole), up to ``num_speculative_tokens`` and no
+further than the sequence goes, as vLLM's proposer does. The runner computes the sequence's
+last token and the drafts in one forward pass through the paged KV cache and keeps the drafts
+its own sampling agrees with (``backends.runners.sampler``), so the output is the model's,
+only faster where the text repeats itself (summaries, edits, code, extraction).
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
     method: str = "ngram"
-    periodic_drafts: bool = False  # continue a draft past the sequence's end with its period
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -50,13 +47,11 @@ class SpeculativeConfig:
         if not isinstance(data, dict):
             raise ValueError("--speculative-config must be a JSON object")
         counts = {"num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
-        unknown = sorted(set(data) - counts - {"method", "periodic_drafts"})
+        unknown = sorted(set(data) - counts - {"method"})
         if unknown:
             raise ValueError(f"unknown --speculative-config keys: {', '.join(unknown)}")
         if not all(type(data.get(k, 1)) is int for k in counts):
             raise ValueError("--speculative-config's counts must be integers")
-        if type(data.get("periodic_drafts", False)) is not bool:
-            raise ValueError("--speculative-config's periodic_drafts must be true or false")
         d = cls()
         lookup_max = data.get("prompt_lookup_max", d.prompt_lookup_max)
         return cls(
@@ -64,7 +59,6 @@ class SpeculativeConfig:
             lookup_max,
             data.get("prompt_lookup_min", min(d.prompt_lookup_min, lookup_max)),
             data.get("method", "ngram"),
-            data.get("periodic_drafts", False),
         )
 
 
@@ -78,7 +72,7 @@ def propose(token_ids: list[int], config: SpeculativeConfig, limit: int) -> list
     longest = config.prompt_lookup_max
     best_length, best_end = 0, -1
     earlier = [i for i, token in enumerate(token_ids[:-1]) if token == last]
-    for end in reversed(earlier):  # the latest first; a longer match wins
+    for end in earlier:  # the earliest first (the most tokens follow it); a longer match wins
         length = 1
         while (
             length < longest
@@ -93,12 +87,7 @@ def propose(token_ids: list[int], config: SpeculativeConfig, limit: int) -> list
     if best_length < config.prompt_lookup_min:
         return []
     wanted = min(limit, config.num_speculative_tokens)
-    drafts = token_ids[best_end + 1 : best_end + 1 + wanted]  # what followed the match
-    if config.periodic_drafts:  # past the end: a match ``period`` tokens back repeats
-        period = count - 1 - best_end
-        while len(drafts) < wanted:
-            drafts.append(drafts[len(drafts) - period])
-    return drafts
+    return token_ids[best_end + 1 : best_end + 1 + wanted]  # what followed the match
 
 
 @dataclass(slots=True)

@@ -28,24 +28,18 @@ CYCLE = 7  # the rule runner's next token after t is (t + 1) % CYCLE
         ([5, 6, 7], SpeculativeConfig(3, 3, 1), 5, []),  # 7 never came before
         # the longest match wins over a later, shorter one: [2, 3] after 1 2 3, not [8]
         ([1, 2, 3, 8, 5, 3, 8, 0, 1, 2, 3], SpeculativeConfig(2, 3, 1), 9, [8, 5]),
-        # of equally long matches, the latest
-        ([4, 1, 4, 2, 4], SpeculativeConfig(1, 1, 1), 9, [2]),
+        # of equally long matches, the earliest, as vLLM's proposer (more follows it)
+        ([4, 1, 4, 2, 4], SpeculativeConfig(1, 1, 1), 9, [1]),
+        ([4, 1, 4, 2, 4], SpeculativeConfig(4, 1, 1), 9, [1, 4, 2, 4]),
         ([3, 1, 2, 3], SpeculativeConfig(4, 3, 2), 9, []),  # a 1-token match is too short
-        # a match 2 tokens back: only what followed it (vLLM's proposer) ...
+        # only what followed the match, never past the sequence's end (vLLM's proposer)
         ([5, 1, 2, 1, 2], SpeculativeConfig(5, 2, 2), 9, [1, 2]),
-        # ... or, with periodic_drafts, the text repeating with period 2
-        ([5, 1, 2, 1, 2], SpeculativeConfig(5, 2, 2, periodic_drafts=True), 9, [1, 2, 1, 2, 1]),
     ],
 )
-def test_prompt_lookup_proposes_what_followed_the_longest_latest_match(
+def test_prompt_lookup_proposes_what_followed_the_longest_earliest_match(
     tokens: list[int], config: SpeculativeConfig, limit: int, drafts: list[int]
 ) -> None:
     assert propose(tokens, config, limit) == drafts
-
-
-def test_periodic_drafts_is_off_unless_asked() -> None:
-    assert not SpeculativeConfig.parse('{"method": "ngram"}').periodic_drafts
-    assert SpeculativeConfig.parse('{"periodic_drafts": true}').periodic_drafts
 
 
 @pytest.mark.parametrize(
@@ -58,7 +52,6 @@ def test_periodic_drafts_is_off_unless_asked() -> None:
         ('{"prompt_lookup_min": 5, "prompt_lookup_max": 2}', "prompt_lookup_min"),
         ('{"model": "x"}', "unknown --speculative-config keys: model"),
         ('{"num_speculative_tokens": "4"}', "must be integers"),
-        ('{"periodic_drafts": 1}', "must be true or false"),
     ],
 )
 def test_a_bad_speculative_config_is_refused_clearly(text: str, message: str) -> None:
