@@ -30,9 +30,9 @@ from aiohttp import web
 
 from bench.mock_upstream import BODY, STREAM, USAGE_CHUNK
 from gateway.app import create_app
-from gateway.error_responses import http_error
-from gateway.keys import UPSTREAMS
-from gateway.routes import handle
+from gateway.request.error_responses import http_error
+from gateway.request.keys import UPSTREAMS
+from gateway.request.routes import handle
 from kvgate.wire.http import messages
 from kvgate.wire.http.client import UpstreamConnection, UpstreamResponse
 from kvgate.wire.http.connection_pool import ConnectionPool

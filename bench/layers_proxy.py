@@ -18,7 +18,7 @@ import orjson
 import uvloop
 from aiohttp import web
 
-from gateway.error_responses import http_error
+from gateway.request.error_responses import http_error
 from kvgate.wire.http.connection_pool import ConnectionPool
 from kvgate.wire.http.messages import Request, Response
 from kvgate.wire.http.server import HttpServer

@@ -98,7 +98,7 @@ class Endpoint:
     # read load / capacity
     capacity: float = 1.0
     # the LoRA adapters the gateway loaded here, when it places a pool's adapters itself (its
-    # placement's live record: ``gateway.adapter_placement``), and how many fit (0: the
+    # placement's live record: ``gateway.routing.adapter_placement``), and how many fit (0: the
     # gateway does not place them; the engine's metrics tell)
     adapters_loaded: Collection[str] = ()
     adapter_slots: int = 0

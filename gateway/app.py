@@ -1,9 +1,9 @@
 """``create_app(policy)``: the gateway's state and lifecycle, in an aiohttp ``Application``.
 
 The application is not served by aiohttp: ``gateway.lifecycle`` runs kvgate's own HTTP server
-(``kvgate.wire.http``) with ``gateway.routes.handle`` and uses the application for its typed state
-and its cleanup contexts (every resource is opened and closed by one). With ``policy_path`` the
-file is watched and reloaded when it changes.
+(``kvgate.wire.http``) with ``gateway.request.routes.handle`` and uses the application for its typed
+state and its cleanup contexts (every resource is opened and closed by one). With ``policy_path``
+the file is watched and reloaded when it changes.
 """
 
 from __future__ import annotations
@@ -16,11 +16,17 @@ import aiohttp
 from aiohttp import web
 
 from epp.metrics import EppMetrics
-from gateway.admin import serve_admin
-from gateway.admission import AdmissionQueue
-from gateway.canary.canaries import Canaries
-from gateway.endpoint_picker import EndpointPicker
-from gateway.keys import (
+from gateway.admin.api import serve_admin
+from gateway.base.metric_batch import FLUSH_INTERVAL
+from gateway.base.metrics import GatewayMetrics
+from gateway.control.canary.canaries import Canaries
+from gateway.control.models.registry import ModelRegistry
+from gateway.control.slo.tracker import SloTracker
+from gateway.guards.admission import AdmissionQueue, QueueCollector
+from gateway.guards.limits.collector import LimiterCollector
+from gateway.guards.remote_jwks import jwks_urls
+from gateway.reload import RELOADER, Reloader, capacity_gate
+from gateway.request.keys import (
     ADMISSION,
     CANARIES,
     HTTP_SESSION,
@@ -35,16 +41,11 @@ from gateway.keys import (
     TRACER,
     UPSTREAMS,
 )
-from gateway.metric_batch import FLUSH_INTERVAL
-from gateway.metrics import GatewayMetrics, LimiterCollector, QueueCollector
-from gateway.models.registry import ModelRegistry
-from gateway.reload import RELOADER, Reloader, capacity_gate
-from gateway.remote_jwks import jwks_urls
+from gateway.request.runtime import RuntimeHolder, RuntimeParts, build_runtime
+from gateway.request.tracing import make_tracer
 from gateway.response_cache.cache import ResponseCache
+from gateway.routing.endpoint_picker import EndpointPicker
 from gateway.routing.shadow import ShadowMirror
-from gateway.runtime import RuntimeHolder, RuntimeParts, build_runtime
-from gateway.slo.tracker import SloTracker
-from gateway.tracing import make_tracer
 from kvgate.response_homes import ResponseHomes
 from kvgate.wire.http.connection_pool import ConnectionPool
 from policies.schema import Policy

@@ -7,7 +7,7 @@ import logging
 import sys
 
 from epp.registry import CATALOG
-from gateway.forwarded import is_loopback
+from gateway.base.forwarded import is_loopback
 from gateway.workers import ServeOptions, serve
 from policies.errors import PolicyError
 from policies.loader import load_policy

@@ -14,9 +14,9 @@ from functools import partial
 
 from aiohttp import web
 
-from gateway.error_responses import http_error
-from gateway.keys import RUNTIME, SHUTTING_DOWN
-from gateway.routes import check_head, handle
+from gateway.request.error_responses import http_error
+from gateway.request.keys import RUNTIME, SHUTTING_DOWN
+from gateway.request.routes import check_head, handle
 from kvgate.wire.http.server import HttpServer
 from kvgate.wire.http.tls import CertificateReloader, server_context
 

@@ -14,16 +14,16 @@ from dataclasses import replace
 from aiohttp import web
 
 from epp.registry import CATALOG
-from gateway.capacity import (
+from gateway.guards.capacity import (
     AllGates,
     CapacityGate,
     ConcurrencyGate,
     SaturationGate,
     in_flight_counts,
 )
-from gateway.keys import ADMISSION, CANARIES, METRICS, MODELS, RESPONSE_CACHE, RUNTIME, SLOS
-from gateway.remote_jwks import jwks_urls
-from gateway.runtime import Runtime, RuntimeParts, build_runtime
+from gateway.guards.remote_jwks import jwks_urls
+from gateway.request.keys import ADMISSION, CANARIES, METRICS, MODELS, RESPONSE_CACHE, RUNTIME, SLOS
+from gateway.request.runtime import Runtime, RuntimeParts, build_runtime
 from policies.errors import PolicyError
 from policies.loader import load_policy
 from policies.schema import Listen, Policy

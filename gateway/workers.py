@@ -23,7 +23,7 @@ from epp.pick_exchange import ENV as PICKS_ENV
 from epp.pick_exchange import exchange_directory
 from epp.registry import CATALOG
 from gateway.app import create_app
-from gateway.build_info import request_path_compiled
+from gateway.base.build_info import request_path_compiled
 from gateway.lifecycle import running
 from kvgate.wire import app_logging
 from kvgate.wire.supervisor import STARTUP_FAILED, supervise

@@ -12,9 +12,9 @@ from backends import cli as backend_cli
 from epp import cli as epp_cli
 from epp.registry import CATALOG
 from gateway import cli as gateway_cli
-from gateway import spend_report
-from gateway.build_info import version
-from gateway.models import cli as models_cli
+from gateway.base.build_info import version
+from gateway.control import spend_report
+from gateway.control.models import cli as models_cli
 from kvgate.wire import app_logging
 from loadtest import cli as loadtest_cli
 from policies import cli as policy_cli

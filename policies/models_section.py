@@ -17,7 +17,7 @@ MLflow's model registry keeps them (staging → canary → production → archiv
 A registered model is routed like any public model; its route (one of ``routes:``, or one the
 registry adds) takes its pool from the version in production, and a version in ``canary`` is
 that route's automatic canary against production. Stage changes made through the admin API
-(``kvgate models``) are saved and outlive restarts and reloads (``gateway.models``).
+(``kvgate models``) are saved and outlive restarts and reloads (``gateway.control.models``).
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ class JwtIssuer:
     class_claim: str = "class"
     models_claim: str | None = None
     leeway: float = 0.0  # seconds of clock skew tolerated on exp / nbf
-    jwks_url: str | None = None  # fetched and kept fresh (gateway.remote_jwks)
+    jwks_url: str | None = None  # fetched and kept fresh (gateway.guards.remote_jwks)
 
 
 @dataclass(frozen=True)
@@ -145,8 +145,9 @@ class Pool:
     engine: str = "vllm"  # metric names the picker scrapes: vllm | sglang | kvgate
     api_key: str | None = None  # sent upstream as a bearer token (clients' keys never are)
     adapters: tuple[str, ...] = ()  # LoRA adapters served here; a request for one prefers residents
-    # adapters the gateway loads itself where their requests go (``gateway.adapter_placement``):
-    # name -> the path the engines load it from; at most ``max_adapters`` on an endpoint at once
+    # adapters the gateway loads itself where their requests go
+    # (``gateway.routing.adapter_placement``): name -> the path the engines load it from; at most
+    # ``max_adapters`` on an endpoint at once
     adapter_paths: Mapping[str, str] = field(default_factory=dict)
     max_adapters: int = 4
     kv_events_port: int | None = None  # the endpoints' KV-event port, for precise prefix routing

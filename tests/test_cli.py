@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from gateway.build_info import version
+from gateway.base.build_info import version
 from gateway.cli import warn_if_open
 from policies.cli import hash_key
 from policies.loader import load_policy_text

@@ -16,4 +16,4 @@ pin="-c $build/constraints.txt"  # the versions the project is tested with
     --no-build-isolation --no-deps --force-reinstall .)
 rm -rf "$build"
 "$venv/bin/pip" uninstall --quiet --yes mypy types-PyYAML types-protobuf types-tqdm
-(cd / && "$venv/bin/python" -c "from gateway.build_info import request_path_compiled as c; assert c(), 'not compiled'")
+(cd / && "$venv/bin/python" -c "from gateway.base.build_info import request_path_compiled as c; assert c(), 'not compiled'")

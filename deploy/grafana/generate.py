@@ -5,7 +5,7 @@ the committed JSON differs from what this file builds; tests/deploy runs it).
 Every panel is a time series of one PromQL query, over the metrics of kvgate's gateways
 (job ``kvgate``), the model servers (job ``model-servers``, labelled with their ``pool``) and
 the recording rules of ``deploy/prometheus/kvgate-rules.yml``. The queries are also read by
-``tests/integration/test_prometheus_stack.py``, which checks that each returns data from a
+``tests/integration/control/test_prometheus_stack.py``, which checks that each returns data from a
 real Prometheus scraping a gateway under load.
 """
 

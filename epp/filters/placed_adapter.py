@@ -1,9 +1,9 @@
 """``placed-adapter-filter``: where the gateway loads a pool's LoRA adapters itself
-(``gateway.adapter_placement``), keep the endpoints that have the request's adapter loaded (or
-loading) and are not saturated. Another endpoint would first have to load it, and unload
-another adapter to make room, so an adapter spreads to more endpoints only when those holding it
-are saturated. Without gateway-placed adapters, or when no unsaturated endpoint holds it, every
-endpoint stays."""
+(``gateway.routing.adapter_placement``), keep the endpoints that have the request's adapter loaded
+(or loading) and are not saturated. Another endpoint would first have to load it, and unload another
+adapter to make room, so an adapter spreads to more endpoints only when those holding it are
+saturated. Without gateway-placed adapters, or when no unsaturated endpoint holds it, every endpoint
+stays."""
 
 from __future__ import annotations
 

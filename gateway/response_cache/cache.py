@@ -19,7 +19,7 @@ from collections.abc import Mapping
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gateway.context import RequestContext
+from gateway.base.context import RequestContext
 from gateway.response_cache.stores import KeptAnswer, MemoryAnswers, RedisAnswers
 from kvgate.wire.http.messages import Response
 from policies.cache_section import ResponseCacheStore, RouteCache

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from gateway.identity import Identity
+from gateway.base.identity import Identity
 from policies.schema import AbTest, Route, WeightedPool
 
 

@@ -22,8 +22,8 @@ import aiohttp
 from opentelemetry import trace
 from opentelemetry.propagate import inject
 
-from gateway.endpoint_picker import EndpointPicker, EndpointState, PickRequest
-from gateway.metrics import GatewayMetrics
+from gateway.base.metrics import GatewayMetrics
+from gateway.routing.endpoint_picker import EndpointPicker, EndpointState, PickRequest
 from kvgate.wire.http.client import MAX_UPSTREAM_BODY, UpstreamBodyTooLarge
 from kvgate.wire.sse import usage_of
 from policies.schema import Policy, Route, Shadow

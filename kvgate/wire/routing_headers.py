@@ -1,8 +1,8 @@
 """The routing headers only an endpoint picker may set (GIE's and llm-d's names).
 
 A client's copies are removed wherever a request enters: at the gateway's edge
-(``gateway.upstream``) and by ext_proc (``epp.servers.ext_proc``), else a client could choose
-its own endpoint or prefiller.
+(``gateway.request.upstream``) and by ext_proc (``epp.servers.ext_proc``), else a client could
+choose its own endpoint or prefiller.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from epp.scorers.running_requests import RunningRequestsScorer
 from epp.scorers.token_backlog import Params as BacklogParams
 from epp.scorers.token_backlog import TokenBacklogScorer
 from epp.service import EppService
-from gateway.endpoint_picker import LeastInFlightPicker, PickRequest, endpoint_states
+from gateway.routing.endpoint_picker import LeastInFlightPicker, PickRequest, endpoint_states
 from policies.loader import load_policy_text
 from policies.schema import Saturation
 from tests.epp.builders import make_endpoint, make_request

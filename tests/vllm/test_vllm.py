@@ -412,7 +412,7 @@ def test_a_broken_stream_s_continuation_goes_on_as_vllm_would_have(
     """The continuation the gateway sends when an engine dies mid-stream, sent to a real vLLM:
     from the token ids it returns, greedy decoding goes on token for token; from the text
     (``continue_final_message``), vLLM takes it and renders it as kvgate's tokenizer does."""
-    from gateway.continuation import Progress, continuation
+    from gateway.request.continuation import Progress, continuation
     from kvgate.wire.sse import without_token_ids
 
     server = vllm_servers[0]

@@ -1,0 +1,254 @@
+"""Priority weighted-fair admission queue, gated by pool capacity.
+
+Under saturation each priority class is served in proportion to its weight (start-time fair
+queueing): a class's next request starts at ``S = max(V, F_class)`` and finishes at
+``S + 1 / weight``; the smallest start goes first and sets ``V``, so a class that was idle
+cannot bank credit. Inside a class, tenants take turns (round robin over tenants with
+queued requests), so a tenant sending ten times more gets the same share as the others.
+A full class queue refuses at once (``QueueFull``, 429); a request that waits longer than its
+class's ``max_wait`` is given up (``Expired``, 503); a client that goes away leaves the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.base.errors import Expired, QueueFull
+from gateway.guards.capacity import CapacityGate
+from policies.schema import DEFAULT_CLASS, PriorityClass
+
+POLL_INTERVAL = 0.02  # re-check gates that change without a release (metrics, saturation)
+
+
+@dataclass(eq=False)
+class Ticket:
+    pool: str
+    cls: str
+    tenant: str
+    future: asyncio.Future[None]
+    queued_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _ClassQueue:
+    spec: PriorityClass
+    tenants: OrderedDict[str, deque[Ticket]] = field(default_factory=OrderedDict)
+    size: int = 0
+    finish: float = 0.0
+
+    def push(self, ticket: Ticket) -> None:
+        self.tenants.setdefault(ticket.tenant, deque()).append(ticket)
+        self.size += 1
+
+    def pop(self) -> Ticket:
+        tenant, queue = next(iter(self.tenants.items()))
+        ticket = queue.popleft()
+        self.tenants.move_to_end(tenant)  # the next tenant's turn
+        if not queue:
+            del self.tenants[tenant]
+        self.size -= 1
+        return ticket
+
+    def remove(self, ticket: Ticket) -> bool:
+        queue = self.tenants.get(ticket.tenant)
+        if queue is None or ticket not in queue:
+            return False
+        queue.remove(ticket)
+        if not queue:
+            del self.tenants[ticket.tenant]
+        self.size -= 1
+        return True
+
+
+class PoolQueue:
+    def __init__(self, pool: str, classes: dict[str, PriorityClass]) -> None:
+        self.pool = pool
+        self.classes = {name: _ClassQueue(spec) for name, spec in classes.items()}
+        self.virtual = 0.0
+
+    @property
+    def empty(self) -> bool:
+        for queue in self.classes.values():  # noqa: SIM110 (asked twice per request: no generator)
+            if queue.size:
+                return False
+        return True
+
+    def next_ticket(self) -> Ticket | None:
+        """Start-time fair queueing over classes: smallest start tag, then smallest finish."""
+        best: tuple[float, float, _ClassQueue] | None = None
+        for queue in self.classes.values():
+            if queue.size:
+                start = max(self.virtual, queue.finish)
+                finish = start + 1.0 / queue.spec.weight
+                if best is None or (start, finish) < best[:2]:
+                    best = (start, finish, queue)
+        if best is None:
+            return None
+        start, finish, queue = best
+        self.virtual, queue.finish = start, finish
+        return queue.pop()
+
+
+class AdmissionQueue:
+    """Per-pool queues of waiting requests, served weighted-fair by priority class while the pool's
+    capacity gate is closed."""
+
+    def __init__(self, classes: dict[str, PriorityClass], gate: CapacityGate) -> None:
+        self.classes = classes
+        self.gate = gate
+        self.pools: dict[str, PoolQueue] = {}
+        self._pollers: dict[str, asyncio.Task[None]] = {}
+
+    def update(self, classes: dict[str, PriorityClass], gate: CapacityGate) -> None:
+        """A reloaded policy: new weights and bounds apply to the next dispatch; queued
+        requests stay queued (in the default class if theirs was removed)."""
+        self.classes = classes
+        self.gate = gate
+        for queue in self.pools.values():
+            old = queue.classes
+            queue.classes = {
+                name: old.get(name) or _ClassQueue(spec) for name, spec in classes.items()
+            }
+            for name, class_queue in queue.classes.items():
+                class_queue.spec = classes[name]
+            fallback = queue.classes.get(DEFAULT_CLASS) or next(iter(queue.classes.values()))
+            for name, class_queue in old.items():
+                if name not in classes:
+                    while class_queue.size:
+                        fallback.push(class_queue.pop())
+        for pool in self.pools:
+            self._dispatch(pool)
+
+    def class_of(self, name: str | None) -> PriorityClass:
+        return (
+            self.classes.get(name or DEFAULT_CLASS)
+            or self.classes.get(DEFAULT_CLASS)
+            or next(iter(self.classes.values()))
+        )
+
+    def depth(self, pool: str, cls: str) -> int:
+        queue = self.pools.get(pool)
+        return queue.classes[cls].size if queue and cls in queue.classes else 0
+
+    def classify(self, identity_class: str | None, objective_class: str | None) -> PriorityClass:
+        """A request's class: its identity's, or its objective's when that one is lighter (an
+        objective never makes a request heavier)."""
+        cls = self.class_of(identity_class)
+        if objective_class:
+            lighter = self.classes.get(objective_class)
+            if lighter is not None and lighter.weight <= cls.weight:
+                return lighter
+        return cls
+
+    def try_enter(self, pool: str) -> Admitted | None:
+        """A slot in ``pool`` now if nobody is queued and there is capacity (the common case,
+        without a coroutine), else None."""
+        queue = self.pools.get(pool)
+        if (queue is None or queue.empty) and self.gate.has_capacity(pool):
+            self.gate.acquire(pool)
+            return Admitted(self, pool, 0.0)
+        return None
+
+    async def enter(self, pool: str, cls_name: str | None, tenant: str) -> Admitted:
+        """A slot in ``pool``, waiting in ``cls_name``'s queue (tenants taking turns) while
+        there is none."""
+        spec = self.class_of(cls_name)
+        admitted = self.try_enter(pool)
+        if admitted is not None:
+            return admitted
+        queue = self.pools.get(pool)
+        if queue is None:
+            queue = self.pools[pool] = PoolQueue(pool, self.classes)
+        class_queue = queue.classes[spec.name]
+        if class_queue.size >= spec.max_queue:
+            raise QueueFull(
+                f"The {spec.name} queue is full; retry later.", headers={"retry-after": "1"}
+            )
+        ticket = Ticket(pool, spec.name, tenant, asyncio.get_running_loop().create_future())
+        class_queue.push(ticket)
+        self._ensure_poller(pool)
+        try:
+            async with asyncio.timeout(spec.max_wait):
+                await ticket.future
+        except TimeoutError as exc:
+            class_queue.remove(ticket)
+            raise Expired(
+                f"Waited {spec.max_wait:g}s in the {spec.name} queue; the pool is saturated."
+            ) from exc
+        except asyncio.CancelledError:
+            if not class_queue.remove(ticket) and ticket.future.done():
+                self.done(pool)  # dispatched just as the client left: give the slot back
+            raise
+        return Admitted(self, pool, time.monotonic() - ticket.queued_at)
+
+    def done(self, pool: str) -> None:
+        """A slot of ``pool`` came back (``Admitted.release``): it may go to the next in line."""
+        self.gate.release(pool)
+        queue = self.pools.get(pool)
+        if queue is not None and not queue.empty:
+            self._dispatch(pool)
+
+    def _dispatch(self, pool: str) -> None:
+        queue = self.pools.get(pool)
+        while queue is not None and not queue.empty and self.gate.has_capacity(pool):
+            ticket = queue.next_ticket()
+            if ticket is None:
+                return
+            if ticket.future.done():  # cancelled meanwhile
+                continue
+            self.gate.acquire(pool)
+            ticket.future.set_result(None)
+
+    def _ensure_poller(self, pool: str) -> None:
+        task = self._pollers.get(pool)
+        if task is None or task.done():
+            self._pollers[pool] = asyncio.create_task(self._poll(pool))
+
+    async def _poll(self, pool: str) -> None:
+        queue = self.pools[pool]
+        while not queue.empty:
+            self._dispatch(pool)
+            await asyncio.sleep(POLL_INTERVAL)
+
+
+class Admitted:
+    """A request's slot in a pool, from its admission (``AdmissionQueue.try_enter`` or
+    ``enter``) to its release: the one owner of both, as ``Attempt`` is of a try (a plain
+    slots class: one is made per request)."""
+
+    __slots__ = ("_queue", "pool", "waited")
+
+    def __init__(self, queue: AdmissionQueue, pool: str, waited: float) -> None:
+        self._queue: AdmissionQueue | None = queue
+        self.pool = pool
+        self.waited = waited  # seconds spent queued
+
+    def release(self) -> None:
+        """Give the slot back (once; later calls do nothing)."""
+        queue = self._queue
+        if queue is not None:
+            self._queue = None
+            queue.done(self.pool)
+
+
+class QueueCollector(Collector):
+    """Admission queue depth by pool and class, read at scrape time (this worker's queue)."""
+
+    def __init__(self, admission: AdmissionQueue) -> None:
+        self.admission = admission
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            "kvgate_queue_depth", "Requests waiting for capacity.", labels=["pool", "class"]
+        )
+        for pool, queue in self.admission.pools.items():
+            for name, class_queue in queue.classes.items():
+                gauge.add_metric([pool, name], float(class_queue.size))
+        yield gauge

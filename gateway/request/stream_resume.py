@@ -1,0 +1,194 @@
+"""Streams that survive their engine: when a stream's engine fails mid-answer (the connection
+lost, an error event or an end without ``[DONE]``, a stall past ``timeouts.idle``), the answer goes
+on from another endpoint of the pool, in the same response: the same id and choice index, one usage
+at the end counting the whole answer (``gateway.request.continuation`` builds the request and
+rewrites its stream). At most ``retries.resumes`` times per request (2 by default); a route opts out
+with ``resume: false``. Each resume is counted (``kvgate_stream_resumes_total{pool, outcome}``) and
+traced (a ``resume stream`` span around the continuation's attempts).
+
+A stream that broke before any event reached the client is simply sent again, elsewhere.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from gateway.base.context import RequestContext
+from gateway.base.errors import GatewayError
+from gateway.request.attempt import Attempt
+from gateway.request.continuation import (
+    ContinuationRelay,
+    Progress,
+    continuation,
+    ending,
+    resumable,
+    whole_usage,
+)
+from gateway.request.upstream import UpstreamCall, open_upstream
+from gateway.routing.endpoint_picker import EndpointState, PickRequest
+from kvgate.wire.sse import SSERelay
+from policies.schema import Pool
+
+EVENT_STREAM = "text/event-stream"
+
+
+class StreamResume:
+    """One stream's way on when its engine fails (a plain slots class: one per stream)."""
+
+    __slots__ = (
+        "body",
+        "call",
+        "client_counts",
+        "client_ids",
+        "client_wants_usage",
+        "ctx",
+        "failed",
+        "headers",
+        "left",
+        "path",
+        "payload",
+        "pick",
+        "pool",
+        "token_ids",
+    )
+
+    def __init__(
+        self,
+        call: UpstreamCall,
+        ctx: RequestContext,
+        pool: Pool,
+        path: str,
+        body: dict[str, object],
+        payload: bytes,
+        headers: bytes,
+        pick: PickRequest,
+        client_wants_usage: bool,
+    ) -> None:
+        """``body``: the client's request, its model rewritten for the pool; ``payload``: the
+        bytes first sent (with what the gateway added)."""
+        self.call = call
+        self.ctx = ctx
+        self.pool = pool
+        self.path = path
+        self.body = body
+        self.payload = payload
+        self.headers = headers
+        self.pick = pick
+        self.client_wants_usage = client_wants_usage
+        self.client_ids = body.get("return_token_ids") is True
+        options = body.get("stream_options")
+        self.client_counts = (
+            isinstance(options, dict) and options.get("continuous_usage_stats") is True
+        )
+        self.token_ids = pool.returns_token_ids
+        self.left = call.retries.resumes
+        self.failed: set[str] = set()
+
+    def relay(self) -> SSERelay:
+        """The relay of a stream that may be resumed: it keeps what it forwards, and drops the
+        token ids the gateway asked for."""
+        return SSERelay(
+            strip_usage=not self.client_wants_usage,
+            record=True,
+            strip_token_ids=self.token_ids and not self.client_ids,
+            strip_counts=not self.token_ids and not self.client_counts,
+        )
+
+    def ending(self, relay: SSERelay) -> bytes | None:
+        """The missing end of a stream that broke after its answer was complete (its usage,
+        where known, and ``[DONE]``); None if there was more to come."""
+        progress = self._progress(relay)
+        tail = ending(progress, self.client_wants_usage)
+        if tail is not None:
+            relay.usage = whole_usage(progress, None)
+            self._count("finished")
+        return tail
+
+    def usage_so_far(self, relay: SSERelay) -> dict[str, object] | None:
+        """The usage of what the engines sent so far, where their token ids tell it."""
+        return whole_usage(self._progress(relay), None)
+
+    async def reopen(
+        self, relay: SSERelay, broken: EndpointState, failure: str
+    ) -> tuple[Attempt, SSERelay] | None:
+        """The attempt (and the relay) that goes on from where ``relay``'s stream broke, on an
+        endpoint that has not failed it; None when there is none, or no more resumes."""
+        self.failed.add(broken.address)
+        progress = self._progress(relay)
+        if self.left <= 0 or not progress.resumable:
+            self._count("gave_up")
+            return None
+        self.left -= 1
+        if progress.started:
+            path, body = continuation(self.path, self.body, progress, self.token_ids)
+            payload = orjson.dumps(body)
+            following: SSERelay = ContinuationRelay(
+                progress, client_wants_usage=self.client_wants_usage, client_ids=self.client_ids
+            )
+        else:  # nothing reached the client: the same request, elsewhere
+            path, payload, following = self.path, self.payload, self.relay()
+        tracer = self.call.tracer
+        if tracer is None:
+            attempt = await self._open(path, payload)
+        else:
+            attributes: dict[str, str | int] = {
+                "kvgate.resume.broken_endpoint": broken.address,
+                "kvgate.resume.reason": failure,
+                "kvgate.resume.generated_tokens": progress.generated,
+            }
+            with tracer.start_as_current_span("resume stream", attributes=attributes):
+                attempt = await self._open(path, payload)
+        if attempt is None:
+            self._count("failed")
+            return None
+        self._count("resumed")
+        return attempt, following
+
+    async def _open(self, path: str, payload: bytes) -> Attempt | None:
+        ctx = self.ctx
+        tries = ctx.attempts
+        try:
+            ranking = self.call.picker.rank(self.pool.name, self.pick)
+            attempt = await open_upstream(
+                self.call,
+                ctx,
+                self.pool,
+                path,
+                payload,
+                self.headers,
+                self.pick,
+                ranking,
+                exclude=self.failed,
+            )
+        except GatewayError:
+            return None
+        finally:
+            ctx.attempts += tries
+        response = attempt.response
+        if response is None or response.status != 200 or response.content_type != EVENT_STREAM:
+            attempt.close()
+            return None
+        ctx.endpoint = attempt.endpoint.address
+        return attempt
+
+    def _progress(self, relay: SSERelay) -> Progress:
+        if isinstance(relay, ContinuationRelay):
+            return relay.progress
+        return Progress.of(self.path != "/v1/completions", relay.recorded or [])
+
+    def _count(self, outcome: str) -> None:
+        metrics = self.call.metrics
+        metrics.child(metrics.stream_resumes, self.pool.name, outcome).inc()
+
+
+def asks_token_ids(pool: Pool, body: dict[str, object]) -> bool:
+    """Whether the gateway adds ``return_token_ids`` to a stream of ``body`` for ``pool``."""
+    return pool.returns_token_ids and body.get("return_token_ids") is not True
+
+
+def stream_resume(
+    call: UpstreamCall, ctx: RequestContext, path: str, body: dict[str, object], enabled: bool
+) -> bool:
+    """Whether a stream of ``body`` to ``path`` is to be resumable: the route allows it, the
+    policy has resumes, and the request is one that can be continued."""
+    return enabled and ctx.stream and call.retries.resumes > 0 and resumable(path, body)

@@ -1,0 +1,1 @@
+"""The admin API's callers and audit log."""

@@ -1,0 +1,1 @@
+"""What every wing uses."""

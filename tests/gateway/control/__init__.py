@@ -1,0 +1,1 @@
+"""The model registry, canaries' shared state, admin roles, operations and Prometheus."""

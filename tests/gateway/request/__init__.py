@@ -1,0 +1,1 @@
+"""The request path's parts."""

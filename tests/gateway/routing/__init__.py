@@ -1,0 +1,1 @@
+"""Choosing an endpoint: pickers, breakers, arms, adapters."""

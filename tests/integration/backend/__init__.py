@@ -1,0 +1,1 @@
+"""The reference backend served for real: OpenAI API, KV events, LoRA, speculation, failures."""

@@ -1,0 +1,1 @@
+"""Engines and endpoints that fail: retries, breakers, dead pools, blame."""

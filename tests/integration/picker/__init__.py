@@ -1,0 +1,1 @@
+"""The endpoint picker: embedded, behind Envoy, over gRPC; zones, adapters, replicas, PD."""

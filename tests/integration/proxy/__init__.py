@@ -1,0 +1,1 @@
+"""The drop-in proxy through a real gateway: the APIs, bodies, headers, TLS, clients at the edges."""

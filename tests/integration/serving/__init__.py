@@ -1,0 +1,1 @@
+"""Serving the gateway: reloads, workers, traces, the response cache, the load tester."""

@@ -1,0 +1,1 @@
+"""Streams through a real gateway: their end, resumes, engines that fail in-band."""
