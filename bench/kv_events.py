@@ -64,7 +64,7 @@ def publish(ports: list[int], batches: int, rate: float, run_blocks: int) -> Non
 
 async def subscribe(mode: str, ports: list[int], batches: int) -> dict[str, float]:
     """Read ``batches`` batches from ``ports`` the ``mode`` way; CPU from the first on."""
-    from epp.framework import Endpoint, EndpointSpec
+    from epp.framework import Endpoint, EndpointMetadata
     from epp.indexes.precise import KVEventHooks, PreciseIndex
     from epp.kv_events import KVEventSubscriber, has_message
 
@@ -96,7 +96,7 @@ async def subscribe(mode: str, ports: list[int], batches: int) -> dict[str, floa
             loop.add_reader(fd, drain)
     else:
         endpoints = [
-            Endpoint(EndpointSpec(f"127.0.0.1:{10_000 + i}", "p", kv_events_port=port))
+            Endpoint(EndpointMetadata(f"127.0.0.1:{10_000 + i}", "p", kv_events_port=port))
             for i, port in enumerate(ports)
         ]
         subscriber = KVEventSubscriber(PreciseIndex(hooks=KVEventHooks(lag=count)), endpoints)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from epp.framework import Endpoint, EndpointSpec
+from epp.framework import Endpoint, EndpointMetadata
 from epp.metrics_parser import names_for
 from policies.schema import Policy
 
@@ -14,7 +14,7 @@ class Datastore:
         self.pools: dict[str, list[Endpoint]] = {
             name: [
                 Endpoint(
-                    EndpointSpec(
+                    EndpointMetadata(
                         e.address,
                         name,
                         e.role,

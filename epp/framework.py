@@ -63,7 +63,7 @@ class EndpointLoad:
 
 
 @dataclass(frozen=True, slots=True)
-class EndpointSpec:
+class EndpointMetadata:
     """What the policy says of an endpoint, fixed when the datastore is built (GIE's endpoint
     metadata): the scraper's metrics and the service's load are kept beside it."""
 
@@ -86,7 +86,7 @@ class Endpoint:
     """One model server the picker may choose: its spec (fixed), the metrics the scraper last
     swapped in, the load the service keeps, and what the picker learns of it as it runs."""
 
-    spec: EndpointSpec
+    spec: EndpointMetadata
     metrics: EndpointMetrics = field(default_factory=EndpointMetrics)
     load: EndpointLoad = field(default_factory=EndpointLoad)  # what it was sent: ``EppService``
     healthy: bool = True  # false after repeated failed scrapes, until one succeeds

@@ -11,7 +11,6 @@ created, or this one restarted) is looked up by asking the candidate endpoints a
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 
 from epp.framework import Endpoint
@@ -44,19 +43,14 @@ class StoredResponses:
         """(pool, endpoint, the public model it was created with: "" when not known) among
         ``candidates`` (pool -> endpoints) that holds ``response_id``, or None when none of
         them has it."""
-        known = self.homes.get(response_id)
-        if known is not None:
-            for endpoint in candidates.get(known.pool, ()):
-                if endpoint.address == known.endpoint:
-                    return known.pool, endpoint, known.model
-        asked = [(pool, e) for pool, endpoints in candidates.items() for e in endpoints]
-        found = await asyncio.gather(*(self._has(e.address, response_id) for _, e in asked))
-        for (pool, endpoint), has in zip(asked, found, strict=True):
-            if has:
-                model = known.model if known is not None else ""
-                self.homes.remember(response_id, Home(pool, endpoint.address, model, None))
-                return pool, endpoint, model
-        return None
+        addresses = {pool: [e.address for e in endpoints] for pool, endpoints in candidates.items()}
+        found = await self.homes.find(
+            response_id, addresses, lambda _, address: self._has(address, response_id), _unknown
+        )
+        if found is None:
+            return None
+        endpoint = next(e for e in candidates[found.pool] if e.address == found.endpoint)
+        return found.pool, endpoint, found.model
 
     async def _has(self, address: str, response_id: str) -> bool:
         return await holds(self._connect(), address, response_id, ACCEPT_JSON, LOOKUP_TIMEOUT)
@@ -71,3 +65,7 @@ class StoredResponses:
             for address, (context, name) in self._tls.items():
                 self._client.use_tls(address, context, name)
         return self._client
+
+
+def _unknown(pool: str) -> str:
+    return ""  # the public model of a response this picker did not see created

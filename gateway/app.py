@@ -25,7 +25,7 @@ from gateway.control.slo.tracker import SloTracker
 from gateway.guards.admission import AdmissionQueue, QueueCollector
 from gateway.guards.limits.collector import LimiterCollector
 from gateway.guards.remote_jwks import jwks_urls
-from gateway.reload import RELOADER, Reloader, capacity_gate
+from gateway.reload import RELOADER, Reloader, admission_gate
 from gateway.request.keys import (
     ADMISSION,
     CANARIES,
@@ -70,7 +70,7 @@ def create_app(
     upstreams = app[UPSTREAMS] = ConnectionPool(connect_timeout=policy.timeouts.connect)
     parts = RuntimeParts(metrics, epp_metrics, upstreams, tracer)
     runtime = build_runtime(policy, parts, picker=picker)
-    admission = app[ADMISSION] = AdmissionQueue(dict(policy.classes), capacity_gate(runtime))
+    admission = app[ADMISSION] = AdmissionQueue(dict(policy.classes), admission_gate(runtime))
     slos = app[SLOS] = SloTracker(metrics.registry)
     holder = app[RUNTIME] = RuntimeHolder(runtime, parts, admission, slos)
     metrics.in_flight_source = lambda: {

@@ -14,9 +14,9 @@ from dataclasses import replace
 from aiohttp import web
 
 from epp.registry import CATALOG
-from gateway.guards.capacity import (
+from gateway.guards.admission_gate import (
+    AdmissionGate,
     AllGates,
-    CapacityGate,
     ConcurrencyGate,
     SaturationGate,
     in_flight_counts,
@@ -32,13 +32,13 @@ log = logging.getLogger("kvgate.gateway")
 RETIRE_AFTER = 60.0  # seconds before a replaced limiter is closed (its reservations settle)
 
 
-def capacity_gate(runtime: Runtime, previous: CapacityGate | None = None) -> CapacityGate:
+def admission_gate(runtime: Runtime, previous: AdmissionGate | None = None) -> AdmissionGate:
     """The admission queue's gate for ``runtime``: each pool's concurrency cap (the counts of
     the ``previous`` gate carried over) and, with the embedded EPP, its saturation (the EPP's
     own detector: the policy's ``epp.saturation``)."""
     pools = runtime.policy.pools
     limits = {n: p.max_concurrency for n, p in pools.items()}
-    gate: CapacityGate = ConcurrencyGate(limits, in_flight_counts(previous))
+    gate: AdmissionGate = ConcurrencyGate(limits, in_flight_counts(previous))
     if runtime.embedded is not None:
         service = runtime.embedded.service
         saturation = SaturationGate(
@@ -137,7 +137,7 @@ class Reloader:
         if new.embedded is not None and new.embedded is not old.embedded:
             await new.embedded.start()
         admission = self.app[ADMISSION]
-        admission.update(dict(policy.classes), capacity_gate(new, admission.gate))
+        admission.update(dict(policy.classes), admission_gate(new, admission.gate))
         holder.current = new
         holder.version += 1
         self.app[SLOS].update(policy)

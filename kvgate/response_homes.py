@@ -1,11 +1,13 @@
 """Where each stored response lives (``/v1/responses``): response id -> pool, endpoint, public
-model and creator, bounded (the least recently used is forgotten first); and whether an
-endpoint holds one, asked of the endpoint itself. The gateway and the picker behind Envoy both
-use them."""
+model and creator, bounded (the least recently used is forgotten first); found where it is
+not known by asking the candidate endpoints themselves, all at once. The gateway and the
+picker behind Envoy both find homes this way."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvgate.wire.http.client import UpstreamConnectionError
@@ -49,6 +51,31 @@ class ResponseHomes:
 
     def forget(self, response_id: str) -> None:
         self._homes.pop(response_id, None)
+
+    async def find(
+        self,
+        response_id: str,
+        candidates: Mapping[str, Sequence[str]],
+        has: Callable[[str, str], Awaitable[bool]],
+        model_of: Callable[[str], str],
+    ) -> Home | None:
+        """The home of ``response_id`` among ``candidates`` (pool -> endpoint addresses): the
+        remembered one where it is a candidate, else the first whose endpoint says it holds
+        the response (``has(pool, address)``, every candidate asked at once), remembered from
+        then on (its model the one remembered, else ``model_of(pool)``); None when none has
+        it."""
+        known = self.get(response_id)
+        if known is not None and known.endpoint in candidates.get(known.pool, ()):
+            return known
+        asked = [(pool, address) for pool, addresses in candidates.items() for address in addresses]
+        found = await asyncio.gather(*(has(pool, address) for pool, address in asked))
+        for (pool, address), held in zip(asked, found, strict=True):
+            if held:
+                model = known.model if known is not None else model_of(pool)
+                home = Home(pool, address, model, None)
+                self.remember(response_id, home)
+                return home
+        return None
 
 
 async def holds(

@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.base.errors import Expired, QueueFull
-from gateway.guards.capacity import CapacityGate
+from gateway.guards.admission_gate import AdmissionGate
 from policies.schema import DEFAULT_CLASS, PriorityClass
 
 POLL_INTERVAL = 0.02  # re-check gates that change without a release (metrics, saturation)
@@ -100,13 +100,13 @@ class AdmissionQueue:
     """Per-pool queues of waiting requests, served weighted-fair by priority class while the pool's
     capacity gate is closed."""
 
-    def __init__(self, classes: dict[str, PriorityClass], gate: CapacityGate) -> None:
+    def __init__(self, classes: dict[str, PriorityClass], gate: AdmissionGate) -> None:
         self.classes = classes
         self.gate = gate
         self.pools: dict[str, PoolQueue] = {}
         self._pollers: dict[str, asyncio.Task[None]] = {}
 
-    def update(self, classes: dict[str, PriorityClass], gate: CapacityGate) -> None:
+    def update(self, classes: dict[str, PriorityClass], gate: AdmissionGate) -> None:
         """A reloaded policy: new weights and bounds apply to the next dispatch; queued
         requests stay queued (in the default class if theirs was removed)."""
         self.classes = classes
@@ -151,7 +151,7 @@ class AdmissionQueue:
         """A slot in ``pool`` now if nobody is queued and there is capacity (the common case,
         without a coroutine), else None."""
         queue = self.pools.get(pool)
-        if (queue is None or queue.empty) and self.gate.has_capacity(pool):
+        if (queue is None or queue.empty) and self.gate.has_room(pool):
             self.gate.acquire(pool)
             return Admitted(self, pool, 0.0)
         return None
@@ -197,7 +197,7 @@ class AdmissionQueue:
 
     def _dispatch(self, pool: str) -> None:
         queue = self.pools.get(pool)
-        while queue is not None and not queue.empty and self.gate.has_capacity(pool):
+        while queue is not None and not queue.empty and self.gate.has_room(pool):
             ticket = queue.next_ticket()
             if ticket is None:
                 return

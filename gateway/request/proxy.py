@@ -35,7 +35,7 @@ from gateway.request.explain import record_destination, record_explanation
 from gateway.request.forward import Forward, parse
 from gateway.request.keys import CANARIES, RESPONSE_CACHE, RUNTIME, SHADOW
 from gateway.request.relay import body_response, read_upstream_body, relay_body, relay_stream
-from gateway.request.stored_responses import continuing, created
+from gateway.request.stored_responses import created, led_by_previous
 from gateway.request.stream_resume import StreamResume, asks_token_ids, stream_resume
 from gateway.request.tracing import decision_attributes, span
 from gateway.request.upstream import UpstreamCall, client_request_headers, open_upstream
@@ -235,7 +235,7 @@ async def _serve_with_fallbacks(forward: Forward, first_pool: str) -> AnyRespons
             pools.append(select(fallback, forward.body, forward.request.headers, ctx.identity).pool)
     for index, pool_name in enumerate(pools):
         last = index == len(pools) - 1
-        if not last and not admission.gate.has_capacity(pool_name):
+        if not last and not admission.gate.has_room(pool_name):
             metrics.child(metrics.fallbacks, route.model, "saturated").inc()
             continue
         try:
@@ -265,7 +265,7 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
         payload = _upstream_payload(forward, pool, params, resumes)
         if forward.path == RESPONSES_PATH and "previous_response_id" in forward.body:
             previous = forward.body["previous_response_id"]
-            ranking = await continuing(forward.request, ctx, pool.name, previous, ranking)
+            ranking = await led_by_previous(forward.request, ctx, pool.name, previous, ranking)
         attempt = await open_upstream(
             call, ctx, pool, forward.path, payload, headers, forward.pick, ranking
         )

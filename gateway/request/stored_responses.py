@@ -76,31 +76,17 @@ async def locate(
     of their endpoints has it. ``NotFound`` when its creator is another tenant."""
     runtime = request.app[RUNTIME].current
     homes = request.app[RESPONSE_HOMES]
-    home = homes.get(response_id)
-    if home is not None:
-        owner = home.owner
-        if owner is not None and owner != owner_of(ctx.identity):
-            raise NotFound(response_not_found(response_id), param="response_id")
-        if home.pool in pools and _endpoint(runtime, home.pool, home.endpoint) is not None:
-            return home
-    candidates = [(p, e) for p in pools for e in runtime.endpoints.get(p, ())]
-    if not candidates:
-        return None
-    asked = [_has(runtime, ctx, pool, endpoint, response_id) for pool, endpoint in candidates]
-    for (pool, endpoint), found in zip(candidates, await asyncio.gather(*asked), strict=True):
-        if found:
-            home = Home(pool, endpoint.address, pools[pool], None)
-            homes.remember(response_id, home)
-            return home
-    return None
+    known = homes.get(response_id)
+    if known is not None and known.owner not in (None, owner_of(ctx.identity)):
+        raise NotFound(response_not_found(response_id), param="response_id")
+    candidates = {p: [e.address for e in runtime.endpoints.get(p, ())] for p in pools}
 
+    async def has(pool: str, address: str) -> bool:
+        call = runtime.calls[pool]
+        headers = upstream_headers([], ctx.request_id, runtime.policy.pools[pool])
+        return await holds(call.pool, address, response_id, headers, call.timeouts.first_byte)
 
-async def _has(
-    runtime: Runtime, ctx: RequestContext, pool: str, endpoint: EndpointState, response_id: str
-) -> bool:
-    call = runtime.calls[pool]
-    headers = upstream_headers([], ctx.request_id, runtime.policy.pools[pool])
-    return await holds(call.pool, endpoint.address, response_id, headers, call.timeouts.first_byte)
+    return await homes.find(response_id, candidates, has, pools.__getitem__)
 
 
 def _endpoint(runtime: Runtime, pool: str, address: str) -> EndpointState | None:
@@ -170,8 +156,8 @@ async def _send(
         attempt.close()
 
 
-class ContinuedRanking:
-    """A ranking whose first endpoint is the one holding the response a request continues
+class HomeFirstRanking:
+    """A ranking whose first endpoint is the one holding the response a create builds on
     (``previous_response_id``); the picker's ranking after it (retries)."""
 
     def __init__(self, home: EndpointState, ranking: Ranking) -> None:
@@ -194,10 +180,10 @@ class ContinuedRanking:
         self._ranking.finished(endpoint, prompt_tokens)
 
     def prefill(self) -> EndpointState | None:
-        return None  # the continued response's endpoint has its conversation: no hop
+        return None  # the previous response's endpoint has its conversation: no hop
 
 
-async def continuing(
+async def led_by_previous(
     request: Request, ctx: RequestContext, pool: str, previous: object, ranking: Ranking
 ) -> Ranking:
     """``ranking``, led by the endpoint that holds ``previous`` (a create's
@@ -208,4 +194,4 @@ async def continuing(
     if home is None:
         return ranking  # nowhere: the endpoint the picker chose answers that it has none
     endpoint = _endpoint(request.app[RUNTIME].current, pool, home.endpoint)
-    return ranking if endpoint is None else ContinuedRanking(endpoint, ranking)
+    return ranking if endpoint is None else HomeFirstRanking(endpoint, ranking)

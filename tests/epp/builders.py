@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from epp.framework import Endpoint, EndpointMetrics, EndpointSpec, SchedulingRequest
+from epp.framework import Endpoint, EndpointMetadata, EndpointMetrics, SchedulingRequest
 
 
 def make_endpoint(
@@ -32,7 +32,7 @@ def make_endpoint(
         max_loras=max_loras,
         scraped_at=time.monotonic() if fresh else 0.0,
     )
-    return Endpoint(EndpointSpec(address, pool, role), metrics, capacity=capacity)
+    return Endpoint(EndpointMetadata(address, pool, role), metrics, capacity=capacity)
 
 
 def make_request(

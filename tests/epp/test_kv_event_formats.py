@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgpack
 
-from epp.framework import Endpoint, EndpointSpec
+from epp.framework import Endpoint, EndpointMetadata
 from epp.indexes.precise import PreciseIndex, block_keys
 from epp.kv_events import KVEventSubscriber
 
@@ -56,7 +56,7 @@ OLDER = [
 
 async def feed(history: list[list[object]]) -> PreciseIndex:
     index = PreciseIndex()
-    subscriber = KVEventSubscriber(index, [Endpoint(EndpointSpec(A, "p", kv_events_port=1))])
+    subscriber = KVEventSubscriber(index, [Endpoint(EndpointMetadata(A, "p", kv_events_port=1))])
     for seq, batch in enumerate(history):
         await subscriber.handle(subscriber.endpoints[0], frames(seq, batch))
     assert subscriber.batches == len(history)
@@ -72,7 +72,7 @@ async def test_both_formats_build_the_same_index() -> None:
 
 async def test_malformed_messages_are_skipped() -> None:
     index = PreciseIndex()
-    subscriber = KVEventSubscriber(index, [Endpoint(EndpointSpec(A, "p", kv_events_port=1))])
+    subscriber = KVEventSubscriber(index, [Endpoint(EndpointMetadata(A, "p", kv_events_port=1))])
     await subscriber.handle(subscriber.endpoints[0], [b"topic", b"short", b""])
     await subscriber.handle(subscriber.endpoints[0], [b"t", (0).to_bytes(8, "big"), b"\xc1"])
     assert subscriber.batches == 0 and index.last_seq(A) == -1

@@ -12,7 +12,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from epp.framework import Endpoint, EndpointSpec
+from epp.framework import Endpoint, EndpointMetadata
 from epp.indexes.precise import PreciseIndex, block_keys
 from epp.kv_events import END_SEQ, KVEventSubscriber
 from kvgate.wire.kv_events import BlockStored, encode_batch
@@ -56,7 +56,7 @@ async def test_a_missed_batch_is_replayed_before_the_next_and_reading_goes_on() 
     sent: list[int] = []  # what the engine has published (its replay buffer)
     replies = asyncio.create_task(serve_replay(router, asked, sent))
     endpoint = Endpoint(
-        EndpointSpec(
+        EndpointMetadata(
             "127.0.0.1:1", "p", kv_events_port=events_port, kv_events_replay_port=replay_port
         )
     )

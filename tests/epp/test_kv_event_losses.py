@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from epp.framework import Endpoint, EndpointSpec
+from epp.framework import Endpoint, EndpointMetadata
 from epp.indexes.precise import KVEventHooks, PreciseIndex
 from epp.indexes.precise_cache import PrecisePrefixCache
 from epp.kv_events import KVEventSubscriber
@@ -53,7 +53,7 @@ async def test_unusable_messages_are_counted_each_time_and_logged_once(
 ) -> None:
     heard = Heard()
     subscriber = KVEventSubscriber(
-        PreciseIndex(hooks=heard.hooks()), [Endpoint(EndpointSpec(A, "p", kv_events_port=1))]
+        PreciseIndex(hooks=heard.hooks()), [Endpoint(EndpointMetadata(A, "p", kv_events_port=1))]
     )
     endpoint = subscriber.endpoints[0]
     with caplog.at_level(logging.WARNING, logger="epp.kv_events"):

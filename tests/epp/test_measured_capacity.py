@@ -8,7 +8,7 @@ import msgpack
 import pytest
 
 from epp.datastore import Datastore
-from epp.framework import Endpoint, EndpointMetrics, EndpointSpec
+from epp.framework import Endpoint, EndpointMetadata, EndpointMetrics
 from epp.measured_capacity import DecodeSpeeds
 from epp.metrics_parser import SGLANG, VLLM, parse_metrics
 from epp.pick_exchange import decode_metrics, encode_metrics
@@ -28,8 +28,8 @@ def scraped(endpoint: Endpoint, gaps: float, seconds: float) -> None:
 
 def test_a_three_times_faster_engine_gets_three_times_the_capacity() -> None:
     fast, slow = (
-        Endpoint(EndpointSpec("10.0.0.1:8000", "p")),
-        Endpoint(EndpointSpec("10.0.0.2:8000", "p")),
+        Endpoint(EndpointMetadata("10.0.0.1:8000", "p")),
+        Endpoint(EndpointMetadata("10.0.0.2:8000", "p")),
     )
     pool, speeds = [fast, slow], DecodeSpeeds()
     for scrape in range(6):  # 30 more gaps each time: 60 and 20 tokens/s per request
@@ -42,7 +42,7 @@ def test_a_three_times_faster_engine_gets_three_times_the_capacity() -> None:
 
 
 def test_idle_intervals_a_restarted_engine_and_the_unmeasured_say_nothing() -> None:
-    busy, idle, new = (Endpoint(EndpointSpec(f"10.0.0.{n}:8000", "p")) for n in (1, 2, 3))
+    busy, idle, new = (Endpoint(EndpointMetadata(f"10.0.0.{n}:8000", "p")) for n in (1, 2, 3))
     pool, speeds = [busy, idle, new], DecodeSpeeds()
     for gaps, seconds in ((1_000.0, 20.0), (1_050.0, 21.0), (10.0, 0.2), (10.0, 0.2)):
         scraped(busy, gaps, seconds)  # 50 tokens/s; then a restart; then nothing made
@@ -56,8 +56,8 @@ def test_idle_intervals_a_restarted_engine_and_the_unmeasured_say_nothing() -> N
 
 def test_the_speed_is_smoothed_and_the_capacity_bounded() -> None:
     quick, crawl = (
-        Endpoint(EndpointSpec("10.0.0.1:8000", "p")),
-        Endpoint(EndpointSpec("10.0.0.2:8000", "p")),
+        Endpoint(EndpointMetadata("10.0.0.1:8000", "p")),
+        Endpoint(EndpointMetadata("10.0.0.2:8000", "p")),
     )
     pool, speeds = [quick, crawl], DecodeSpeeds()
     for endpoint, totals in (

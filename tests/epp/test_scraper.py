@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from epp.datastore import Datastore
-from epp.framework import Endpoint, EndpointLoad, EndpointMetrics, EndpointSpec
+from epp.framework import Endpoint, EndpointLoad, EndpointMetadata, EndpointMetrics
 from epp.metrics_parser import VLLM, MetricNames, parse_metrics
 from epp.scraper import MetricsScraper
 from kvgate.in_flight import InFlight
@@ -217,7 +217,9 @@ def test_accounted_for_means_the_pickers_own_doing_far_from_saturation(
     )
     scraper = MetricsScraper(Datastore(policy))
     endpoint = Endpoint(
-        EndpointSpec("127.0.0.1:1", "p"), metrics=metrics, load=EndpointLoad(InFlight(in_flight))
+        EndpointMetadata("127.0.0.1:1", "p"),
+        metrics=metrics,
+        load=EndpointLoad(InFlight(in_flight)),
     )
     endpoint.load.dispatched = dispatched
     assert scraper.accounted(endpoint) is accounted

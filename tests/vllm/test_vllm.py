@@ -21,7 +21,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from bench.envoy_messages import body_messages, headers_message
-from epp.framework import Endpoint, EndpointSpec
+from epp.framework import Endpoint, EndpointMetadata
 from epp.indexes.precise import PreciseIndex, block_keys
 from epp.kv_events import KVEventSubscriber
 from epp.metrics_parser import VLLM, parse_metrics
@@ -334,7 +334,7 @@ async def test_a_restarted_engine_is_cleared_from_the_index(
     """Last in this file: it restarts a server. Its sequence numbers start again at 0, so the
     subscriber clears what it knew of the old process."""
     server = vllm_servers[1]
-    endpoint = Endpoint(EndpointSpec(server.address, "p", kv_events_port=server.events_port))
+    endpoint = Endpoint(EndpointMetadata(server.address, "p", kv_events_port=server.events_port))
     index = PreciseIndex()
     subscriber = KVEventSubscriber(index, [endpoint])
     tokenizer = make_tokenizer(tiny_model)

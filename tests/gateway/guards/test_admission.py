@@ -9,7 +9,7 @@ import pytest
 
 from gateway.base.errors import Expired, QueueFull
 from gateway.guards.admission import AdmissionQueue
-from gateway.guards.capacity import ConcurrencyGate
+from gateway.guards.admission_gate import ConcurrencyGate
 from policies.schema import DEFAULT_CLASSES, PriorityClass
 
 CLASSES = dict(DEFAULT_CLASSES)

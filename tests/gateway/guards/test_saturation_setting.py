@@ -13,7 +13,7 @@ from epp.filters.saturation import SaturationFilter
 from epp.metrics import EppMetrics
 from epp.servers.ext_proc import ExternalProcessor
 from gateway.base.metrics import GatewayMetrics
-from gateway.reload import capacity_gate
+from gateway.reload import admission_gate
 from gateway.request.runtime import Runtime, RuntimeParts, build_runtime
 from kvgate.api.envoy import external_processor_pb2 as ep
 from kvgate.wire.http.connection_pool import ConnectionPool
@@ -49,7 +49,7 @@ def runtime_with_load(waiting: tuple[int, int], kv: tuple[float, float]) -> Runt
 
 
 def gate_open(runtime: Runtime) -> bool:
-    return capacity_gate(runtime).has_capacity("p")
+    return admission_gate(runtime).has_room("p")
 
 
 async def ext_proc_status(runtime: Runtime, objective: str = "sheddable") -> int:

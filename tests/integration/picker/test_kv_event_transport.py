@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from epp.framework import Endpoint, EndpointSpec
+from epp.framework import Endpoint, EndpointMetadata
 from epp.indexes.precise import PreciseIndex, block_keys
 from epp.kv_events import KVEventSubscriber
 from kvgate.wire.tokenizer import ByteTokenizer
@@ -50,7 +50,8 @@ async def test_engines_connect_to_one_socket_the_epp_binds(
         for _ in range(2)
     ]
     endpoints = [
-        Endpoint(EndpointSpec(u.removeprefix("http://"), "p", kv_events_bind=bound)) for u in urls
+        Endpoint(EndpointMetadata(u.removeprefix("http://"), "p", kv_events_bind=bound))
+        for u in urls
     ]
     index = PreciseIndex()
     subscriber = KVEventSubscriber(index, endpoints)
@@ -89,7 +90,7 @@ async def test_replay_fills_in_what_was_sent_before_the_subscriber_attached(
     await complete(url, PROMPT)  # published before anyone listens: lost on PUB/SUB
     for with_replay in (False, True):
         endpoint = Endpoint(
-            EndpointSpec(
+            EndpointMetadata(
                 address,
                 "p",
                 kv_events_port=events,

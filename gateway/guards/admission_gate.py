@@ -1,5 +1,6 @@
-"""Capacity gates: may a pool take another request now? The admission queue asks before it
-dispatches, and is told when capacity may have come back."""
+"""Admission gates: may a pool take another request now (its concurrency limit, its engines'
+saturation)? The admission queue asks before it dispatches, and is told when room may have
+come back. Not an endpoint's capacity, which is its relative speed (``EndpointSpec.capacity``)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from epp.framework import Endpoint
 from epp.saturation import SaturationDetector
 
 
-class CapacityGate(Protocol):
+class AdmissionGate(Protocol):
     """Whether a pool may take another request now; told of each dispatch and release."""
 
-    def has_capacity(self, pool: str) -> bool:
+    def has_room(self, pool: str) -> bool:
         """True if one more request may be dispatched to ``pool`` now."""
         ...
 
@@ -38,7 +39,7 @@ class ConcurrencyGate:
         self.limits = limits
         self.in_flight = {pool: (carried or {}).get(pool, 0) for pool in limits}
 
-    def has_capacity(self, pool: str) -> bool:
+    def has_room(self, pool: str) -> bool:
         limit = self.limits.get(pool)
         return limit is None or self.in_flight.get(pool, 0) < limit
 
@@ -69,7 +70,7 @@ class SaturationGate:
         self.detector = detector
         self.on_read = on_read
 
-    def has_capacity(self, pool: str) -> bool:
+    def has_room(self, pool: str) -> bool:
         known = [e for e in self.endpoints(pool) if e.metrics.scraped_at and e.healthy]
         if not known or not self.detector.all_saturated(known):
             return True
@@ -83,7 +84,7 @@ class SaturationGate:
         return None
 
 
-def in_flight_counts(gate: CapacityGate | None) -> dict[str, int]:
+def in_flight_counts(gate: AdmissionGate | None) -> dict[str, int]:
     """The per-pool in-flight counts that ``gate`` (or a gate it combines) keeps."""
     if isinstance(gate, ConcurrencyGate):
         return dict(gate.in_flight)
@@ -98,11 +99,11 @@ def in_flight_counts(gate: CapacityGate | None) -> dict[str, int]:
 class AllGates:
     """Capacity only when every gate agrees."""
 
-    def __init__(self, *gates: CapacityGate) -> None:
+    def __init__(self, *gates: AdmissionGate) -> None:
         self.gates = gates
 
-    def has_capacity(self, pool: str) -> bool:
-        return all(g.has_capacity(pool) for g in self.gates)
+    def has_room(self, pool: str) -> bool:
+        return all(g.has_room(pool) for g in self.gates)
 
     def acquire(self, pool: str) -> None:
         for gate in self.gates:
