@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import logging
 
+from gateway.base.api import api_of
 from gateway.base.errors import GatewayError, error_response
 from kvgate.wire.http.messages import Request, Response, json_response
-from kvgate.wire.messages_api import MESSAGES_PATH, error_body
+from kvgate.wire.messages_api import error_body
 
 log = logging.getLogger("kvgate.gateway")
 
@@ -24,7 +25,7 @@ def response_for(request: Request, exc: Exception) -> Response:
 
 def error_on(path: str, exc: GatewayError) -> Response:
     """``exc`` as the API of ``path`` shapes its errors."""
-    if path == MESSAGES_PATH:
+    if api_of(path).anthropic_errors:
         body = error_body(exc.status, exc.message)
         return json_response(body, status=exc.status, headers=exc.headers)
     return exc.to_response()

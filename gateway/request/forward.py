@@ -4,6 +4,7 @@ lists them)."""
 
 from __future__ import annotations
 
+from gateway.base.api import Api
 from gateway.base.context import RequestContext
 from gateway.base.errors import BadRequest, ModelNotFound, NotFound
 from gateway.request.explain import explain_mode
@@ -13,9 +14,7 @@ from gateway.request.runtime import RuntimeHolder
 from gateway.response_cache.cache import Keep
 from gateway.routing.endpoint_picker import PickRequest
 from kvgate.wire.http.messages import Request
-from kvgate.wire.messages_api import MESSAGES_PATH, chat_messages
 from kvgate.wire.openai_errors import MODEL_REQUIRED, unknown_model
-from kvgate.wire.responses_api import RESPONSES_PATH, input_messages
 from policies.schema import Policy, Route
 
 
@@ -24,6 +23,7 @@ class Forward:
     made per request)."""
 
     __slots__ = (
+        "api",
         "body",
         "client_wants_usage",
         "ctx",
@@ -45,6 +45,7 @@ class Forward:
         holder: RuntimeHolder,
         ctx: RequestContext,
         path: str,
+        api: Api,
         raw: bytes,
         body: dict[str, object],
         route: Route,
@@ -56,6 +57,7 @@ class Forward:
         self.runtime = holder.current  # the policy's
         self.ctx = ctx
         self.path = path  # the upstream path
+        self.api = api  # the API it speaks
         self.raw = raw  # the client's body as sent (decoded)
         self.body = body  # ... parsed (changed by the gateway where ``rewritten``)
         self.rewritten = False  # the body differs from ``raw`` (an output limit was set)
@@ -63,17 +65,17 @@ class Forward:
         self.client_wants_usage = client_wants_usage
         self.form = form  # a multipart body: forwarded as sent, but for its model field
         self.pick = PickRequest(
-            ctx.model, _routed_body(path, body), request.headers, ctx.identity, ctx.request_id
+            ctx.model, api.routed(body), request.headers, ctx.identity, ctx.request_id
         )
         self.keep: Keep | None = None  # where the answer is kept (the response cache missed)
 
 
 def parse(
-    request: Request, holder: RuntimeHolder, ctx: RequestContext, path: str, streams: bool
+    request: Request, holder: RuntimeHolder, ctx: RequestContext, path: str, api: Api
 ) -> Forward:
     """Read the body (bounded in size and depth), find the route of its model (which the
     caller must be allowed and which must take ``path``), and whether the answer streams
-    (``streams``: whether the endpoint can) and reports usage to the client."""
+    (where ``api`` can) and reports usage to the client."""
     policy = holder.current.policy
     listen = policy.listen
     forms = path in policy.passthrough_paths
@@ -82,13 +84,13 @@ def parse(
     if route.explain is not None:
         ctx.explain = explain_mode(route.explain, request.headers, ctx)
     stream = body.get("stream")
-    ctx.stream = (streams and stream is True) or (form is not None and stream == "true")
+    ctx.stream = (api.streams and stream is True) or (form is not None and stream == "true")
     options = body.get("stream_options")
     # a form's stream is passed on as it is: nothing is added to it, so nothing is stripped
     client_wants_usage = form is not None or (
         isinstance(options, dict) and options.get("include_usage") is True
     )
-    return Forward(request, holder, ctx, path, raw, body, route, client_wants_usage, form)
+    return Forward(request, holder, ctx, path, api, raw, body, route, client_wants_usage, form)
 
 
 def _route(policy: Policy, ctx: RequestContext, path: str, body: dict[str, object]) -> Route:
@@ -102,13 +104,3 @@ def _route(policy: Policy, ctx: RequestContext, path: str, body: dict[str, objec
     if path in policy.passthrough_paths and path not in route.paths:
         raise NotFound(f"{path} is not enabled for the model `{model}` (its route's paths)")
     return route
-
-
-def _routed_body(path: str, body: dict[str, object]) -> dict[str, object]:
-    """The body the picker reads: a response's input and a message's system prompt and content
-    blocks as the chat messages they render to."""
-    if path == RESPONSES_PATH:
-        return {**body, "messages": input_messages(body)}
-    if path == MESSAGES_PATH:
-        return {**body, "messages": chat_messages(body)}
-    return body

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from gateway.base.api import Api
 from gateway.base.context import RequestContext
 from gateway.base.errors import (
     BadRequest,
@@ -50,37 +51,24 @@ from kvgate.wire.http.messages import (
     StreamResponse,
     header_line,
 )
-from kvgate.wire.messages_api import MESSAGES_PATH
 from kvgate.wire.model_name import model_restorer
 from kvgate.wire.output_limit import OUTPUT_LIMITS
-from kvgate.wire.responses_api import RESPONSES_PATH, id_in_body
+from kvgate.wire.responses_api import id_in_body
 from kvgate.wire.routing_headers import INFERENCE_OBJECTIVE
-from kvgate.wire.sse import MessagesRelay, ResponsesRelay, SSERelay
+from kvgate.wire.sse import SSERelay
 from policies.schema import Pool
 from policies.spend_section import Price
 
-# the streams that report usage in a last chunk only when stream_options asks for it
-OPENAI_STREAMS = frozenset({"/v1/chat/completions", "/v1/completions"})
-# where an API takes its output limit, when the request names none
-OUTPUT_FIELDS = {
-    "/v1/chat/completions": "max_tokens",
-    "/v1/completions": "max_tokens",
-    RESPONSES_PATH: "max_output_tokens",
-    MESSAGES_PATH: "max_tokens",
-}
 
-
-async def proxy(
-    request: Request, ctx: RequestContext, path: str, streams: bool = True
-) -> AnyResponse:
-    """Proxy one OpenAI API request (``path``: the upstream path; ``streams``: whether the
-    endpoint can stream), step by step: parse it and find its route, choose the route's arm,
-    answer from the response cache or reserve its limits, serve it from the arm's pool (or its
-    fallbacks; with its shadow copy), settle what it used."""
-    forward = parse(request, request.app[RUNTIME], ctx, path, streams)
+async def proxy(request: Request, ctx: RequestContext, path: str, api: Api) -> AnyResponse:
+    """Proxy one request of ``api`` (``path``: the upstream path), step by step: parse it and
+    find its route, choose the route's arm, answer from the response cache or reserve its
+    limits, serve it from the arm's pool (or its fallbacks; with its shadow copy), settle what
+    it used."""
+    forward = parse(request, request.app[RUNTIME], ctx, path, api)
     runtime = forward.runtime
     selection = _arm(forward)
-    if forward.route.cache is not None and forward.form is None:
+    if forward.route.cache is not None and forward.form is None and api.cacheable:
         hit = await _cached(forward, selection.pool)
         if hit is not None:  # spends no limit, reaches no engine
             return hit
@@ -119,7 +107,7 @@ async def _cached(forward: Forward, pool: str) -> Response | None:
     assert route.cache is not None
     cache = request.app[RESPONSE_CACHE]
     hit, forward.keep = await cache.look_up(
-        ctx, route.cache, forward.path, forward.body, request.headers, pool
+        ctx, route.cache, forward.api, forward.body, request.headers, pool
     )
     if hit is not None:
         for name, value in (await forward.runtime.limiter.spend_remaining(ctx.identity)).items():
@@ -151,7 +139,7 @@ async def _reserve(forward: Forward, pool: str) -> Reservation | None:
 def _hold_to_output_limit(forward: Forward, limit: int) -> None:
     """Tell the engine the output limit a budget reserved, where the request asks for more or
     names none (the engine would write up to its context): a budget is a cap."""
-    field = OUTPUT_FIELDS.get(forward.path)
+    field = forward.api.output_field
     if field is None or limit <= 0:
         return
     body = forward.body
@@ -259,11 +247,13 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
     try:
         call, headers, ranking = _ranked(forward, pool)
         params = await _prefill(forward, pool, call, headers, ranking)
-        resumes = forward.form is None and stream_resume(
-            call, ctx, forward.path, forward.body, forward.route.resume
+        resumes = (
+            forward.api.resumable
+            and forward.form is None
+            and stream_resume(call, ctx, forward.path, forward.body, forward.route.resume)
         )
         payload = _upstream_payload(forward, pool, params, resumes)
-        if forward.path == RESPONSES_PATH and "previous_response_id" in forward.body:
+        if forward.api.stored and "previous_response_id" in forward.body:
             previous = forward.body["previous_response_id"]
             ranking = await led_by_previous(forward.request, ctx, pool.name, previous, ranking)
         attempt = await open_upstream(
@@ -349,7 +339,7 @@ async def _relayed(
         if upstream.content_type != "application/json":  # nothing in it to read
             return await relay_body(request, ctx, attempt, upstream, idle)
         data = await read_upstream_body(ctx, attempt, upstream, idle)
-    if forward.path == RESPONSES_PATH and upstream.status == 200:
+    if forward.api.stored and upstream.status == 200:
         created(request, ctx, id_in_body(data))
     response = body_response(ctx, upstream, data, model_restorer(pool.model, ctx.model))
     if forward.keep is not None:
@@ -393,7 +383,7 @@ async def _streamed(
     streamed = await relay_stream(
         request, ctx, attempt, upstream, idle, relay, resume, restore, copy, copy_limit
     )
-    if forward.path == RESPONSES_PATH:
+    if forward.api.stored:
         created(request, ctx, relay.response_id)
     elif keep is not None:
         keep.stream(ctx, streamed.copy is not None)
@@ -410,7 +400,7 @@ def _upstream_payload(
         return (
             form.with_model(pool.model) if pool.model and pool.model != ctx.model else forward.raw
         )
-    add_usage = ctx.stream and not forward.client_wants_usage and forward.path in OPENAI_STREAMS
+    add_usage = ctx.stream and not forward.client_wants_usage and forward.api.usage_on_request
     add_ids = resumes and asks_token_ids(pool, body)
     add_counts = resumes and not pool.returns_token_ids
     if (
@@ -439,12 +429,8 @@ def _stream_relay(
     forward: Forward, pool: Pool, payload: bytes, headers: bytes, resumes: bool
 ) -> tuple[SSERelay, StreamResume | None]:
     """How the upstream's stream is relayed, and how it goes on if its engine fails."""
-    if forward.path == RESPONSES_PATH:
-        return ResponsesRelay(), None
-    if forward.path == MESSAGES_PATH:
-        return MessagesRelay(), None
     if not resumes:
-        return SSERelay(strip_usage=not forward.client_wants_usage), None
+        return forward.api.relay(strip_usage=not forward.client_wants_usage), None
     ctx = forward.ctx
     resume = StreamResume(
         forward.runtime.calls[pool.name],

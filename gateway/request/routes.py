@@ -17,6 +17,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from gateway.base.api import APIS, PASSTHROUGH, Api
 from gateway.base.context import RequestContext
 from gateway.base.errors import (
     Forbidden,
@@ -43,8 +44,6 @@ from gateway.request.runtime import RuntimeHolder, dead_pools
 from gateway.request.stored_responses import by_id, route_name
 from kvgate.wire.http.messages import AnyResponse, Request, Response, header_line, json_response
 from kvgate.wire.http.server import SHUTDOWN_CUT
-from kvgate.wire.messages_api import MESSAGES_PATH
-from kvgate.wire.responses_api import RESPONSES_PATH
 from kvgate.wire.responses_api import STORED_PREFIX as RESPONSE_PREFIX
 from policies.schema import Observability
 
@@ -135,22 +134,18 @@ class Proxied:
     """The handler of a proxied OpenAI path (a plain call: no partial with keywords, no extra
     coroutine, per request)."""
 
-    __slots__ = ("path", "streams")
+    __slots__ = ("api", "path")
 
-    def __init__(self, path: str, *, streams: bool = True) -> None:
-        self.path = path  # the upstream path
-        self.streams = streams  # whether the endpoint can stream
+    def __init__(self, api: Api, path: str = "") -> None:
+        self.api = api  # what the gateway knows of the API
+        self.path = path or api.path  # the upstream path
 
     def __call__(self, request: Request, ctx: RequestContext) -> Awaitable[AnyResponse]:
-        return proxy.proxy(request, ctx, self.path, self.streams)
+        return proxy.proxy(request, ctx, self.path, self.api)
 
 
 ROUTES: dict[str, dict[str, RouteHandler]] = {
-    "/v1/chat/completions": {"POST": Proxied("/v1/chat/completions")},
-    "/v1/completions": {"POST": Proxied("/v1/completions")},
-    "/v1/embeddings": {"POST": Proxied("/v1/embeddings", streams=False)},
-    RESPONSES_PATH: {"POST": Proxied(RESPONSES_PATH)},
-    MESSAGES_PATH: {"POST": Proxied(MESSAGES_PATH)},
+    **{path: {"POST": Proxied(api)} for path, api in APIS.items()},
     "/v1/models": {"GET": models},
     "/healthz": {"GET": healthz},
     "/readyz": {"GET": readyz},
@@ -178,7 +173,7 @@ def _route(request: Request, ctx: RequestContext) -> RouteHandler:
         elif path == policy.observability.metrics_path:
             methods = METRICS_ROUTE
         elif path in policy.passthrough_paths:
-            methods = {"POST": Proxied(path, streams=False)}
+            methods = {"POST": Proxied(PASSTHROUGH, path)}
         else:
             ctx.route = "other"
             return Refusal(NotFound(f"no route for {path}"))

@@ -17,6 +17,7 @@ from gateway.base.context import RequestContext
 from gateway.base.errors import GatewayError
 from gateway.request.attempt import Attempt
 from gateway.request.continuation import (
+    CHAT,
     ContinuationRelay,
     Progress,
     continuation,
@@ -174,7 +175,7 @@ class StreamResume:
     def _progress(self, relay: SSERelay) -> Progress:
         if isinstance(relay, ContinuationRelay):
             return relay.progress
-        return Progress.of(self.path != "/v1/completions", relay.recorded or [])
+        return Progress.of(self.path == CHAT, relay.recorded or [])
 
     def _count(self, outcome: str) -> None:
         metrics = self.call.metrics

@@ -19,23 +19,21 @@ from collections.abc import Mapping
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from gateway.base.api import Api
 from gateway.base.context import RequestContext
 from gateway.response_cache.stores import KeptAnswer, MemoryAnswers, RedisAnswers
 from kvgate.wire.http.messages import Response
 from policies.cache_section import ResponseCacheStore, RouteCache
 from policies.schema import Policy
 
-CACHEABLE_PATHS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages"}
-)
 HEADER = "x-kvgate-cache"
 _JSON, _SSE = "application/json", "text/event-stream"
 
 
-def deterministic(path: str, body: Mapping[str, object]) -> bool:
+def deterministic(api: Api, body: Mapping[str, object]) -> bool:
     """Whether the same body always gets the same answer: an embedding, a greedy request
     (``temperature`` 0) or a seeded one (the other sampling parameters are in the key)."""
-    if path == "/v1/embeddings":
+    if api.deterministic:
         return True
     temperature = body.get("temperature")
     if type(temperature) in (int, float) and temperature == 0:
@@ -158,7 +156,7 @@ class ResponseCache:
         self,
         ctx: RequestContext,
         route: RouteCache,
-        path: str,
+        api: Api,
         body: Mapping[str, object],
         headers: Mapping[str, str],
         pool: str,
@@ -166,17 +164,17 @@ class ResponseCache:
         """The kept answer to this request (a hit), else where to keep its answer (a miss;
         None when it is not to be kept)."""
         said = directives(headers)
-        if path not in CACHEABLE_PATHS or "no-store" in said or not deterministic(path, body):
+        if not api.cacheable or "no-store" in said or not deterministic(api, body):
             self._count(ctx, "bypass")
             return None, None
         tenant = "*" if route.across_tenants else ctx.tenant
         if "no-cache" not in said:
-            answer = await self._get(cache_key(tenant, path, pool, body))
+            answer = await self._get(cache_key(tenant, api.path, pool, body))
             if answer is not None:
                 self._count(ctx, "hit")
                 return self._replay(ctx, answer), None
         self._count(ctx, "miss")
-        return None, Keep(self, tenant, path, body, pool, route.ttl)
+        return None, Keep(self, tenant, api.path, body, pool, route.ttl)
 
     async def _get(self, key: str) -> KeptAnswer | None:
         answer = self.memory.get(key)

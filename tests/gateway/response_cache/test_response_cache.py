@@ -9,6 +9,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gateway.base.api import COMPLETIONS, EMBEDDINGS, RESPONSES
 from gateway.base.context import RequestContext
 from gateway.base.identity import Identity
 from gateway.response_cache.cache import (
@@ -40,11 +41,11 @@ from policies.schema import EndpointSpec, Policy, Pool
 def test_only_greedy_or_seeded_sampling_is_deterministic(
     body: dict[str, object], expected: bool
 ) -> None:
-    assert deterministic("/v1/completions", body) is expected
+    assert deterministic(COMPLETIONS, body) is expected
 
 
 def test_an_embedding_is_always_deterministic() -> None:
-    assert deterministic("/v1/embeddings", {"input": "x"})
+    assert deterministic(EMBEDDINGS, {"input": "x"})
 
 
 def test_cache_control_directives_are_read_case_blind() -> None:
@@ -118,11 +119,11 @@ GREEDY = {"model": "m", "prompt": "p", "temperature": 0}
 async def test_a_kept_answer_is_replayed_with_its_age_and_verdicts() -> None:
     cache = cache_for()
     ctx = context()
-    hit, keep = await cache.look_up(ctx, RouteCache(), "/v1/completions", GREEDY, {}, "p")
+    hit, keep = await cache.look_up(ctx, RouteCache(), COMPLETIONS, GREEDY, {}, "p")
     assert hit is None and keep is not None and ctx.extra_headers == {HEADER: "miss"}
     keep.answer(ctx, 200, "application/json", b'{"answer": 1}')
     ctx = context()
-    hit, keep = await cache.look_up(ctx, RouteCache(), "/v1/completions", GREEDY, {}, "p")
+    hit, keep = await cache.look_up(ctx, RouteCache(), COMPLETIONS, GREEDY, {}, "p")
     assert hit is not None and keep is None
     assert (hit.body, hit.status, ctx.endpoint, ctx.cache) == (
         b'{"answer": 1}',
@@ -131,9 +132,7 @@ async def test_a_kept_answer_is_replayed_with_its_age_and_verdicts() -> None:
         "hit",
     )
     assert dict(hit.headers)["age"] == "0"
-    other, _ = await cache.look_up(
-        context("beta"), RouteCache(), "/v1/completions", GREEDY, {}, "p"
-    )
+    other, _ = await cache.look_up(context("beta"), RouteCache(), COMPLETIONS, GREEDY, {}, "p")
     assert other is None  # another tenant's
 
 
@@ -144,18 +143,18 @@ async def test_only_whole_200_answers_within_the_entry_size_are_kept() -> None:
         (200, "text/plain", b"x"),
         (200, "application/json", b"x" * 11),
     ]:
-        _, keep = await cache.look_up(context(), RouteCache(), "/v1/completions", GREEDY, {}, "p")
+        _, keep = await cache.look_up(context(), RouteCache(), COMPLETIONS, GREEDY, {}, "p")
         assert keep is not None
         keep.answer(context(), status, content_type, data)
     ctx = context()
     ctx.status, ctx.error = 200, "upstream_stream_broken"
-    _, keep = await cache.look_up(ctx, RouteCache(), "/v1/completions", GREEDY, {}, "p")
+    _, keep = await cache.look_up(ctx, RouteCache(), COMPLETIONS, GREEDY, {}, "p")
     assert keep is not None
     keep.copy.append(b"data: {}\n\n")
     keep.stream(ctx, copied=True)
     ctx = context()
     ctx.status = 200
-    _, keep = await cache.look_up(ctx, RouteCache(), "/v1/completions", GREEDY, {}, "p")
+    _, keep = await cache.look_up(ctx, RouteCache(), COMPLETIONS, GREEDY, {}, "p")
     assert keep is not None
     keep.stream(ctx, copied=False)  # dropped as it was written: over max_entry
     assert cache.memory.bytes == 0
@@ -164,28 +163,24 @@ async def test_only_whole_200_answers_within_the_entry_size_are_kept() -> None:
 async def test_an_answer_is_kept_under_the_pool_that_served_it() -> None:
     cache = cache_for()
     ctx = context()
-    _, keep = await cache.look_up(ctx, RouteCache(), "/v1/completions", GREEDY, {}, "primary")
+    _, keep = await cache.look_up(ctx, RouteCache(), COMPLETIONS, GREEDY, {}, "primary")
     assert keep is not None
     ctx.pool = "fallback"  # the primary was saturated: a fallback model answered
     keep.answer(ctx, 200, "application/json", b'{"from": "fallback"}')
-    primary, _ = await cache.look_up(
-        context(), RouteCache(), "/v1/completions", GREEDY, {}, "primary"
-    )
+    primary, _ = await cache.look_up(context(), RouteCache(), COMPLETIONS, GREEDY, {}, "primary")
     assert primary is None  # the primary's requests never get the fallback's answer
-    fallback, _ = await cache.look_up(
-        context(), RouteCache(), "/v1/completions", GREEDY, {}, "fallback"
-    )
+    fallback, _ = await cache.look_up(context(), RouteCache(), COMPLETIONS, GREEDY, {}, "fallback")
     assert fallback is not None and fallback.body == b'{"from": "fallback"}'
 
 
 async def test_the_callers_directives_and_other_paths_bypass() -> None:
     cache = cache_for()
-    for path, headers in [
-        ("/v1/responses", {}),
-        ("/v1/completions", {"cache-control": "no-store"}),
+    for api, headers in [
+        (RESPONSES, {}),
+        (COMPLETIONS, {"cache-control": "no-store"}),
     ]:
         ctx = context()
-        assert await cache.look_up(ctx, RouteCache(), path, GREEDY, headers, "p") == (None, None)
+        assert await cache.look_up(ctx, RouteCache(), api, GREEDY, headers, "p") == (None, None)
         assert ctx.cache == "bypass"
 
 
@@ -193,17 +188,15 @@ async def test_answers_in_redis_are_found_by_another_cache(redis_server: RedisSe
     registry = CollectorRegistry()
     first = cache_for(store="redis", url=redis_server.url)
     second = cache_for(registry, store="redis", url=redis_server.url)
-    _, keep = await first.look_up(context(), RouteCache(), "/v1/completions", GREEDY, {}, "p")
+    _, keep = await first.look_up(context(), RouteCache(), COMPLETIONS, GREEDY, {}, "p")
     assert keep is not None
     keep.answer(context(), 200, "application/json", b'{"shared": true}')
     await asyncio.sleep(0.2)  # the write is in the background
-    hit, _ = await second.look_up(context(), RouteCache(), "/v1/completions", GREEDY, {}, "p")
+    hit, _ = await second.look_up(context(), RouteCache(), COMPLETIONS, GREEDY, {}, "p")
     assert hit is not None and hit.body == b'{"shared": true}'
     redis_server.stop()
     ctx = context()
-    missed, _ = await second.look_up(
-        ctx, RouteCache(), "/v1/completions", {**GREEDY, "n": 1}, {}, "p"
-    )
+    missed, _ = await second.look_up(ctx, RouteCache(), COMPLETIONS, {**GREEDY, "n": 1}, {}, "p")
     assert missed is None and ctx.cache == "miss"
     assert registry.get_sample_value("kvgate_response_cache_store_errors_total") == 1
     await first.close()
