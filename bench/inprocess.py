@@ -31,8 +31,8 @@ from aiohttp import web
 from bench.mock_upstream import BODY, STREAM, USAGE_CHUNK
 from gateway.app import create_app
 from gateway.request.error_responses import http_error
-from gateway.request.keys import UPSTREAMS
 from gateway.request.routes import handle
+from gateway.request.state import STATE
 from kvgate.wire.http import messages
 from kvgate.wire.http.client import UpstreamConnection, UpstreamResponse
 from kvgate.wire.http.connection_pool import ConnectionPool
@@ -211,7 +211,7 @@ async def measure(
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     try:
-        pool = app[UPSTREAMS]
+        pool = app[STATE].parts.upstreams
         for address in UPSTREAMS_ADDRESSES:
             for _ in range(2 * CONNECTIONS):  # idle upstream connections: none is dialled
                 conn = UpstreamConnection(pool, address)

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-import aiohttp
 from aiohttp import web
 
 from epp.metrics import EppMetrics
@@ -26,27 +25,12 @@ from gateway.guards.admission import AdmissionQueue, QueueCollector
 from gateway.guards.limits.collector import LimiterCollector
 from gateway.guards.remote_jwks import jwks_urls
 from gateway.reload import RELOADER, Reloader, admission_gate
-from gateway.request.keys import (
-    ADMISSION,
-    CANARIES,
-    HTTP_SESSION,
-    METRICS,
-    MODELS,
-    RESPONSE_CACHE,
-    RESPONSE_HOMES,
-    RUNTIME,
-    SHADOW,
-    SHUTTING_DOWN,
-    SLOS,
-    TRACER,
-    UPSTREAMS,
-)
-from gateway.request.runtime import RuntimeHolder, RuntimeParts, build_runtime
+from gateway.request.runtime import RuntimeParts, build_runtime
+from gateway.request.state import STATE, GatewayState
 from gateway.request.tracing import make_tracer
 from gateway.response_cache.cache import ResponseCache
 from gateway.routing.endpoint_picker import EndpointPicker
 from gateway.routing.shadow import ShadowMirror
-from kvgate.response_homes import ResponseHomes
 from kvgate.wire.http.connection_pool import ConnectionPool
 from policies.schema import Policy
 
@@ -60,49 +44,40 @@ def create_app(
 ) -> web.Application:
     """The gateway for the policy ``declared`` (run with its registered models' saved stages)."""
     app = web.Application()
-    metrics = app[METRICS] = GatewayMetrics()
-    models = app[MODELS] = ModelRegistry(metrics.registry)
+    metrics = GatewayMetrics()
+    models = ModelRegistry(metrics.registry)
     models.update(declared)  # the saved stages, before the first request
     policy = models.resolve(declared)
-    epp_metrics = EppMetrics(metrics.registry)
     tracer, provider = make_tracer(policy.observability.tracing)
-    app[TRACER] = tracer
-    upstreams = app[UPSTREAMS] = ConnectionPool(connect_timeout=policy.timeouts.connect)
-    parts = RuntimeParts(metrics, epp_metrics, upstreams, tracer)
+    upstreams = ConnectionPool(connect_timeout=policy.timeouts.connect)
+    parts = RuntimeParts(metrics, EppMetrics(metrics.registry), upstreams, tracer)
     runtime = build_runtime(policy, parts, picker=picker)
-    admission = app[ADMISSION] = AdmissionQueue(dict(policy.classes), admission_gate(runtime))
-    slos = app[SLOS] = SloTracker(metrics.registry)
-    holder = app[RUNTIME] = RuntimeHolder(runtime, parts, admission, slos)
+    admission = AdmissionQueue(dict(policy.classes), admission_gate(runtime))
+    slos = SloTracker(metrics.registry)
+    canaries = Canaries(metrics.registry)
+    shadow = ShadowMirror(metrics, tracer, policy.timeouts.connect)
+    response_cache = ResponseCache(metrics.registry)
+    state = app[STATE] = GatewayState(
+        runtime, parts, admission, slos, canaries, models, shadow, response_cache
+    )
     metrics.in_flight_source = lambda: {
         pool: sum(endpoint.in_flight for endpoint in endpoints)
-        for pool, endpoints in holder.current.endpoints.items()
+        for pool, endpoints in state.current.endpoints.items()
     }
     metrics.registry.register(QueueCollector(admission))
-    metrics.registry.register(LimiterCollector(lambda: holder.current.limiter))
+    metrics.registry.register(LimiterCollector(lambda: state.current.limiter))
     slos.update(policy)
     metrics.finished_sink = slos.record
-    canaries = app[CANARIES] = Canaries(metrics.registry)
     canaries.budget_spent = slos.budget_spent
     canaries.update(policy)
-    app[SHUTTING_DOWN] = [False]
-    app[RESPONSE_HOMES] = ResponseHomes()
-    response_cache = app[RESPONSE_CACHE] = ResponseCache(metrics.registry)
+    shadow.on_result = canaries.shadow_result
     response_cache.update(policy)
-    app[RELOADER] = Reloader(app, policy_path, parts, declared)
+    reloader = app[RELOADER] = Reloader(app, policy_path, parts, declared)
 
-    async def http_session(app: web.Application) -> AsyncIterator[None]:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0, ttl_dns_cache=60)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=policy.timeouts.connect)
-        session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)
-        )
-        app[HTTP_SESSION] = session
-        app[SHADOW] = ShadowMirror(session, app[METRICS], app[TRACER])
-        app[SHADOW].on_result = canaries.shadow_result
+    async def connections(app: web.Application) -> AsyncIterator[None]:
         yield
-        app[UPSTREAMS].close()
-        await app[SHADOW].close()
-        await session.close()
+        upstreams.close()
+        await shadow.close()
 
     async def metrics_flusher(app: web.Application) -> AsyncIterator[None]:
         async def flush_forever() -> None:
@@ -125,14 +100,14 @@ def create_app(
     async def runtime_context(app: web.Application) -> AsyncIterator[None]:
         await parts.key_sets.fetch_new(jwks_urls(policy))  # issuers' keys before any request
         parts.key_sets.start()
-        first = app[RUNTIME].current
+        first = state.current
         await first.limiter.start()  # the shared limit store's connections, before any request
         if first.embedded is not None:
             await first.embedded.start()
-        watcher = asyncio.create_task(app[RELOADER].watch(watch_interval)) if policy_path else None
+        watcher = asyncio.create_task(reloader.watch(watch_interval)) if policy_path else None
         clocks = [
             asyncio.create_task(canaries.run()),
-            asyncio.create_task(models.run(canaries, app[RELOADER].apply_stages)),
+            asyncio.create_task(models.run(canaries, reloader.apply_stages)),
         ]
         yield
         for clock in clocks:
@@ -145,16 +120,16 @@ def create_app(
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-        await app[RELOADER].close()
+        await reloader.close()
         await parts.key_sets.stop()
-        current = app[RUNTIME].current
+        current = state.current
         if current.embedded is not None:
             await current.embedded.stop()
         await current.limiter.close()
         await response_cache.close()
 
     async def mark_shutting_down(app: web.Application) -> None:
-        app[SHUTTING_DOWN][0] = True
+        state.shutting_down = True
 
     async def admin_context(app: web.Application) -> AsyncIterator[None]:
         admin = policy.listen.admin
@@ -167,7 +142,7 @@ def create_app(
     app.cleanup_ctx.append(metrics_flusher)
     app.cleanup_ctx.append(tracer_context)
     app.cleanup_ctx.append(runtime_context)
-    app.cleanup_ctx.append(http_session)
+    app.cleanup_ctx.append(connections)
     app.cleanup_ctx.append(admin_context)
     app.on_shutdown.append(mark_shutting_down)
     return app

@@ -15,8 +15,8 @@ from functools import partial
 from aiohttp import web
 
 from gateway.request.error_responses import http_error
-from gateway.request.keys import RUNTIME, SHUTTING_DOWN
 from gateway.request.routes import check_head, handle
+from gateway.request.state import STATE
 from kvgate.wire.http.server import HttpServer
 from kvgate.wire.http.tls import CertificateReloader, server_context
 
@@ -31,7 +31,7 @@ async def running(
     grace: float | None = None,
 ) -> AsyncIterator[HttpServer]:
     """The listening server; ``port`` 0 picks a free one (read it from ``server.port``)."""
-    listen = app[RUNTIME].current.policy.listen
+    listen = app[STATE].current.policy.listen
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()  # runs the application's startup and cleanup contexts
     server = HttpServer(
@@ -55,6 +55,6 @@ async def running(
     finally:
         if reloader is not None:
             await reloader.stop()
-        app[SHUTTING_DOWN][0] = True
+        app[STATE].shutting_down = True
         await server.shutdown(listen.shutdown_grace if grace is None else grace)
         await runner.cleanup()

@@ -22,8 +22,8 @@ from gateway.guards.admission_gate import (
     in_flight_counts,
 )
 from gateway.guards.remote_jwks import jwks_urls
-from gateway.request.keys import ADMISSION, CANARIES, METRICS, MODELS, RESPONSE_CACHE, RUNTIME, SLOS
 from gateway.request.runtime import Runtime, RuntimeParts, build_runtime
+from gateway.request.state import STATE
 from policies.errors import PolicyError
 from policies.loader import load_policy
 from policies.schema import Listen, Policy
@@ -78,7 +78,7 @@ class Reloader:
         policy = _stamp_of(self.path)
         if policy is None:
             return None
-        jwks = [c.jwks_file for c in self.app[RUNTIME].current.policy.auth.jwt if c.jwks_file]
+        jwks = [c.jwks_file for c in self.app[STATE].current.policy.auth.jwt if c.jwks_file]
         return (policy, *(_stamp_of(path) for path in jwks))
 
     async def watch(self, interval: float = 1.0) -> None:
@@ -91,7 +91,7 @@ class Reloader:
 
     async def reload(self) -> tuple[bool, list[str]]:
         """Load the policy file again; (applied, errors)."""
-        metrics = self.app[METRICS]
+        metrics = self.parts.metrics
         if self.path is None:
             return False, ["the gateway was started without a policy file"]
         try:
@@ -111,7 +111,7 @@ class Reloader:
 
     async def apply(self, policy: Policy) -> None:
         """Run ``policy`` (as loaded) from now on, with the model registry's stages."""
-        models = self.app[MODELS]
+        models = self.app[STATE].models
         async with self._applying:
             await asyncio.to_thread(models.update, policy)  # its saved stages: file or Redis
             self.declared = policy
@@ -120,11 +120,11 @@ class Reloader:
     async def apply_stages(self) -> None:
         """The policy as loaded again, with the model registry's stages as they are now."""
         async with self._applying:
-            await self._apply(self.app[MODELS].resolve(self.declared))
+            await self._apply(self.app[STATE].models.resolve(self.declared))
 
     async def _apply(self, policy: Policy) -> None:
-        holder = self.app[RUNTIME]
-        old = holder.current
+        state = self.app[STATE]
+        old = state.current
         if _listeners(policy.listen) != _listeners(old.policy.listen):
             log.warning(
                 "listen settings changed: the listeners apply them after a restart (the admin "
@@ -136,14 +136,14 @@ class Reloader:
             await new.limiter.start()
         if new.embedded is not None and new.embedded is not old.embedded:
             await new.embedded.start()
-        admission = self.app[ADMISSION]
+        admission = state.admission
         admission.update(dict(policy.classes), admission_gate(new, admission.gate))
-        holder.current = new
-        holder.version += 1
-        self.app[SLOS].update(policy)
-        self.app[CANARIES].update(policy)
-        self.app[RESPONSE_CACHE].update(policy)
-        log.info("policy version %d applied from %s", holder.version, policy.source)
+        state.current = new
+        state.version += 1
+        state.slos.update(policy)
+        state.canaries.update(policy)
+        state.response_cache.update(policy)
+        log.info("policy version %d applied from %s", state.version, policy.source)
         if old.embedded is not None and old.embedded is not new.embedded:
             await old.embedded.stop()
         if old.limiter is not new.limiter:

@@ -22,7 +22,7 @@ from gateway.control.canary.controller import ACTIONS
 from gateway.control.models.stages import ACTIONS as STAGE_ACTIONS
 from gateway.control.models.stages import StageConflict
 from gateway.reload import RELOADER
-from gateway.request.keys import ADMISSION, CANARIES, METRICS, MODELS, RUNTIME, SLOS
+from gateway.request.state import STATE, GatewayState
 from kvgate.wire.openai_errors import error_body
 from policies.admin_section import Admin
 
@@ -31,18 +31,18 @@ AUDIT = web.AppKey("audit", AuditLog)
 CALLER = "kvgate.admin.caller"  # the request's Caller, set by the guard
 
 
-def _gateway(request: web.Request) -> web.Application:
-    return request.app[GATEWAY]
+def _state(request: web.Request) -> GatewayState:
+    return request.app[GATEWAY][STATE]
 
 
 async def policy(request: web.Request) -> web.Response:
-    holder = _gateway(request)[RUNTIME]
-    p = holder.current.policy
+    state = _state(request)
+    p = state.current.policy
     return web.json_response(
         {
-            "version": holder.version,
+            "version": state.version,
             "source": p.source,
-            "loaded_at": holder.current.loaded_at,
+            "loaded_at": state.current.loaded_at,
             "routes": [r.model for r in p.routes],
             "pools": {n: len(pool.endpoints) for n, pool in p.pools.items()},
         }
@@ -50,7 +50,7 @@ async def policy(request: web.Request) -> web.Response:
 
 
 async def breakers(request: web.Request) -> web.Response:
-    runtime = _gateway(request)[RUNTIME].current
+    runtime = _state(request).current
     return web.json_response(
         {
             pool: [
@@ -63,7 +63,7 @@ async def breakers(request: web.Request) -> web.Response:
 
 
 async def queues(request: web.Request) -> web.Response:
-    admission = _gateway(request)[ADMISSION]
+    admission = _state(request).admission
     return web.json_response(
         {
             pool: {name: q.size for name, q in queue.classes.items()}
@@ -73,7 +73,7 @@ async def queues(request: web.Request) -> web.Response:
 
 
 async def limits(request: web.Request) -> web.Response:
-    limiter = _gateway(request)[RUNTIME].current.limiter
+    limiter = _state(request).current.limiter
     return web.json_response(
         {
             "store": limiter.limits.store.kind,
@@ -87,7 +87,7 @@ async def limits(request: web.Request) -> web.Response:
 async def slo(request: web.Request) -> web.Response:
     """Every objective's events, budget and burn rates in this process's windows (with
     ``--workers N``, the worker that answered; ``kvgate_slo_events_total`` adds them up)."""
-    tracker = _gateway(request)[SLOS]
+    tracker = _state(request).slos
     return web.json_response(
         {
             "per_process": True,
@@ -98,7 +98,7 @@ async def slo(request: web.Request) -> web.Response:
 
 
 async def canaries(request: web.Request) -> web.Response:
-    controllers = _gateway(request)[CANARIES].controllers
+    controllers = _state(request).canaries.controllers
     return web.json_response({model: c.summary() for model, c in controllers.items()})
 
 
@@ -113,7 +113,7 @@ async def canary_action(request: web.Request) -> web.Response:
     audited = f"canary.{action}"
     if (denied := await _denied(request, "operator", audited, model)) is not None:
         return denied
-    canaries = _gateway(request)[CANARIES]
+    canaries = _state(request).canaries
     controller = canaries.controllers.get(model)
     before = controller.summary() if controller is not None else None
     try:
@@ -132,9 +132,8 @@ async def canary_action(request: web.Request) -> web.Response:
 async def models(request: web.Request) -> web.Response:
     """The registered models: each version's stage and traffic share, the canary's progress,
     the SLO verdict, the latest stage changes."""
-    gateway = _gateway(request)
-    registry = gateway[MODELS]
-    return web.json_response(registry.summary(gateway[CANARIES], gateway[SLOS].budget_spent))
+    state = _state(request)
+    return web.json_response(state.models.summary(state.canaries, state.slos.budget_spent))
 
 
 async def model_action(request: web.Request) -> web.Response:
@@ -150,8 +149,8 @@ async def model_action(request: web.Request) -> web.Response:
     audited, target = f"models.{action}", f"{model}@{version}"
     if (denied := await _denied(request, "operator", audited, target)) is not None:
         return denied
-    gateway = _gateway(request)
-    registry = gateway[MODELS]
+    state = _state(request)
+    registry = state.models
     before = registry.stages[model].stages if model in registry.stages else None
     caller: Caller = request[CALLER]
     try:
@@ -166,9 +165,9 @@ async def model_action(request: web.Request) -> web.Response:
     except OSError as exc:  # the stages' store is unreachable: nothing was changed
         await _audit(request, audited, "error", target, before)
         return _error(503, f"stages not saved: {exc}", "server_error", "state_unavailable")
-    await gateway[RELOADER].apply_stages()
+    await request.app[GATEWAY][RELOADER].apply_stages()
     await _audit(request, audited, "applied", target, before, stages.stages)
-    summary = registry.summary(gateway[CANARIES], gateway[SLOS].budget_spent)
+    summary = registry.summary(state.canaries, state.slos.budget_spent)
     return web.json_response(summary[model])
 
 
@@ -181,10 +180,10 @@ async def reload(request: web.Request) -> web.Response:
     """``POST /admin/reload``: read the policy again; needs ``admin``."""
     if (denied := await _denied(request, "admin", "reload")) is not None:
         return denied
-    gateway = _gateway(request)
-    before = gateway[RUNTIME].version
-    applied, errors = await gateway[RELOADER].reload()
-    after = gateway[RUNTIME].version
+    state = _state(request)
+    before = state.version
+    applied, errors = await request.app[GATEWAY][RELOADER].reload()
+    after = state.version
     body = {"applied": applied, "errors": errors, "version": after}
     result = "applied" if applied else "rejected"
     await _audit(request, "reload", result, "", before, {"version": after, "errors": errors})
@@ -224,7 +223,7 @@ def _guard() -> Middleware:
 
     @web.middleware
     async def impl(request: web.Request, handler: Handler) -> web.StreamResponse:
-        runtime = _gateway(request)[RUNTIME].current
+        runtime = _state(request).current
         admin = runtime.policy.listen.admin
         caller = None
         if admin is not None:
@@ -254,7 +253,7 @@ def _action_of(request: web.Request) -> str:
 def create_admin_app(gateway: web.Application, admin: Admin) -> web.Application:
     app = web.Application(middlewares=[_guard()])
     app[GATEWAY] = gateway
-    app[AUDIT] = AuditLog(admin.audit_log, gateway[METRICS].admin_actions)
+    app[AUDIT] = AuditLog(admin.audit_log, gateway[STATE].parts.metrics.admin_actions)
     app.router.add_get("/admin/policy", policy)
     app.router.add_get("/admin/breakers", breakers)
     app.router.add_get("/admin/queues", queues)

@@ -10,7 +10,7 @@ from gateway.base.errors import BadRequest, ModelNotFound, NotFound
 from gateway.request.explain import explain_mode
 from gateway.request.form_body import FormBody
 from gateway.request.request_body import read_body
-from gateway.request.runtime import RuntimeHolder
+from gateway.request.state import GatewayState
 from gateway.response_cache.cache import Keep
 from gateway.routing.endpoint_picker import PickRequest
 from kvgate.wire.http.messages import Request
@@ -28,7 +28,6 @@ class Forward:
         "client_wants_usage",
         "ctx",
         "form",
-        "holder",
         "keep",
         "path",
         "pick",
@@ -37,12 +36,13 @@ class Forward:
         "rewritten",
         "route",
         "runtime",
+        "state",
     )
 
     def __init__(
         self,
         request: Request,
-        holder: RuntimeHolder,
+        state: GatewayState,
         ctx: RequestContext,
         path: str,
         api: Api,
@@ -53,8 +53,8 @@ class Forward:
         form: FormBody | None = None,
     ) -> None:
         self.request = request
-        self.holder = holder  # the app's parts of the request path
-        self.runtime = holder.current  # the policy's
+        self.state = state  # the gateway's
+        self.runtime = state.current  # the policy's, as the request arrived
         self.ctx = ctx
         self.path = path  # the upstream path
         self.api = api  # the API it speaks
@@ -71,12 +71,12 @@ class Forward:
 
 
 def parse(
-    request: Request, holder: RuntimeHolder, ctx: RequestContext, path: str, api: Api
+    request: Request, state: GatewayState, ctx: RequestContext, path: str, api: Api
 ) -> Forward:
     """Read the body (bounded in size and depth), find the route of its model (which the
     caller must be allowed and which must take ``path``), and whether the answer streams
     (where ``api`` can) and reports usage to the client."""
-    policy = holder.current.policy
+    policy = state.current.policy
     listen = policy.listen
     forms = path in policy.passthrough_paths
     raw, body, form = read_body(request, listen.max_body_bytes, listen.max_json_depth, forms)
@@ -90,7 +90,7 @@ def parse(
     client_wants_usage = form is not None or (
         isinstance(options, dict) and options.get("include_usage") is True
     )
-    return Forward(request, holder, ctx, path, api, raw, body, route, client_wants_usage, form)
+    return Forward(request, state, ctx, path, api, raw, body, route, client_wants_usage, form)
 
 
 def _route(policy: Policy, ctx: RequestContext, path: str, body: dict[str, object]) -> Route:

@@ -34,8 +34,8 @@ from gateway.request.attempt import Attempt
 from gateway.request.disaggregation import run_prefill
 from gateway.request.explain import record_destination, record_explanation
 from gateway.request.forward import Forward, parse
-from gateway.request.keys import CANARIES, RESPONSE_CACHE, RUNTIME, SHADOW
 from gateway.request.relay import body_response, read_upstream_body, relay_body, relay_stream
+from gateway.request.state import STATE
 from gateway.request.stored_responses import created, led_by_previous
 from gateway.request.stream_resume import StreamResume, asks_token_ids, stream_resume
 from gateway.request.tracing import decision_attributes, span
@@ -65,7 +65,7 @@ async def proxy(request: Request, ctx: RequestContext, path: str, api: Api) -> A
     find its route, choose the route's arm, answer from the response cache or reserve its
     limits, serve it from the arm's pool (or its fallbacks; with its shadow copy), settle what
     it used."""
-    forward = parse(request, request.app[RUNTIME], ctx, path, api)
+    forward = parse(request, request.app[STATE], ctx, path, api)
     runtime = forward.runtime
     selection = _arm(forward)
     if forward.route.cache is not None and forward.form is None and api.cacheable:
@@ -92,7 +92,7 @@ def _arm(forward: Forward) -> Selection:
     if route.auto_canary is None:
         selection = select(route, forward.body, request.headers, ctx.identity)
     else:
-        split = request.app[CANARIES].split(ctx.model)
+        split = forward.state.canaries.split(ctx.model)
         selection = select(route, forward.body, request.headers, ctx.identity, canary=split)
         ctx.canary_arm = selection.pool
     if selection.ab_arm:
@@ -105,7 +105,7 @@ async def _cached(forward: Forward, pool: str) -> Response | None:
     costs nothing, and says what the caller's budgets have left, as every answer does."""
     request, route, ctx = forward.request, forward.route, forward.ctx
     assert route.cache is not None
-    cache = request.app[RESPONSE_CACHE]
+    cache = forward.state.response_cache
     hit, forward.keep = await cache.look_up(
         ctx, route.cache, forward.api, forward.body, request.headers, pool
     )
@@ -157,7 +157,7 @@ def _shadow(forward: Forward) -> asyncio.Task[Outcome | None] | None:
     if not route.shadow or forward.form is not None:
         return None
     runtime = forward.runtime
-    return forward.request.app[SHADOW].start(
+    return forward.state.shadow.start(
         runtime.policy,
         runtime.picker,
         route,
@@ -176,12 +176,12 @@ def _compare(forward: Forward, shadow: asyncio.Task[Outcome | None], response: A
         ctx.completion_tokens if ctx.usage_known else None,
         text_of(response.body) if isinstance(response, Response) else None,
     )
-    forward.request.app[SHADOW].compare(forward.route, shadow, primary)
+    forward.state.shadow.compare(forward.route, shadow, primary)
 
 
 def _settle(forward: Forward, reservation: Reservation | None, ab_arm: str | None) -> None:
     """Count what the request cost, settle its limits and budgets, record its A/B arm."""
-    runtime, ctx, metrics = forward.runtime, forward.ctx, forward.holder.parts.metrics
+    runtime, ctx, metrics = forward.runtime, forward.ctx, forward.state.parts.metrics
     prices = runtime.policy.spend.prices
     price = prices.get(ctx.model) if prices else None
     cost = None
@@ -214,8 +214,8 @@ async def _serve_with_fallbacks(forward: Forward, first_pool: str) -> AnyRespons
     """Serve from ``first_pool``; if it is saturated or none of its endpoints can answer before
     the first byte, from the pools of the route's fallback models, in order."""
     runtime, ctx, route = forward.runtime, forward.ctx, forward.route
-    policy, metrics = runtime.policy, forward.holder.parts.metrics
-    admission = forward.holder.admission
+    policy, metrics = runtime.policy, forward.state.parts.metrics
+    admission = forward.state.admission
     pools = [first_pool]
     for name in route.fallback:
         fallback = policy.route_for(name)
@@ -273,8 +273,8 @@ def _admitted(forward: Forward, pool: Pool) -> Admitted | None:
     """Classify the request (its identity's class, or its objective's when lighter), shed it
     while an SLO budget of its route is spent, and admit it if there is room and nobody
     queued (the common case)."""
-    request, ctx, holder = forward.request, forward.ctx, forward.holder
-    admission = holder.admission
+    request, ctx, state = forward.request, forward.ctx, forward.state
+    admission = state.admission
     ctx.pool = pool.name
     objective = request.headers.get(INFERENCE_OBJECTIVE)
     cls = admission.classify(
@@ -282,7 +282,7 @@ def _admitted(forward: Forward, pool: Pool) -> Admitted | None:
         forward.runtime.policy.epp.class_of(objective) if objective else None,
     )
     ctx.priority_class = cls.name
-    slos = holder.slos
+    slos = state.slos
     if slos.shedding:
         slos.shed(ctx.model, cls.name)
     return admission.try_enter(pool.name)
@@ -291,7 +291,7 @@ def _admitted(forward: Forward, pool: Pool) -> Admitted | None:
 async def _queued(forward: Forward, pool: Pool) -> Admitted:
     """Wait in the admission queue for capacity in ``pool``."""
     ctx = forward.ctx
-    admission = forward.holder.admission
+    admission = forward.state.admission
     tracer = forward.runtime.calls[pool.name].tracer
     attributes: dict[str, str | int] | None = None
     if tracer is not None:
@@ -304,7 +304,7 @@ async def _queued(forward: Forward, pool: Pool) -> Admitted:
             return await admission.enter(pool.name, ctx.priority_class, ctx.tenant)
     except (Rejected, Evicted) as exc:
         reason = "full" if isinstance(exc, Rejected) else "expired"
-        metrics = forward.holder.parts.metrics
+        metrics = forward.state.parts.metrics
         metrics.child(metrics.queue_rejections, ctx.priority_class, reason).inc()
         raise
 
@@ -379,7 +379,7 @@ async def _streamed(
     relay, resume = _stream_relay(forward, pool, payload, headers, resumes)
     idle, restore = forward.runtime.policy.timeouts.idle, model_restorer(pool.model, ctx.model)
     copy = None if keep is None else keep.copy
-    copy_limit = request.app[RESPONSE_CACHE].settings.max_entry
+    copy_limit = forward.state.response_cache.settings.max_entry
     streamed = await relay_stream(
         request, ctx, attempt, upstream, idle, relay, resume, restore, copy, copy_limit
     )

@@ -31,7 +31,6 @@ from gateway.base.forwarded import is_loopback
 from gateway.request import proxy
 from gateway.request.cors import is_preflight, preflight, response_lines
 from gateway.request.error_responses import error_on, response_for
-from gateway.request.keys import CANARIES, METRICS, RUNTIME, SHUTTING_DOWN
 from gateway.request.relay import CUT_BY_SHUTDOWN
 from gateway.request.request_context import (
     QUIET_PATHS,
@@ -40,7 +39,8 @@ from gateway.request.request_context import (
     request_id_of,
     start_server_span,
 )
-from gateway.request.runtime import RuntimeHolder, dead_pools
+from gateway.request.runtime import dead_pools
+from gateway.request.state import STATE, GatewayState
 from gateway.request.stored_responses import by_id, route_name
 from kvgate.wire.http.messages import AnyResponse, Request, Response, header_line, json_response
 from kvgate.wire.http.server import SHUTDOWN_CUT
@@ -60,7 +60,7 @@ async def models(request: Request, ctx: RequestContext) -> Response:
     created = int(time.time())
     data = [
         _model_entry(model, created)
-        for model in request.app[RUNTIME].current.policy.public_models
+        for model in request.app[STATE].current.policy.public_models
         if identity is None or identity.may_use(model)
     ]
     return json_response({"object": "list", "data": data})
@@ -71,7 +71,7 @@ async def model(request: Request, ctx: RequestContext) -> Response:
     use, else 404 ``model_not_found`` (a model the caller may not use is not revealed)."""
     name = urllib.parse.unquote(request.path[len(MODEL_PREFIX) :])
     identity = ctx.identity
-    if name in request.app[RUNTIME].current.policy.public_models and (
+    if name in request.app[STATE].current.policy.public_models and (
         identity is None or identity.may_use(name)
     ):
         return json_response(_model_entry(name, int(time.time())))
@@ -87,12 +87,13 @@ async def readyz(request: Request, ctx: RequestContext) -> Response:
     pool has no live endpoint (``degraded``, or 503 with ``listen.ready_with_dead_pools:
     false``). With ``epp.replicas``, ``view`` says whether the picks are shared with the other
     replicas or, the store unreachable, local only (still ready: the replica routes on)."""
-    runtime = request.app[RUNTIME].current
+    state = request.app[STATE]
+    runtime = state.current
     body: dict[str, object] = {"limiter": runtime.limiter.status}
     shared = runtime.embedded.service.shared if runtime.embedded is not None else None
     if shared is not None:
         body["view"] = "shared" if shared.shared else "local only"
-    if request.app[SHUTTING_DOWN][0]:
+    if state.shutting_down:
         return json_response({"status": "shutting down", **body}, status=503)
     if body["limiter"] == "down":  # fail-closed and the limit store is unreachable
         return json_response({"status": "not ready", **body}, status=503)
@@ -117,7 +118,8 @@ def metrics_allowed(observability: Observability, request: Request) -> bool:
 
 
 async def metrics(request: Request, ctx: RequestContext) -> Response:
-    runtime = request.app[RUNTIME].current
+    state = request.app[STATE]
+    runtime = state.current
     if not metrics_allowed(runtime.policy.observability, request):
         raise Forbidden(
             f"{request.path} answers loopback clients only; set observability.metrics.token "
@@ -126,7 +128,7 @@ async def metrics(request: Request, ctx: RequestContext) -> Response:
     embedded = runtime.embedded
     if embedded is not None:
         embedded.service.update_gauges()  # the picker's index sizes, read when scraped
-    body = request.app[METRICS].exposition()
+    body = state.parts.metrics.exposition()
     return Response(body, content_type=CONTENT_TYPE_LATEST)
 
 
@@ -165,7 +167,7 @@ def _route(request: Request, ctx: RequestContext) -> RouteHandler:
     path = request.path
     methods = ROUTES.get(path)
     if methods is None:
-        policy = request.app[RUNTIME].current.policy
+        policy = request.app[STATE].current.policy
         if path.startswith(MODEL_PREFIX) and len(path) > len(MODEL_PREFIX):
             methods, ctx.route = MODEL_ROUTE, MODEL_PREFIX + "{id}"
         elif path.startswith(RESPONSE_PREFIX):
@@ -206,10 +208,11 @@ def check_head(app: web.Application, target: bytes, headers: CIMultiDict[str]) -
     """A large body's head, before the body is read: ``/v1/*`` must authenticate first (the
     handler authenticates again once the body is in; a head check is for large bodies only)."""
     path = target.partition(b"?")[0].decode("latin-1")
-    if not path.startswith("/v1/") and path not in app[RUNTIME].current.policy.passthrough_paths:
+    runtime = app[STATE].current
+    if not path.startswith("/v1/") and path not in runtime.policy.passthrough_paths:
         return None
     try:
-        app[RUNTIME].current.authenticator.authenticate(headers)
+        runtime.authenticator.authenticate(headers)
     except Unauthorized as exc:
         return error_on(path, exc)
     return None
@@ -223,15 +226,15 @@ async def handle(request: Request) -> AnyResponse:
     a missing route is refused, so an unauthenticated caller learns nothing about paths), the
     route's handler, and any exception made into an OpenAI-shaped error.
     """
-    holder = request.app[RUNTIME]
+    state = request.app[STATE]
     ctx = RequestContext(request_id_of(request.headers), request.path)
-    tracer = holder.parts.tracer
+    tracer = state.parts.tracer
     span = None
     if tracer is not None and request.path not in QUIET_PATHS:  # probes are not traced
         span = start_server_span(tracer, request)
     try:
         try:
-            runtime = holder.current
+            runtime = state.current
             handler = _route(request, ctx)  # a refusal raises after auth
             cors = runtime.policy.cors
             if cors is not None and is_preflight(request.method, request.headers):
@@ -255,7 +258,7 @@ async def handle(request: Request) -> AnyResponse:
                 ctx.status = ctx.status or 503
             else:
                 ctx.status, ctx.error = 499, ctx.error or "client_disconnected"
-            _finish(request, ctx, holder)
+            _finish(request, ctx, state)
             raise
         except Exception as exc:
             response = response_for(request, exc)
@@ -265,23 +268,23 @@ async def handle(request: Request) -> AnyResponse:
             # no handler sets it; as an encoded line (headers as pairs are formatted per line)
             response.block += header_line(b"x-request-id", ctx.request_id) + ctx.cors
         ctx.status = ctx.status or response.status
-        _finish(request, ctx, holder)
+        _finish(request, ctx, state)
     finally:
         if span is not None:
             end_server_span(span, ctx)
     return response
 
 
-def _finish(request: Request, ctx: RequestContext, holder: RuntimeHolder) -> None:
+def _finish(request: Request, ctx: RequestContext, state: GatewayState) -> None:
     """Count and log the finished request (probes and scrapes are not)."""
-    runtime = holder.current
+    runtime = state.current
     observability = runtime.policy.observability
     path = request.path
     if path in QUIET_PATHS or path == observability.metrics_path:
         return
     ctx.elapsed = time.perf_counter() - ctx.start
-    holder.parts.metrics.finished(ctx)
+    state.parts.metrics.finished(ctx)
     if ctx.canary_arm:
-        request.app[CANARIES].observe(ctx)
+        state.canaries.observe(ctx)
     if observability.access_log == "json":
         log_access(request, ctx, runtime.client_address)

@@ -1,7 +1,7 @@
 """Everything derived from one policy, swapped atomically when the policy is reloaded.
 
-A request reads ``holder.current`` once, when it arrives, and keeps that runtime to the end, so
-a reload never changes a request half-way. What carries state is reused when its part of the
+A request reads ``GatewayState.current`` once, when it arrives, and keeps that runtime to the
+end, so a reload never changes a request half-way. What carries state is reused when its part of the
 policy did not change: an endpoint's breaker and in-flight count, a pool's retry budget, the
 embedded picker (metrics, prefix index) and the limiter's buckets.
 """
@@ -19,8 +19,6 @@ from epp.service import EppService
 from epp.upstream_tls import upstream_tls
 from gateway.base.forwarded import ClientAddress
 from gateway.base.metrics import GatewayMetrics
-from gateway.control.slo.tracker import SloTracker
-from gateway.guards.admission import AdmissionQueue
 from gateway.guards.auth import Authenticator
 from gateway.guards.limits.limiter import Limiter
 from gateway.guards.remote_jwks import RemoteKeySets
@@ -79,18 +77,6 @@ class RuntimeParts:
     upstreams: ConnectionPool
     tracer: trace.Tracer | None = None
     key_sets: RemoteKeySets = field(default_factory=RemoteKeySets)  # issuers' jwks_url keys
-
-
-@dataclass(eq=False)
-class RuntimeHolder:
-    """The current runtime (swapped whole on reload) and its version, with the parts of the
-    request path that outlive policies (read as attributes: no application lookup each)."""
-
-    current: Runtime
-    parts: RuntimeParts
-    admission: AdmissionQueue
-    slos: SloTracker
-    version: int = 1
 
 
 def build_runtime(

@@ -19,9 +19,9 @@ from gateway.base.context import RequestContext
 from gateway.base.errors import MethodNotAllowed, NotFound
 from gateway.base.identity import Identity
 from gateway.request.attempt import CONNECT_FAILED, TIMED_OUT, Attempt
-from gateway.request.keys import RESPONSE_HOMES, RUNTIME
 from gateway.request.relay import body_response, read_upstream_body, relay_stream
 from gateway.request.runtime import Runtime
+from gateway.request.state import STATE
 from gateway.request.upstream import (
     RETRYABLE,
     as_gateway_error,
@@ -53,7 +53,7 @@ def created(request: Request, ctx: RequestContext, response_id: str) -> None:
     """A response the gateway just relayed from ``ctx.endpoint``: remember its home."""
     if response_id:
         home = Home(ctx.pool, ctx.endpoint, ctx.model, owner_of(ctx.identity))
-        request.app[RESPONSE_HOMES].remember(response_id, home)
+        request.app[STATE].response_homes.remember(response_id, home)
 
 
 def pools_for(policy: Policy, identity: Identity | None) -> dict[str, str]:
@@ -74,8 +74,8 @@ async def locate(
 ) -> Home | None:
     """The home of ``response_id`` among ``pools`` (pool -> public model), or None when none
     of their endpoints has it. ``NotFound`` when its creator is another tenant."""
-    runtime = request.app[RUNTIME].current
-    homes = request.app[RESPONSE_HOMES]
+    runtime = request.app[STATE].current
+    homes = request.app[STATE].response_homes
     known = homes.get(response_id)
     if known is not None and known.owner not in (None, owner_of(ctx.identity)):
         raise NotFound(response_not_found(response_id), param="response_id")
@@ -109,7 +109,7 @@ async def by_id(request: Request, ctx: RequestContext) -> AnyResponse:
         raise MethodNotAllowed(
             f"{request.method} is not allowed on {request.path}", headers={"allow": allow}
         )
-    runtime = request.app[RUNTIME].current
+    runtime = request.app[STATE].current
     home = await locate(request, ctx, response_id, pools_for(runtime.policy, ctx.identity))
     endpoint = None if home is None else _endpoint(runtime, home.pool, home.endpoint)
     if home is None or endpoint is None:
@@ -117,7 +117,7 @@ async def by_id(request: Request, ctx: RequestContext) -> AnyResponse:
     ctx.model, ctx.pool, ctx.endpoint = home.model, home.pool, home.endpoint
     response = await _send(request, ctx, runtime, endpoint)
     if request.method == "DELETE" and ctx.status == 200:
-        request.app[RESPONSE_HOMES].forget(response_id)
+        request.app[STATE].response_homes.forget(response_id)
     return response
 
 
@@ -193,5 +193,5 @@ async def led_by_previous(
     home = await locate(request, ctx, previous, {pool: ctx.model})
     if home is None:
         return ranking  # nowhere: the endpoint the picker chose answers that it has none
-    endpoint = _endpoint(request.app[RUNTIME].current, pool, home.endpoint)
+    endpoint = _endpoint(request.app[STATE].current, pool, home.endpoint)
     return ranking if endpoint is None else HomeFirstRanking(endpoint, ranking)

@@ -61,17 +61,27 @@ class ShadowMirror:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
         metrics: GatewayMetrics,
         tracer: trace.Tracer | None = None,
+        connect_timeout: float | None = None,
     ) -> None:
-        self.session = session
         self.metrics = metrics
         self.tracer = tracer  # a span per copy, under the request's
         self.in_flight: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         # told each comparison's (route, "match" or "mismatch"): the automatic canaries' gate
         self.on_result: Callable[[str, str], None] | None = None
+        self._connect_timeout = connect_timeout
+        self._session: aiohttp.ClientSession | None = None  # opened by the first copy
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0, ttl_dns_cache=60)
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)
+            )
+        return self._session
 
     def start(
         self,
@@ -157,7 +167,7 @@ class ShadowMirror:
         """The copy's status and body."""
         async with asyncio.timeout(policy.timeouts.first_byte):
             dialled = tls.get(endpoint.address)
-            async with self.session.post(
+            async with self._client().post(
                 endpoint.url + path,
                 json=body,
                 headers=headers,
@@ -210,8 +220,11 @@ class ShadowMirror:
         )
 
     async def close(self) -> None:
+        """Wait for the comparisons under way, then close the copies' connections."""
         for task in list(self._tasks):
             await task
+        if self._session is not None:
+            await self._session.close()
 
 
 def _usage_tokens(data: bytes) -> int | None:
