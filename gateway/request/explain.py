@@ -10,7 +10,6 @@ from collections.abc import Mapping
 
 import orjson
 
-from gateway.base.context import RequestContext
 from gateway.routing.embedded_epp import EppRanking
 from gateway.routing.endpoint_picker import Ranking
 from policies.explain_section import Explain
@@ -19,42 +18,44 @@ HEADER = "x-kvgate-explain"
 REPLY, LOG = "reply", "log"
 
 
-def explain_mode(explain: Explain, headers: Mapping[str, str], ctx: RequestContext) -> str:
+def explain_mode(explain: Explain, headers: Mapping[str, str], tenant: str) -> str:
     """``reply`` (the caller asked and may), ``log`` (sampled) or "" (not explained)."""
     asked = headers.get(HEADER, "").lower() in ("1", "true")
-    if asked and explain.allows(ctx.tenant):
+    if asked and explain.allows(tenant):
         return REPLY
     return LOG if explain.sample and random.random() < explain.sample else ""
 
 
-def record_explanation(
-    ctx: RequestContext, pool: str, ranking: Ranking, explain: Explain | None
-) -> None:
-    """Keep the decision on ``ctx`` (for the access log, in full) and, when the caller asked,
-    in the response's header (cache matches only where ``explain`` shows them to the caller)."""
+def explained(
+    pool: str, ranking: Ranking, explain: Explain | None, tenant: str, mode: str
+) -> tuple[dict[str, object], str | None]:
+    """The decision (for the access log, in full) and, where the caller asked (``mode``
+    ``reply``), the response header's value: cache matches only where ``explain`` shows them
+    to ``tenant``."""
     decided: dict[str, object] = {"pool": pool}
     if isinstance(ranking, EppRanking):
         decided.update(ranking.explanation())
     else:
         decided["picker"] = "least-in-flight"  # no scores: the fewest requests in flight
-    ctx.explanation = decided
-    if ctx.explain != REPLY:
-        return
+    if mode != REPLY:
+        return decided, None
     replied = decided
-    if isinstance(ranking, EppRanking) and not (explain and explain.shows_matches(ctx.tenant)):
+    if isinstance(ranking, EppRanking) and not (explain and explain.shows_matches(tenant)):
         replied = {"pool": pool, **ranking.explanation(matches=False)}
-    ctx.add_headers({HEADER: orjson.dumps(replied).decode()})
+    return decided, orjson.dumps(replied).decode()
 
 
-def record_destination(ctx: RequestContext, endpoint: str) -> None:
-    """Where the request was sent: the explanation's ``pick``, and the picker's first choice
-    as ``first_choice`` when that was skipped (its breaker open, or it refused)."""
-    decided = ctx.explanation
-    if decided is None or "pick" not in decided or decided["pick"] == endpoint:
-        return
-    decided["first_choice"], decided["pick"] = decided["pick"], endpoint
-    header = (ctx.extra_headers or {}).get(HEADER)
-    if header is not None:
-        replied = orjson.loads(header)
-        replied["first_choice"], replied["pick"] = replied.get("pick"), endpoint
-        ctx.add_headers({HEADER: orjson.dumps(replied).decode()})
+def sent_elsewhere(
+    decided: dict[str, object], header: str | None, endpoint: str
+) -> tuple[dict[str, object], str | None] | None:
+    """The decision and header of a request sent to ``endpoint`` rather than the pick (its
+    breaker open, or it refused): ``pick`` says where it went, ``first_choice`` the picker's
+    first choice. None where it went to the pick."""
+    if "pick" not in decided or decided["pick"] == endpoint:
+        return None
+    moved = {**decided, "first_choice": decided["pick"], "pick": endpoint}
+    if header is None:
+        return moved, None
+    replied = orjson.loads(header)
+    replied.update(first_choice=replied.get("pick"), pick=endpoint)
+    return moved, orjson.dumps(replied).decode()

@@ -82,7 +82,7 @@ def parse(
     raw, body, form = read_body(request, listen.max_body_bytes, listen.max_json_depth, forms)
     route = _route(policy, ctx, path, body)
     if route.explain is not None:
-        ctx.explain = explain_mode(route.explain, request.headers, ctx)
+        ctx.explain = explain_mode(route.explain, request.headers, ctx.tenant)
     stream = body.get("stream")
     ctx.stream = (api.streams and stream is True) or (form is not None and stream == "true")
     options = body.get("stream_options")

@@ -32,7 +32,8 @@ from gateway.guards.limits.limiter import Reservation
 from gateway.guards.spend import served, settled_cost
 from gateway.request.attempt import Attempt
 from gateway.request.disaggregation import run_prefill
-from gateway.request.explain import record_destination, record_explanation
+from gateway.request.explain import HEADER as EXPLAIN_HEADER
+from gateway.request.explain import explained, sent_elsewhere
 from gateway.request.forward import Forward, parse
 from gateway.request.relay import body_response, read_upstream_body, relay_body, relay_stream
 from gateway.request.state import STATE
@@ -41,6 +42,8 @@ from gateway.request.stream_resume import StreamResume, asks_token_ids, stream_r
 from gateway.request.tracing import decision_attributes, span
 from gateway.request.upstream import UpstreamCall, client_request_headers, open_upstream
 from gateway.request.upstream_payload import KV_TRANSFER, payload_for, pool_body
+from gateway.response_cache.cache import HEADER as CACHE_HEADER
+from gateway.response_cache.cache import replayed
 from gateway.routing.endpoint_picker import Ranking
 from gateway.routing.selector import Selection, select
 from gateway.routing.shadow import Outcome, text_of
@@ -105,13 +108,19 @@ async def _cached(forward: Forward, pool: str) -> Response | None:
     costs nothing, and says what the caller's budgets have left, as every answer does."""
     request, route, ctx = forward.request, forward.route, forward.ctx
     assert route.cache is not None
-    cache = forward.state.response_cache
-    hit, forward.keep = await cache.look_up(
-        ctx, route.cache, forward.api, forward.body, request.headers, pool
+    found = await forward.state.response_cache.look_up(
+        route.cache, forward.api, forward.body, request.headers, pool, ctx.tenant, ctx.model
     )
-    if hit is not None:
-        for name, value in (await forward.runtime.limiter.spend_remaining(ctx.identity)).items():
-            hit.block += header_line(name.encode(), value)
+    ctx.cache, forward.keep = found.verdict, found.keep
+    ctx.add_headers({CACHE_HEADER: found.verdict})
+    if found.answer is None:
+        return None
+    ctx.status, ctx.endpoint = 200, "cache"
+    ctx.canary_arm = ""  # a kept answer says nothing of the canary's engines
+    ctx.ttft = time.perf_counter() - ctx.start
+    hit = replayed(found.answer, ctx.extra_headers)
+    for name, value in (await forward.runtime.limiter.spend_remaining(ctx.identity)).items():
+        hit.block += header_line(name.encode(), value)
     return hit
 
 
@@ -256,11 +265,7 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
         if forward.api.stored and "previous_response_id" in forward.body:
             previous = forward.body["previous_response_id"]
             ranking = await led_by_previous(forward.request, ctx, pool.name, previous, ranking)
-        attempt = await open_upstream(
-            call, ctx, pool, forward.path, payload, headers, forward.pick, ranking
-        )
-        if ctx.explain:
-            record_destination(ctx, attempt.endpoint.address)
+        attempt = await _dispatched(forward, call, pool, payload, headers, ranking)
         try:
             return await _relayed(forward, pool, attempt, payload, headers, resumes)
         finally:
@@ -328,7 +333,6 @@ async def _relayed(
     """The upstream's answer relayed: a stream event by event, a JSON body read whole,
     anything else as it comes."""
     request, ctx = forward.request, forward.ctx
-    ctx.endpoint = attempt.endpoint.address
     upstream = attempt.response
     assert upstream is not None  # an open attempt has its response head
     if upstream.content_type == "text/event-stream":
@@ -364,8 +368,39 @@ def _ranked(forward: Forward, pool: Pool) -> tuple[UpstreamCall, bytes, Ranking]
             ranking = call.picker.rank(pool.name, forward.pick)
             route.set_attributes(decision_attributes(ranking))
     if ctx.explain:
-        record_explanation(ctx, pool.name, ranking, forward.route.explain)
+        explain = forward.route.explain
+        ctx.explanation, header = explained(pool.name, ranking, explain, ctx.tenant, ctx.explain)
+        if header is not None:
+            ctx.add_headers({EXPLAIN_HEADER: header})
     return call, headers, ranking
+
+
+async def _dispatched(
+    forward: Forward,
+    call: UpstreamCall,
+    pool: Pool,
+    payload: bytes,
+    headers: bytes,
+    ranking: Ranking,
+) -> Attempt:
+    """The attempt of the endpoint that took the request: the context counts the endpoints
+    tried and says which took it (and, explained, that it was not the pick where so)."""
+    ctx, tried = forward.ctx, set[str]()
+    try:
+        attempt = await open_upstream(
+            call, pool, forward.path, payload, headers, forward.pick, ranking, tried
+        )
+    finally:
+        ctx.attempts = len(tried)
+    ctx.endpoint = attempt.endpoint.address
+    if ctx.explanation is not None:
+        header = (ctx.extra_headers or {}).get(EXPLAIN_HEADER)
+        moved = sent_elsewhere(ctx.explanation, header, ctx.endpoint)
+        if moved is not None:
+            ctx.explanation, header = moved
+            if header is not None:
+                ctx.add_headers({EXPLAIN_HEADER: header})
+    return attempt
 
 
 async def _streamed(
@@ -434,7 +469,6 @@ def _stream_relay(
     ctx = forward.ctx
     resume = StreamResume(
         forward.runtime.calls[pool.name],
-        ctx,
         pool,
         forward.path,
         pool_body(forward.body, pool, ctx.model),

@@ -83,6 +83,7 @@ async def relay_stream(
     client is sent, up to ``copy_limit`` bytes: past it, the copy is dropped and the
     response's ``copy`` is None); a stream that breaks off goes on from another endpoint
     where ``resume`` can (its attempts are closed here), else ends with an error event."""
+    ctx.stream = True  # what the client gets, whatever it asked
     response = await _prepared(request, ctx, upstream, None)
     response.copy, response.copy_limit = copy, copy_limit
     current = attempt
@@ -101,11 +102,14 @@ async def relay_stream(
             if current is not attempt:
                 current.close()
             current, relay = following
+            ctx.endpoint = current.endpoint.address
             assert current.response is not None
             upstream = current.response
             failure = await _relay_events(ctx, current, upstream, idle, relay, response, restore)
     finally:  # the client may have gone: what the engine sent is metered all the same
         _record_usage(ctx, relay.usage or _relayed_usage(upstream, relay, resume))
+        if resume is not None:
+            ctx.attempts += resume.tries
         if current is not attempt:
             current.close(ctx.prompt_tokens if ctx.usage_known else None)
     if failure:

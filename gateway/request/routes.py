@@ -41,7 +41,7 @@ from gateway.request.request_context import (
 )
 from gateway.request.runtime import dead_pools
 from gateway.request.state import STATE, GatewayState
-from gateway.request.stored_responses import by_id, route_name
+from gateway.request.stored_responses import home_of, route_name, send_home
 from kvgate.wire.http.messages import AnyResponse, Request, Response, header_line, json_response
 from kvgate.wire.http.server import SHUTDOWN_CUT
 from kvgate.wire.responses_api import STORED_PREFIX as RESPONSE_PREFIX
@@ -154,10 +154,22 @@ ROUTES: dict[str, dict[str, RouteHandler]] = {
 }
 
 
+async def stored_response(request: Request, ctx: RequestContext) -> AnyResponse:
+    """A request about a stored response (retrieve, delete, cancel, its input items), sent to
+    the endpoint that holds it (``gateway.request.stored_responses``)."""
+    home, endpoint = await home_of(request, ctx)
+    ctx.model, ctx.pool, ctx.endpoint = home.model, home.pool, home.endpoint
+    return await send_home(request, ctx, endpoint)
+
+
 MODEL_PREFIX = "/v1/models/"
 MODEL_ROUTE: dict[str, RouteHandler] = {"GET": model}
 METRICS_ROUTE: dict[str, RouteHandler] = {"GET": metrics}
-RESPONSE_ROUTE: dict[str, RouteHandler] = {"GET": by_id, "DELETE": by_id, "POST": by_id}
+RESPONSE_ROUTE: dict[str, RouteHandler] = {
+    "GET": stored_response,
+    "DELETE": stored_response,
+    "POST": stored_response,
+}
 
 
 def _route(request: Request, ctx: RequestContext) -> RouteHandler:
@@ -171,7 +183,7 @@ def _route(request: Request, ctx: RequestContext) -> RouteHandler:
         if path.startswith(MODEL_PREFIX) and len(path) > len(MODEL_PREFIX):
             methods, ctx.route = MODEL_ROUTE, MODEL_PREFIX + "{id}"
         elif path.startswith(RESPONSE_PREFIX):
-            methods, ctx.route = RESPONSE_ROUTE, route_name(path)  # by_id checks the methods
+            methods, ctx.route = RESPONSE_ROUTE, route_name(path)  # home_of checks the methods
         elif path == policy.observability.metrics_path:
             methods = METRICS_ROUTE
         elif path in policy.passthrough_paths:

@@ -96,9 +96,10 @@ def _endpoint(runtime: Runtime, pool: str, address: str) -> EndpointState | None
     return None
 
 
-async def by_id(request: Request, ctx: RequestContext) -> AnyResponse:
-    """``/v1/responses/{id}`` (GET, DELETE), ``.../cancel`` (POST), ``.../input_items`` (GET):
-    sent to the endpoint that holds the response, its answer relayed as it is."""
+async def home_of(request: Request, ctx: RequestContext) -> tuple[Home, EndpointState]:
+    """Where a request about a stored response goes (``/v1/responses/{id}``: GET, DELETE;
+    ``.../cancel``: POST; ``.../input_items``: GET): the response's home and its endpoint.
+    ``NotFound`` where none holds it for this caller."""
     addressed = addressed_response(request.path)
     if addressed is None:
         raise NotFound(f"no route for {request.path}")
@@ -114,10 +115,17 @@ async def by_id(request: Request, ctx: RequestContext) -> AnyResponse:
     endpoint = None if home is None else _endpoint(runtime, home.pool, home.endpoint)
     if home is None or endpoint is None:
         raise NotFound(response_not_found(response_id), param="response_id")
-    ctx.model, ctx.pool, ctx.endpoint = home.model, home.pool, home.endpoint
-    response = await _send(request, ctx, runtime, endpoint)
+    return home, endpoint
+
+
+async def send_home(request: Request, ctx: RequestContext, endpoint: EndpointState) -> AnyResponse:
+    """The request about a stored response sent to ``endpoint`` (of ``ctx.pool``), its home;
+    its answer relayed as it is (a deleted response's home is forgotten)."""
+    response = await _send(request, ctx, request.app[STATE].current, endpoint)
     if request.method == "DELETE" and ctx.status == 200:
-        request.app[STATE].response_homes.forget(response_id)
+        addressed = addressed_response(request.path)
+        if addressed is not None:
+            request.app[STATE].response_homes.forget(addressed[0])
     return response
 
 
@@ -137,15 +145,12 @@ async def _send(
         )  # fmt: skip
     except RETRYABLE as exc:
         attempt.fail(TIMED_OUT if isinstance(exc, asyncio.TimeoutError) else CONNECT_FAILED)
-        error = as_gateway_error(exc, endpoint)
-        ctx.error = error.code or "upstream_error"
-        raise error from exc
+        raise as_gateway_error(exc, endpoint) from exc
     attempt.answered(upstream)
     idle = runtime.policy.timeouts.idle
     restore = model_restorer(pool.model, ctx.model)
     try:
         if upstream.content_type == "text/event-stream":
-            ctx.stream = True
             relay = ResponsesRelay()
             return await relay_stream(request, ctx, attempt, upstream, idle, relay, None, restore)
         data = upstream.read_now()

@@ -42,7 +42,6 @@ class StreamResume:
         "client_counts",
         "client_ids",
         "client_wants_usage",
-        "ctx",
         "failed",
         "headers",
         "left",
@@ -51,12 +50,12 @@ class StreamResume:
         "pick",
         "pool",
         "token_ids",
+        "tries",
     )
 
     def __init__(
         self,
         call: UpstreamCall,
-        ctx: RequestContext,
         pool: Pool,
         path: str,
         body: dict[str, object],
@@ -68,7 +67,6 @@ class StreamResume:
         """``body``: the client's request, its model rewritten for the pool; ``payload``: the
         bytes first sent (with what the gateway added)."""
         self.call = call
-        self.ctx = ctx
         self.pool = pool
         self.path = path
         self.body = body
@@ -84,6 +82,7 @@ class StreamResume:
         self.token_ids = pool.returns_token_ids
         self.left = call.retries.resumes
         self.failed: set[str] = set()
+        self.tries = 0  # endpoints tried to go on with the stream
 
     def relay(self) -> SSERelay:
         """The relay of a stream that may be resumed: it keeps what it forwards, and drops the
@@ -146,30 +145,20 @@ class StreamResume:
         return attempt, following
 
     async def _open(self, path: str, payload: bytes) -> Attempt | None:
-        ctx = self.ctx
-        tries = ctx.attempts
+        tried = set(self.failed)
         try:
             ranking = self.call.picker.rank(self.pool.name, self.pick)
             attempt = await open_upstream(
-                self.call,
-                ctx,
-                self.pool,
-                path,
-                payload,
-                self.headers,
-                self.pick,
-                ranking,
-                exclude=self.failed,
+                self.call, self.pool, path, payload, self.headers, self.pick, ranking, tried
             )
         except GatewayError:
             return None
         finally:
-            ctx.attempts += tries
+            self.tries += len(tried) - len(self.failed)
         response = attempt.response
         if response is None or response.status != 200 or response.content_type != EVENT_STREAM:
             attempt.close()
             return None
-        ctx.endpoint = attempt.endpoint.address
         return attempt
 
     def _progress(self, relay: SSERelay) -> Progress:

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from opentelemetry import trace
 from opentelemetry.propagate import inject
 
-from gateway.base.context import RequestContext
 from gateway.base.errors import GatewayError, NoEndpoint, UpstreamError, UpstreamTimeout
 from gateway.base.forwarded import ClientAddress, forwarded_chain
 from gateway.base.metrics import GatewayMetrics
@@ -211,21 +210,21 @@ class UpstreamCall:
 
 async def open_upstream(
     call: UpstreamCall,
-    ctx: RequestContext,
     pool: Pool,
     path: str,
     payload: bytes,
     headers: bytes,
     pick: PickRequest,
     ranking: Ranking | None = None,
-    exclude: set[str] | None = None,
+    tried: set[str] | None = None,
 ) -> Attempt:
     """The first acceptable upstream response, as an open ``Attempt`` the caller must close.
 
     The picker ranks the pool once (or the caller did: ``ranking``); each retry takes the
-    next endpoint of that ranking that was not tried (nor in ``exclude``) and whose breaker
-    lets requests through."""
-    tried: set[str] = set(exclude) if exclude else set()
+    next endpoint of that ranking that is not in ``tried`` and whose breaker lets requests
+    through. ``tried`` (the caller's, when it counts the attempts) gains each endpoint tried."""
+    if tried is None:
+        tried = set()
     last: GatewayError | None = None
     held: Attempt | None = None  # a 5xx kept as last resort, its verdict pending
     first_byte = call.timeouts.first_byte
@@ -246,7 +245,6 @@ async def open_upstream(
             call.metrics.retries.labels(pool.name).inc()
             await asyncio.sleep(_backoff(call.retries, number))
         tried.add(endpoint.address)
-        ctx.attempts = number + 1
         attempt = Attempt(endpoint, ranking)
         if call.adapters is not None:
             placed = await _place_adapter(call.adapters, attempt, pool, pick)
@@ -296,7 +294,6 @@ async def open_upstream(
         return held  # nobody else could answer: the client gets the upstream's own 5xx
     if last is None:
         raise NoEndpoint(f"no endpoint of pool '{pool.name}' can serve the request")
-    ctx.error = last.code or "upstream_error"
     raise last
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -27,6 +28,7 @@ from policies.cache_section import ResponseCacheStore, RouteCache
 from policies.schema import Policy
 
 HEADER = "x-kvgate-cache"
+HIT, MISS, BYPASS = "hit", "miss", "bypass"
 _JSON, _SSE = "application/json", "text/event-stream"
 
 
@@ -54,6 +56,13 @@ def cache_key(tenant: str, path: str, pool: str, body: Mapping[str, object]) -> 
     digest = hashlib.sha256(b"\0".join((tenant.encode(), path.encode(), pool.encode())))
     digest.update(b"\0" + canonical)
     return digest.hexdigest()
+
+
+def replayed(answer: KeptAnswer, headers: Mapping[str, str] | None) -> Response:
+    """A kept answer as a request's response, with its ``age`` and ``headers``."""
+    age = str(max(0, int(time.time() - answer.stored_at)))
+    content_type = _SSE if answer.stream else _JSON
+    return Response(answer.body, headers={**(headers or {}), "age": age}, content_type=content_type)
 
 
 class Keep:
@@ -94,6 +103,16 @@ class Keep:
 
     def _key(self, ctx: RequestContext) -> str:
         return cache_key(self.tenant, self.path, ctx.pool or self.pool, self.body)
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """The response cache's verdict on a request (``hit``, ``miss`` or ``bypass``), with the
+    kept answer of a hit, and where a miss's answer is kept."""
+
+    verdict: str
+    answer: KeptAnswer | None = None
+    keep: Keep | None = None
 
 
 class ResponseCache:
@@ -154,27 +173,27 @@ class ResponseCache:
 
     async def look_up(
         self,
-        ctx: RequestContext,
         route: RouteCache,
         api: Api,
         body: Mapping[str, object],
         headers: Mapping[str, str],
         pool: str,
-    ) -> tuple[Response | None, Keep | None]:
-        """The kept answer to this request (a hit), else where to keep its answer (a miss;
-        None when it is not to be kept)."""
+        tenant: str,
+        model: str,
+    ) -> Lookup:
+        """The verdict on a request of ``tenant`` for ``model``: its kept answer (a hit), else
+        where to keep its answer (a miss), or neither (bypassed)."""
         said = directives(headers)
         if not api.cacheable or "no-store" in said or not deterministic(api, body):
-            self._count(ctx, "bypass")
-            return None, None
-        tenant = "*" if route.across_tenants else ctx.tenant
+            return self._counted(model, Lookup(BYPASS))
+        if route.across_tenants:
+            tenant = "*"
         if "no-cache" not in said:
             answer = await self._get(cache_key(tenant, api.path, pool, body))
             if answer is not None:
-                self._count(ctx, "hit")
-                return self._replay(ctx, answer), None
-        self._count(ctx, "miss")
-        return None, Keep(self, tenant, api.path, body, pool, route.ttl)
+                return self._counted(model, Lookup(HIT, answer))
+        keep = Keep(self, tenant, api.path, body, pool, route.ttl)
+        return self._counted(model, Lookup(MISS, keep=keep))
 
     async def _get(self, key: str) -> KeptAnswer | None:
         answer = self.memory.get(key)
@@ -198,22 +217,9 @@ class ResponseCache:
         self.evicted.inc(self.memory.evictions - evictions)
         self.size.set(self.memory.bytes)
 
-    def _count(self, ctx: RequestContext, result: str) -> None:
-        ctx.cache = result
-        ctx.add_headers({HEADER: result})
-        self.lookups.labels(ctx.model, result).inc()
-
-    @staticmethod
-    def _replay(ctx: RequestContext, answer: KeptAnswer) -> Response:
-        """The kept answer as this request's response."""
-        ctx.status = 200
-        ctx.endpoint = "cache"
-        ctx.canary_arm = ""  # a kept answer says nothing of the canary's engines
-        ctx.ttft = time.perf_counter() - ctx.start
-        age = str(max(0, int(time.time() - answer.stored_at)))
-        headers = {**(ctx.extra_headers or {}), "age": age}
-        content_type = _SSE if answer.stream else _JSON
-        return Response(answer.body, headers=headers, content_type=content_type)
+    def _counted(self, model: str, lookup: Lookup) -> Lookup:
+        self.lookups.labels(model, lookup.verdict).inc()
+        return lookup
 
     async def close(self) -> None:
         for store in (*self._retired, *([self.redis] if self.redis else [])):

@@ -13,7 +13,6 @@ from contextlib import asynccontextmanager
 import pytest
 
 from epp.metrics import EppMetrics
-from gateway.base.context import RequestContext
 from gateway.base.metrics import GatewayMetrics
 from gateway.request.attempt import BROKEN, Attempt
 from gateway.request.runtime import Runtime, RuntimeParts, build_runtime
@@ -106,9 +105,7 @@ async def send(runtime: Runtime, prompt: str = "x") -> Attempt:
     pool = runtime.policy.pools["p"]
     pick = PickRequest("m", {"model": "m", "prompt": prompt}, {}, None, "r1")
     call = runtime.calls["p"]
-    return await open_upstream(
-        call, RequestContext("r1"), pool, "/v1/completions", b"{}", b"", pick
-    )
+    return await open_upstream(call, pool, "/v1/completions", b"{}", b"", pick)
 
 
 async def test_every_exit_path_lowers_the_in_flight_count_once() -> None:
@@ -223,7 +220,6 @@ retries: {{attempts: 3, backoff: 1ms, max_backoff: 1ms}}
         pick = PickRequest("sql", {"model": "sql", "prompt": "x"}, {}, None, "r1")
         attempt = await open_upstream(
             runtime.calls["p"],
-            RequestContext("r1"),
             policy.pools["p"],
             "/v1/completions",
             b"{}",

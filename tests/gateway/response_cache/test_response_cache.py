@@ -9,15 +9,20 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.base.api import COMPLETIONS, EMBEDDINGS, RESPONSES
+from gateway.base.api import COMPLETIONS, EMBEDDINGS, RESPONSES, Api
 from gateway.base.context import RequestContext
 from gateway.base.identity import Identity
 from gateway.response_cache.cache import (
+    BYPASS,
     HEADER,
+    HIT,
+    MISS,
+    Lookup,
     ResponseCache,
     cache_key,
     deterministic,
     directives,
+    replayed,
 )
 from gateway.response_cache.stores import KeptAnswer, MemoryAnswers
 from loadtest.harness.redis_server import RedisServer
@@ -116,24 +121,32 @@ def context(tenant: str = "acme") -> RequestContext:
 GREEDY = {"model": "m", "prompt": "p", "temperature": 0}
 
 
+async def look_up(
+    cache: ResponseCache,
+    tenant: str = "acme",
+    pool: str = "p",
+    api: Api = COMPLETIONS,
+    headers: dict[str, str] | None = None,
+    body: dict[str, object] | None = None,
+) -> Lookup:
+    return await cache.look_up(RouteCache(), api, body or GREEDY, headers or {}, pool, tenant, "m")
+
+
 async def test_a_kept_answer_is_replayed_with_its_age_and_verdicts() -> None:
-    cache = cache_for()
-    ctx = context()
-    hit, keep = await cache.look_up(ctx, RouteCache(), COMPLETIONS, GREEDY, {}, "p")
-    assert hit is None and keep is not None and ctx.extra_headers == {HEADER: "miss"}
-    keep.answer(ctx, 200, "application/json", b'{"answer": 1}')
-    ctx = context()
-    hit, keep = await cache.look_up(ctx, RouteCache(), COMPLETIONS, GREEDY, {}, "p")
-    assert hit is not None and keep is None
-    assert (hit.body, hit.status, ctx.endpoint, ctx.cache) == (
-        b'{"answer": 1}',
-        200,
-        "cache",
-        "hit",
-    )
-    assert dict(hit.headers)["age"] == "0"
-    other, _ = await cache.look_up(context("beta"), RouteCache(), COMPLETIONS, GREEDY, {}, "p")
-    assert other is None  # another tenant's
+    registry = CollectorRegistry()
+    cache = cache_for(registry)
+    missed = await look_up(cache)
+    assert (missed.verdict, missed.answer) == (MISS, None) and missed.keep is not None
+    missed.keep.answer(context(), 200, "application/json", b'{"answer": 1}')
+    found = await look_up(cache)
+    assert (found.verdict, found.keep) == (HIT, None) and found.answer is not None
+    hit = replayed(found.answer, {HEADER: HIT})
+    assert (hit.body, hit.status) == (b'{"answer": 1}', 200)
+    assert dict(hit.headers) == {HEADER: HIT, "age": "0", "content-type": "application/json"}
+    assert (await look_up(cache, "beta")).verdict == MISS  # another tenant's
+    lookups = "kvgate_response_cache_lookups_total"
+    assert registry.get_sample_value(lookups, {"model": "m", "result": "hit"}) == 1
+    assert registry.get_sample_value(lookups, {"model": "m", "result": "miss"}) == 2
 
 
 async def test_only_whole_200_answers_within_the_entry_size_are_kept() -> None:
@@ -143,18 +156,18 @@ async def test_only_whole_200_answers_within_the_entry_size_are_kept() -> None:
         (200, "text/plain", b"x"),
         (200, "application/json", b"x" * 11),
     ]:
-        _, keep = await cache.look_up(context(), RouteCache(), COMPLETIONS, GREEDY, {}, "p")
+        keep = (await look_up(cache)).keep
         assert keep is not None
         keep.answer(context(), status, content_type, data)
     ctx = context()
     ctx.status, ctx.error = 200, "upstream_stream_broken"
-    _, keep = await cache.look_up(ctx, RouteCache(), COMPLETIONS, GREEDY, {}, "p")
+    keep = (await look_up(cache)).keep
     assert keep is not None
     keep.copy.append(b"data: {}\n\n")
     keep.stream(ctx, copied=True)
     ctx = context()
     ctx.status = 200
-    _, keep = await cache.look_up(ctx, RouteCache(), COMPLETIONS, GREEDY, {}, "p")
+    keep = (await look_up(cache)).keep
     assert keep is not None
     keep.stream(ctx, copied=False)  # dropped as it was written: over max_entry
     assert cache.memory.bytes == 0
@@ -163,14 +176,14 @@ async def test_only_whole_200_answers_within_the_entry_size_are_kept() -> None:
 async def test_an_answer_is_kept_under_the_pool_that_served_it() -> None:
     cache = cache_for()
     ctx = context()
-    _, keep = await cache.look_up(ctx, RouteCache(), COMPLETIONS, GREEDY, {}, "primary")
+    keep = (await look_up(cache, pool="primary")).keep
     assert keep is not None
     ctx.pool = "fallback"  # the primary was saturated: a fallback model answered
     keep.answer(ctx, 200, "application/json", b'{"from": "fallback"}')
-    primary, _ = await cache.look_up(context(), RouteCache(), COMPLETIONS, GREEDY, {}, "primary")
-    assert primary is None  # the primary's requests never get the fallback's answer
-    fallback, _ = await cache.look_up(context(), RouteCache(), COMPLETIONS, GREEDY, {}, "fallback")
-    assert fallback is not None and fallback.body == b'{"from": "fallback"}'
+    primary = await look_up(cache, pool="primary")
+    assert primary.answer is None  # the primary's requests never get the fallback's answer
+    fallback = await look_up(cache, pool="fallback")
+    assert fallback.answer is not None and fallback.answer.body == b'{"from": "fallback"}'
 
 
 async def test_the_callers_directives_and_other_paths_bypass() -> None:
@@ -179,25 +192,22 @@ async def test_the_callers_directives_and_other_paths_bypass() -> None:
         (RESPONSES, {}),
         (COMPLETIONS, {"cache-control": "no-store"}),
     ]:
-        ctx = context()
-        assert await cache.look_up(ctx, RouteCache(), api, GREEDY, headers, "p") == (None, None)
-        assert ctx.cache == "bypass"
+        assert await look_up(cache, api=api, headers=headers) == Lookup(BYPASS)
 
 
 async def test_answers_in_redis_are_found_by_another_cache(redis_server: RedisServer) -> None:
     registry = CollectorRegistry()
     first = cache_for(store="redis", url=redis_server.url)
     second = cache_for(registry, store="redis", url=redis_server.url)
-    _, keep = await first.look_up(context(), RouteCache(), COMPLETIONS, GREEDY, {}, "p")
+    keep = (await look_up(first)).keep
     assert keep is not None
     keep.answer(context(), 200, "application/json", b'{"shared": true}')
     await asyncio.sleep(0.2)  # the write is in the background
-    hit, _ = await second.look_up(context(), RouteCache(), COMPLETIONS, GREEDY, {}, "p")
+    hit = (await look_up(second)).answer
     assert hit is not None and hit.body == b'{"shared": true}'
     redis_server.stop()
-    ctx = context()
-    missed, _ = await second.look_up(ctx, RouteCache(), COMPLETIONS, {**GREEDY, "n": 1}, {}, "p")
-    assert missed is None and ctx.cache == "miss"
+    missed = await look_up(second, body={**GREEDY, "n": 1})
+    assert missed.answer is None and missed.verdict == MISS
     assert registry.get_sample_value("kvgate_response_cache_store_errors_total") == 1
     await first.close()
     await second.close()
