@@ -30,10 +30,9 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from gateway.base.api import CHAT, COMPLETIONS, Api
 from kvgate.wire.sse import SSERelay, error_message, event_object
 
-COMPLETIONS = "/v1/completions"
-CHAT = "/v1/chat/completions"
 # sampling fields a continuation keeps (the rest of a chat body is the chat's own)
 SAMPLING = (
     "temperature",
@@ -74,13 +73,13 @@ UNRESUMABLE = frozenset(
 _DONE = b"data: [DONE]\n\n"
 
 
-def resumable(path: str, body: Mapping[str, object]) -> bool:
-    """Whether a stream of ``body`` to ``path`` can be continued elsewhere if it breaks."""
-    if path not in (CHAT, COMPLETIONS) or body.get("n") not in (None, 1):
+def resumable(api: Api, body: Mapping[str, object]) -> bool:
+    """Whether a stream of ``body`` in ``api`` can be continued elsewhere if it breaks."""
+    if not api.resumable or body.get("n") not in (None, 1):
         return False
     if body.get("logprobs") or body.get("top_logprobs") or body.get("prompt_logprobs"):
         return False
-    if path == COMPLETIONS and not isinstance(body.get("prompt"), str):
+    if not api.chat and not isinstance(body.get("prompt"), str):
         return False
     return UNRESUMABLE.isdisjoint(body) or not any(body.get(name) for name in UNRESUMABLE)
 
@@ -172,10 +171,11 @@ class Progress:
 
 
 def continuation(
-    path: str, body: Mapping[str, object], progress: Progress, token_ids: bool
+    body: Mapping[str, object], progress: Progress, token_ids: bool
 ) -> tuple[str, dict[str, object]]:
-    """The request that goes on from ``progress`` (path and body); ``token_ids``: ask the
-    engine for its ids, so that a later break can go on from them too."""
+    """The request that goes on from ``progress`` (path and body: a completion of the token
+    ids so far, else the stream's own API from its text); ``token_ids``: ask the engine for
+    its ids, so that a later break can go on from them too."""
     generated = progress.generated
     limits: dict[str, int] = {}
     for key in ("max_tokens", "max_completion_tokens", "min_tokens"):
@@ -193,14 +193,14 @@ def continuation(
         if "max_completion_tokens" in limits:
             limits["max_tokens"] = limits.pop("max_completion_tokens")
         ids = progress.prompt_token_ids + progress.token_ids
-        return COMPLETIONS, {"model": body["model"], "prompt": ids, **kept, **limits, **stream}
+        return COMPLETIONS.path, {"model": body["model"], "prompt": ids, **kept, **limits, **stream}
     if progress.chat:
         messages = list(body["messages"])  # type: ignore[call-overload]
         messages.append({"role": "assistant", "content": progress.text})
         extra = {"continue_final_message": True, "add_generation_prompt": False}
-        return path, {**body, "messages": messages, **extra, **limits, **stream}
+        return CHAT.path, {**body, "messages": messages, **extra, **limits, **stream}
     prompt = str(body["prompt"]) + progress.text
-    return path, {**body, "prompt": prompt, **limits, **stream}
+    return COMPLETIONS.path, {**body, "prompt": prompt, **limits, **stream}
 
 
 def ending(progress: Progress, client_wants_usage: bool) -> bytes | None:

@@ -38,10 +38,10 @@ from gateway.request.forward import Forward, parse
 from gateway.request.relay import body_response, read_upstream_body, relay_body, relay_stream
 from gateway.request.state import STATE
 from gateway.request.stored_responses import created, led_by_previous
-from gateway.request.stream_resume import StreamResume, asks_token_ids, stream_resume
+from gateway.request.stream_resume import StreamResume, asks_token_ids, may_resume
 from gateway.request.tracing import decision_attributes, span
 from gateway.request.upstream import UpstreamCall, client_request_headers, open_upstream
-from gateway.request.upstream_payload import KV_TRANSFER, payload_for, pool_body
+from gateway.request.upstream_payload import KV_TRANSFER, payload_for
 from gateway.response_cache.cache import HEADER as CACHE_HEADER
 from gateway.response_cache.cache import replayed
 from gateway.routing.endpoint_picker import Ranking
@@ -256,11 +256,7 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
     try:
         call, headers, ranking = _ranked(forward, pool)
         params = await _prefill(forward, pool, call, headers, ranking)
-        resumes = (
-            forward.api.resumable
-            and forward.form is None
-            and stream_resume(call, ctx, forward.path, forward.body, forward.route.resume)
-        )
+        resumes = may_resume(forward, call)
         payload = _upstream_payload(forward, pool, params, resumes)
         if forward.api.stored and "previous_response_id" in forward.body:
             previous = forward.body["previous_response_id"]
@@ -466,15 +462,5 @@ def _stream_relay(
     """How the upstream's stream is relayed, and how it goes on if its engine fails."""
     if not resumes:
         return forward.api.relay(strip_usage=not forward.client_wants_usage), None
-    ctx = forward.ctx
-    resume = StreamResume(
-        forward.runtime.calls[pool.name],
-        pool,
-        forward.path,
-        pool_body(forward.body, pool, ctx.model),
-        payload,
-        headers,
-        forward.pick,
-        forward.client_wants_usage,
-    )
+    resume = StreamResume(forward, pool, payload, headers)
     return resume.relay(), resume

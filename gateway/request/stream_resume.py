@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import orjson
 
-from gateway.base.context import RequestContext
 from gateway.base.errors import GatewayError
 from gateway.request.attempt import Attempt
 from gateway.request.continuation import (
-    CHAT,
     ContinuationRelay,
     Progress,
     continuation,
@@ -25,8 +23,10 @@ from gateway.request.continuation import (
     resumable,
     whole_usage,
 )
+from gateway.request.forward import Forward
 from gateway.request.upstream import UpstreamCall, open_upstream
-from gateway.routing.endpoint_picker import EndpointState, PickRequest
+from gateway.request.upstream_payload import pool_body
+from gateway.routing.endpoint_picker import EndpointState
 from kvgate.wire.sse import SSERelay
 from policies.schema import Pool
 
@@ -37,6 +37,7 @@ class StreamResume:
     """One stream's way on when its engine fails (a plain slots class: one per stream)."""
 
     __slots__ = (
+        "api",
         "body",
         "call",
         "client_counts",
@@ -45,7 +46,6 @@ class StreamResume:
         "failed",
         "headers",
         "left",
-        "path",
         "payload",
         "pick",
         "pool",
@@ -53,34 +53,24 @@ class StreamResume:
         "tries",
     )
 
-    def __init__(
-        self,
-        call: UpstreamCall,
-        pool: Pool,
-        path: str,
-        body: dict[str, object],
-        payload: bytes,
-        headers: bytes,
-        pick: PickRequest,
-        client_wants_usage: bool,
-    ) -> None:
-        """``body``: the client's request, its model rewritten for the pool; ``payload``: the
-        bytes first sent (with what the gateway added)."""
-        self.call = call
+    def __init__(self, forward: Forward, pool: Pool, payload: bytes, headers: bytes) -> None:
+        """The way on of ``forward``'s stream from ``pool``; ``payload`` and ``headers``: what
+        was first sent (with what the gateway added)."""
+        self.call = forward.runtime.calls[pool.name]
         self.pool = pool
-        self.path = path
-        self.body = body
+        self.api = forward.api
+        body = self.body = pool_body(forward.body, pool, forward.ctx.model)
         self.payload = payload
         self.headers = headers
-        self.pick = pick
-        self.client_wants_usage = client_wants_usage
+        self.pick = forward.pick
+        self.client_wants_usage = forward.client_wants_usage
         self.client_ids = body.get("return_token_ids") is True
         options = body.get("stream_options")
         self.client_counts = (
             isinstance(options, dict) and options.get("continuous_usage_stats") is True
         )
         self.token_ids = pool.returns_token_ids
-        self.left = call.retries.resumes
+        self.left = self.call.retries.resumes
         self.failed: set[str] = set()
         self.tries = 0  # endpoints tried to go on with the stream
 
@@ -120,13 +110,13 @@ class StreamResume:
             return None
         self.left -= 1
         if progress.started:
-            path, body = continuation(self.path, self.body, progress, self.token_ids)
+            path, body = continuation(self.body, progress, self.token_ids)
             payload = orjson.dumps(body)
             following: SSERelay = ContinuationRelay(
                 progress, client_wants_usage=self.client_wants_usage, client_ids=self.client_ids
             )
         else:  # nothing reached the client: the same request, elsewhere
-            path, payload, following = self.path, self.payload, self.relay()
+            path, payload, following = self.api.path, self.payload, self.relay()
         tracer = self.call.tracer
         if tracer is None:
             attempt = await self._open(path, payload)
@@ -164,7 +154,7 @@ class StreamResume:
     def _progress(self, relay: SSERelay) -> Progress:
         if isinstance(relay, ContinuationRelay):
             return relay.progress
-        return Progress.of(self.path == CHAT, relay.recorded or [])
+        return Progress.of(self.api.chat, relay.recorded or [])
 
     def _count(self, outcome: str) -> None:
         metrics = self.call.metrics
@@ -176,9 +166,13 @@ def asks_token_ids(pool: Pool, body: dict[str, object]) -> bool:
     return pool.returns_token_ids and body.get("return_token_ids") is not True
 
 
-def stream_resume(
-    call: UpstreamCall, ctx: RequestContext, path: str, body: dict[str, object], enabled: bool
-) -> bool:
-    """Whether a stream of ``body`` to ``path`` is to be resumable: the route allows it, the
-    policy has resumes, and the request is one that can be continued."""
-    return enabled and ctx.stream and call.retries.resumes > 0 and resumable(path, body)
+def may_resume(forward: Forward, call: UpstreamCall) -> bool:
+    """Whether ``forward``'s stream is to be resumable: a stream the route lets go on, the
+    policy has resumes, and the request is one that can be continued (not a form)."""
+    return (
+        forward.route.resume
+        and forward.ctx.stream
+        and forward.form is None
+        and call.retries.resumes > 0
+        and resumable(forward.api, forward.body)
+    )

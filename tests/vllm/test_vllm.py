@@ -426,13 +426,13 @@ def test_a_broken_stream_s_continuation_goes_on_as_vllm_would_have(
     cut = 8  # events the client had when the engine died
     sent = Progress.of(chat, whole[:cut])
     assert sent.token_ids is not None and 0 < len(sent.token_ids) < 24
-    path_on, going_on = continuation(path, body, sent, token_ids=True)
+    path_on, going_on = continuation(body, sent, token_ids=True)
     assert path_on == "/v1/completions"
     rest = Progress.of(False, _events(server, path_on, going_on))
     assert sent.token_ids + (rest.token_ids or []) == reference.token_ids
     by_text = Progress.of(chat, [without_token_ids(e) for e in whole[:cut]])
     assert by_text.token_ids is None
-    path_on, going_on = continuation(path, body, by_text, token_ids=False)
+    path_on, going_on = continuation(body, by_text, token_ids=False)
     assert path_on == path  # accepted, and answered to its end (the text may be empty)
     assert Progress.of(chat, _events(server, path_on, going_on)).finish_reason == "length"
     if chat:

@@ -8,6 +8,7 @@ import json
 import orjson
 import pytest
 
+from gateway.base.api import api_of
 from gateway.request.continuation import (
     ContinuationRelay,
     Progress,
@@ -94,7 +95,7 @@ def test_several_choices_or_tool_calls_are_not_resumable(choice: dict[str, objec
     ],
 )
 def test_what_can_be_resumed(path: str, body: dict[str, object], expected: bool) -> None:
-    assert resumable(path, body) is expected
+    assert resumable(api_of(path), body) is expected
 
 
 def test_a_continuation_from_token_ids_is_a_completion_of_the_ids_so_far() -> None:
@@ -109,7 +110,7 @@ def test_a_continuation_from_token_ids_is_a_completion_of_the_ids_so_far() -> No
         "seed": 3,
         "tools_choice": "none",
     }
-    path, sent = continuation("/v1/chat/completions", body, progress, token_ids=True)
+    path, sent = continuation(body, progress, token_ids=True)
     assert path == "/v1/completions"
     assert sent == {
         "model": "m",
@@ -131,7 +132,7 @@ def test_a_chat_continuation_from_text_continues_the_final_message() -> None:
         "max_tokens": 5,
         "min_tokens": 4,
     }
-    path, sent = continuation("/v1/chat/completions", body, progress, token_ids=False)
+    path, sent = continuation(body, progress, token_ids=False)
     assert path == "/v1/chat/completions"
     assert sent["messages"] == [
         {"role": "user", "content": "a story"},
@@ -144,7 +145,7 @@ def test_a_chat_continuation_from_text_continues_the_final_message() -> None:
 
 def test_a_completion_continuation_from_text_extends_the_prompt() -> None:
     progress = Progress(False, id="c", text=" upon", events=1)
-    _, sent = continuation("/v1/completions", {"model": "m", "prompt": "Once"}, progress, True)
+    _, sent = continuation({"model": "m", "prompt": "Once"}, progress, True)
     assert sent["prompt"] == "Once upon" and "max_tokens" not in sent
 
 
@@ -331,7 +332,7 @@ def test_a_text_continuation_counts_tokens_as_the_engine_did_not_events() -> Non
     progress = Progress.of(True, recorded)
     assert (progress.events, progress.generated) == (2, 6)
     body = {"model": "m", "messages": [{"role": "user", "content": "a story"}], "max_tokens": 8}
-    _, sent = continuation("/v1/chat/completions", body, progress, token_ids=False)
+    _, sent = continuation(body, progress, token_ids=False)
     assert sent["max_tokens"] == 2  # 8 asked, 6 written: the joined answer stays within 8
     assert sent["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     relay = ContinuationRelay(progress, client_wants_usage=True, client_ids=False)
