@@ -64,9 +64,9 @@ def publish(ports: list[int], batches: int, rate: float, run_blocks: int) -> Non
 
 async def subscribe(mode: str, ports: list[int], batches: int) -> dict[str, float]:
     """Read ``batches`` batches from ``ports`` the ``mode`` way; CPU from the first on."""
+    from epp.datalayer.indexes.precise import KVEventHooks, PreciseIndex
+    from epp.datalayer.kv_events import KVEventSubscriber, has_message
     from epp.framework import Endpoint, EndpointMetadata
-    from epp.indexes.precise import KVEventHooks, PreciseIndex
-    from epp.kv_events import KVEventSubscriber, has_message
 
     first, last = asyncio.Event(), asyncio.Event()
     received = 0

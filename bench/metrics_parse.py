@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.metrics_parser import parse_metrics
+from epp.datalayer.metrics_parser import parse_metrics
 
 FAMILIES = 36  # histograms and counters a vLLM server exposes besides the picker's series
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import uvloop
 
-from epp.metrics_parser import VLLM, parse_metrics
-from epp.scraper import WHOLE, fetch_metrics, filtered_path
+from epp.datalayer.metrics_parser import VLLM, parse_metrics
+from epp.datalayer.scraper import WHOLE, fetch_metrics, filtered_path
 from kvgate.wire.http.connection_pool import ConnectionPool
 from loadtest.harness.proc_stats import cpu_seconds
 from loadtest.harness.processes import backend_process, free_port

@@ -56,9 +56,10 @@ class EndpointLoad:
     # first output token has not come back yet, and output tokens still owed (output limits)
     prefill_tokens: int = 0
     decode_tokens: int = 0
-    placed_tokens: float = 0.0  # uncached prompt tokens sent here, decayed (``epp.placement``)
+    # uncached prompt tokens sent here, decayed (``epp.datalayer.placement``)
+    placed_tokens: float = 0.0
     placed_at: float = 0.0  # when ``placed_tokens`` was last brought up to date
-    # requests of each LoRA adapter sent here, decayed alike (``epp.placement``)
+    # requests of each LoRA adapter sent here, decayed alike (``epp.datalayer.placement``)
     placed_adapters: dict[str, float] = field(default_factory=dict)
 
 
@@ -94,8 +95,8 @@ class Endpoint:
     # scraper's idle interval while it polls an idle endpoint slowly (its state cannot change
     # by this picker's doing until a pick wakes the poller), else 0
     metrics_grace: float = 0.0
-    # the policy's, or measured (``epp.measured_capacity``): the load scorers and saturation
-    # read load / capacity
+    # the policy's, or measured (``epp.datalayer.measured_capacity``): the load scorers and
+    # saturation read load / capacity
     capacity: float = 1.0
     # the LoRA adapters the gateway loaded here, when it places a pool's adapters itself (its
     # placement's live record: ``gateway.routing.adapter_placement``), and how many fit (0: the

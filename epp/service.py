@@ -14,24 +14,29 @@ import zlib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-from epp.config import build_plugins, build_profile
-from epp.datastore import Datastore
+from epp.datalayer.datastore import Datastore
+from epp.datalayer.indexes.prefix_index import PrefixIndex
+from epp.datalayer.placement import add_placed
+from epp.datalayer.routing_text import routing_text
+from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.upstream_tls import upstream_tls
 from epp.framework import Endpoint, EndpointMetrics, PickObserver, SchedulingRequest
-from epp.handle import PluginHandle
-from epp.indexes.prefix_index import PrefixIndex
 from epp.metrics import EppMetrics
-from epp.pick_exchange import PickExchange, SiblingPick
-from epp.placement import add_placed
-from epp.profile_handler import Decision, PdProfileHandler, ProfileHandler, SingleProfileHandler
-from epp.profile_runner import ProfileRunner
-from epp.registry import Plugin
-from epp.routing_text import routing_text
-from epp.saturation import SaturationDetector
-from epp.scorers.zone_affinity import in_zone
-from epp.scraper import MetricsScraper
-from epp.shared_picks import SharedPicks
-from epp.stored_responses import StoredResponses
-from epp.upstream_tls import upstream_tls
+from epp.requestcontrol.pick_exchange import PickExchange, SiblingPick
+from epp.requestcontrol.shared_picks import SharedPicks
+from epp.requestcontrol.stored_responses import StoredResponses
+from epp.scheduling.config import build_plugins, build_profile
+from epp.scheduling.handle import PluginHandle
+from epp.scheduling.profile_handler import (
+    Decision,
+    PdProfileHandler,
+    ProfileHandler,
+    SingleProfileHandler,
+)
+from epp.scheduling.profile_runner import ProfileRunner
+from epp.scheduling.registry import Plugin
+from epp.scheduling.saturation import SaturationDetector
+from epp.scheduling.scorers.zone_affinity import in_zone
 from kvgate.in_flight import InFlight
 from kvgate.wire.output_limit import requested_output_tokens
 from policies.schema import Policy

@@ -2,13 +2,13 @@
 
 The kernel spreads new connections over the workers (SO_REUSEPORT); each worker is a whole
 picker (its own scrapes, index and gRPC server). In approximate mode each worker's index also
-learns the other workers' picks through ``epp.pick_exchange``, so a prefix one worker placed is
-warm for all. In precise mode each worker subscribes to the engines' KV events itself, so every
-index is built from the same events; an EPP that *binds* the events socket (``kv_events.bind``)
-can have only one worker. Metrics are written to a shared directory and every worker's
-``/metrics`` answers for all of them (Prometheus multiprocess mode). On SIGTERM or SIGINT the
-supervisor stops every worker; a worker that dies is started again; one that cannot start (a
-port taken) stops them all.
+learns the other workers' picks through ``epp.requestcontrol.pick_exchange``, so a prefix one
+worker placed is warm for all. In precise mode each worker subscribes to the engines' KV events
+itself, so every index is built from the same events; an EPP that *binds* the events socket
+(``kv_events.bind``) can have only one worker. Metrics are written to a shared directory and
+every worker's ``/metrics`` answers for all of them (Prometheus multiprocess mode). On SIGTERM
+or SIGINT the supervisor stops every worker; a worker that dies is started again; one that
+cannot start (a port taken) stops them all.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import socket
 import tempfile
 from dataclasses import dataclass
 
-from epp.pick_exchange import ENV as PICKS_ENV
-from epp.pick_exchange import exchange_directory
-from epp.registry import CATALOG
+from epp.requestcontrol.pick_exchange import ENV as PICKS_ENV
+from epp.requestcontrol.pick_exchange import exchange_directory
+from epp.scheduling.registry import CATALOG
 from epp.server import GrpcTls, serve
 from kvgate.wire import app_logging
 from kvgate.wire.supervisor import STARTUP_FAILED, supervise

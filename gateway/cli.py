@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from epp.registry import CATALOG
+from epp.scheduling.registry import CATALOG
 from gateway.base.forwarded import is_loopback
 from gateway.workers import ServeOptions, serve
 from policies.errors import PolicyError

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from aiohttp import web
 
-from epp.registry import CATALOG
+from epp.scheduling.registry import CATALOG
 from gateway.guards.admission_gate import (
     AdmissionGate,
     AllGates,

@@ -19,9 +19,9 @@ import sys
 import tempfile
 from dataclasses import dataclass, replace
 
-from epp.pick_exchange import ENV as PICKS_ENV
-from epp.pick_exchange import exchange_directory
-from epp.registry import CATALOG
+from epp.requestcontrol.pick_exchange import ENV as PICKS_ENV
+from epp.requestcontrol.pick_exchange import exchange_directory
+from epp.scheduling.registry import CATALOG
 from gateway.app import create_app
 from gateway.base.build_info import request_path_compiled
 from gateway.lifecycle import running
@@ -141,7 +141,8 @@ def serve(options: ServeOptions, policy: Policy) -> int:
             return 1 if exc.code == STARTUP_FAILED else int(exc.code or 0)
         return 0
     metrics_dir = tempfile.mkdtemp(prefix="kvgate-metrics-")
-    # the workers' pickers tell each other their picks through sockets here (epp.pick_exchange)
+    # the workers' pickers tell each other their picks through sockets here
+    # (epp.requestcontrol.pick_exchange)
     picks_dir = os.environ[PICKS_ENV] = exchange_directory()
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from backends import cli as backend_cli
 from epp import cli as epp_cli
-from epp.registry import CATALOG
+from epp.scheduling.registry import CATALOG
 from gateway import cli as gateway_cli
 from gateway.base.build_info import version
 from gateway.control import spend_report

@@ -1,8 +1,9 @@
 """What the policy loader needs to know of the EPP's plugins, without importing the EPP.
 
-``epp.registry.CATALOG`` implements it; whoever loads a policy to run it (the gateway, the EPP,
-``kvgate policy check``) passes that catalog to ``load_policy``. Without one the loader checks
-the ``epp:`` section's structure only, and the EPP checks types and parameters when it builds.
+``epp.scheduling.registry.CATALOG`` implements it; whoever loads a policy to run it (the
+gateway, the EPP, ``kvgate policy check``) passes that catalog to ``load_policy``. Without one
+the loader checks the ``epp:`` section's structure only, and the EPP checks types and parameters
+when it builds.
 """
 
 from __future__ import annotations

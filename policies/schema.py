@@ -159,8 +159,8 @@ class Pool:
     pd_max_prefill_in_flight: int | None = None  # a prefill endpoint with this many hops busy
     max_concurrency: int | None = None  # requests in flight per gateway process; more are queued
     max_model_len: int | None = None  # the engines' context length: caps a request's token estimate
-    # endpoints' capacities measured from their decode speed (``epp.measured_capacity``) rather
-    # than read from the policy
+    # endpoints' capacities measured from their decode speed
+    # (``epp.datalayer.measured_capacity``) rather than read from the policy
     measured_capacity: bool = False
     tls: ClientTls = field(default_factory=ClientTls)  # for its https:// endpoints
     metric_names: Mapping[str, str] = field(default_factory=dict)  # METRIC_OVERRIDES -> name

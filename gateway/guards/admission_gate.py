@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from epp.framework import Endpoint
-from epp.saturation import SaturationDetector
+from epp.scheduling.saturation import SaturationDetector
 
 
 class AdmissionGate(Protocol):

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
+from epp.datalayer.upstream_tls import upstream_tls
 from epp.metrics import EppMetrics
 from epp.service import EppService
-from epp.upstream_tls import upstream_tls
 from gateway.base.forwarded import ClientAddress
 from gateway.base.metrics import GatewayMetrics
 from gateway.guards.auth import Authenticator

@@ -6,9 +6,9 @@ from __future__ import annotations
 import itertools
 from typing import cast
 
+from epp.datalayer.indexes.precise_cache import PrecisePrefixCache
 from epp.framework import Endpoint, SchedulingRequest, SchedulingResult
-from epp.indexes.precise_cache import PrecisePrefixCache
-from epp.registry import SHARED_KNOWLEDGE
+from epp.scheduling.registry import SHARED_KNOWLEDGE
 from epp.service import Dispatch, EppService
 from gateway.routing.endpoint_picker import EndpointState, PickRequest, Ranking
 from policies.schema import Policy

@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from epp.registry import CATALOG
+from epp.scheduling.registry import CATALOG
 from policies.loader import load_policy_text
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
+from epp.datalayer.placement import HALF_LIFE, adapter_fits, add_placed, room_among, served_adapters
 from epp.framework import Endpoint
-from epp.handle import PluginHandle
-from epp.placement import HALF_LIFE, adapter_fits, add_placed, room_among, served_adapters
-from epp.scorers.cold_spread import ColdSpreadScorer
-from epp.scorers.prefix_cache import PrefixCacheScorer
+from epp.scheduling.handle import PluginHandle
+from epp.scheduling.scorers.cold_spread import ColdSpreadScorer
+from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
 from tests.epp.builders import make_endpoint, make_request
 
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
@@ -127,7 +127,7 @@ def placed_by_gateway(address: str, loaded: set[str], slots: int = 2, queue: int
 
 
 def test_a_gateway_placed_adapter_stays_where_it_is_loaded_until_those_saturate() -> None:
-    from epp.filters.placed_adapter import PlacedAdapterFilter
+    from epp.scheduling.filters.placed_adapter import PlacedAdapterFilter
 
     keep = PlacedAdapterFilter("adapters", PluginHandle().saturation)
     a, b = placed_by_gateway(A, {"x"}), placed_by_gateway(B, set())
@@ -150,8 +150,8 @@ def test_a_gateway_placed_adapter_fits_where_loaded_or_where_a_slot_is_free() ->
 
 
 def test_lora_affinity_reads_what_the_gateway_loaded() -> None:
-    from epp.scorers.lora_affinity import LoraAffinityScorer
-    from epp.scorers.lora_affinity import Params as LoraParams
+    from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer
+    from epp.scheduling.scorers.lora_affinity import Params as LoraParams
 
     scorer = LoraAffinityScorer("lora", LoraParams())
     holder, roomy, full = (

@@ -10,20 +10,20 @@ from collections import Counter
 
 import pytest
 
-from epp.filters.load_balance import LoadBalanceFilter, Params
+from epp.datalayer.placement import add_placed
 from epp.framework import Endpoint
-from epp.handle import PluginHandle
-from epp.pickers.max_score import MaxScorePicker
-from epp.pickers.max_score import Params as PickerParams
-from epp.placement import add_placed
-from epp.saturation import SaturationDetector
-from epp.scorers.active_requests import ActiveRequestScorer
-from epp.scorers.cold_spread import ColdSpreadScorer
-from epp.scorers.prefix_cache import PrefixCacheScorer
-from epp.scorers.queue import QueueScorer
-from epp.scorers.running_requests import RunningRequestsScorer
-from epp.scorers.token_backlog import Params as BacklogParams
-from epp.scorers.token_backlog import TokenBacklogScorer
+from epp.scheduling.filters.load_balance import LoadBalanceFilter, Params
+from epp.scheduling.handle import PluginHandle
+from epp.scheduling.pickers.max_score import MaxScorePicker
+from epp.scheduling.pickers.max_score import Params as PickerParams
+from epp.scheduling.saturation import SaturationDetector
+from epp.scheduling.scorers.active_requests import ActiveRequestScorer
+from epp.scheduling.scorers.cold_spread import ColdSpreadScorer
+from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
+from epp.scheduling.scorers.queue import QueueScorer
+from epp.scheduling.scorers.running_requests import RunningRequestsScorer
+from epp.scheduling.scorers.token_backlog import Params as BacklogParams
+from epp.scheduling.scorers.token_backlog import TokenBacklogScorer
 from epp.service import EppService
 from gateway.routing.endpoint_picker import LeastInFlightPicker, PickRequest, endpoint_states
 from policies.loader import load_policy_text

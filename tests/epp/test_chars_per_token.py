@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from epp.datalayer.indexes.approximate import ApproximatePrefixCache
+from epp.datalayer.indexes.chars_per_token import MIN_TOKENS, CharsPerToken
+from epp.datalayer.indexes.prefix_index import PrefixIndexParams
 from epp.framework import SchedulingRequest
-from epp.indexes.approximate import ApproximatePrefixCache
-from epp.indexes.chars_per_token import MIN_TOKENS, CharsPerToken
-from epp.indexes.prefix_index import PrefixIndexParams
 from tests.epp.builders import make_endpoint
 
 A, B = "10.0.0.1:8000", "10.0.0.2:8000"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from epp.doorbell import Doorbell
+from epp.datalayer.doorbell import Doorbell
 
 
 async def test_a_ring_wakes_every_waiter_at_once() -> None:

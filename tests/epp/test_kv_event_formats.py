@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import msgpack
 
+from epp.datalayer.indexes.precise import PreciseIndex, block_keys
+from epp.datalayer.kv_events import KVEventSubscriber
 from epp.framework import Endpoint, EndpointMetadata
-from epp.indexes.precise import PreciseIndex, block_keys
-from epp.kv_events import KVEventSubscriber
 
 A = "127.0.0.1:1"
 TOKENS = list(range(48))

@@ -12,9 +12,9 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from epp.datalayer.indexes.precise import PreciseIndex, block_keys
+from epp.datalayer.kv_events import END_SEQ, KVEventSubscriber
 from epp.framework import Endpoint, EndpointMetadata
-from epp.indexes.precise import PreciseIndex, block_keys
-from epp.kv_events import END_SEQ, KVEventSubscriber
 from kvgate.wire.kv_events import BlockStored, encode_batch
 
 TOKENS = list(range(64))  # four blocks of 16; batch i stores block i, chained on block i - 1
@@ -100,6 +100,6 @@ async def test_a_missed_batch_is_replayed_before_the_next_and_reading_goes_on() 
 def test_where_an_endpoint_replays_its_events(
     events: int | None, endpoint: int | None, pool: int | None, expected: int | None
 ) -> None:
-    from epp.datastore import replay_port
+    from epp.datalayer.datastore import replay_port
 
     assert replay_port(events, endpoint, pool) == expected

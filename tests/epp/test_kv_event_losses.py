@@ -8,10 +8,10 @@ import logging
 
 import pytest
 
+from epp.datalayer.indexes.precise import KVEventHooks, PreciseIndex
+from epp.datalayer.indexes.precise_cache import PrecisePrefixCache
+from epp.datalayer.kv_events import KVEventSubscriber
 from epp.framework import Endpoint, EndpointMetadata
-from epp.indexes.precise import KVEventHooks, PreciseIndex
-from epp.indexes.precise_cache import PrecisePrefixCache
-from epp.kv_events import KVEventSubscriber
 from epp.metrics import exposition
 from epp.service import EppService
 from kvgate.wire.kv_events import BlockStored, encode_batch
@@ -56,7 +56,7 @@ async def test_unusable_messages_are_counted_each_time_and_logged_once(
         PreciseIndex(hooks=heard.hooks()), [Endpoint(EndpointMetadata(A, "p", kv_events_port=1))]
     )
     endpoint = subscriber.endpoints[0]
-    with caplog.at_level(logging.WARNING, logger="epp.kv_events"):
+    with caplog.at_level(logging.WARNING, logger="epp.datalayer.kv_events"):
         for seq in range(3):
             await subscriber.handle(endpoint, [b"t", seq.to_bytes(8, "big"), b"\xc1"])
         await subscriber.handle(endpoint, [b"t", b"short", b""])

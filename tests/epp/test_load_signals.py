@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from epp.filters.load_balance import LoadBalanceFilter, Params
-from epp.handle import PluginHandle
-from epp.placement import add_placed
-from epp.scorers.active_requests import ActiveRequestScorer
-from epp.scorers.cold_spread import ColdSpreadScorer
-from epp.scorers.prefix_cache import PrefixCacheScorer
+from epp.datalayer.placement import add_placed
+from epp.scheduling.filters.load_balance import LoadBalanceFilter, Params
+from epp.scheduling.handle import PluginHandle
+from epp.scheduling.scorers.active_requests import ActiveRequestScorer
+from epp.scheduling.scorers.cold_spread import ColdSpreadScorer
+from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
 from epp.service import EppService
 from policies.loader import load_policy_text
 from tests.epp.builders import make_endpoint, make_request
@@ -174,7 +174,7 @@ epp:
 
 
 def test_placed_content_halves_every_half_life() -> None:
-    from epp.placement import HALF_LIFE, placed
+    from epp.datalayer.placement import HALF_LIFE, placed
 
     endpoint = make_endpoint(A)
     assert placed(endpoint, 5.0) == 0.0

@@ -7,12 +7,12 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from epp.datastore import Datastore
+from epp.datalayer.datastore import Datastore
+from epp.datalayer.measured_capacity import DecodeSpeeds
+from epp.datalayer.metrics_parser import SGLANG, VLLM, parse_metrics
+from epp.datalayer.scraper import MetricsScraper
 from epp.framework import Endpoint, EndpointMetadata, EndpointMetrics
-from epp.measured_capacity import DecodeSpeeds
-from epp.metrics_parser import SGLANG, VLLM, parse_metrics
-from epp.pick_exchange import decode_metrics, encode_metrics
-from epp.scraper import MetricsScraper
+from epp.requestcontrol.pick_exchange import decode_metrics, encode_metrics
 from policies.errors import PolicyError
 from policies.loader import load_policy_text
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.metrics_parser import VLLM, names_for, parse_labels, parse_metrics
+from epp.datalayer.metrics_parser import VLLM, names_for, parse_labels, parse_metrics
 from policies.loader import load_policy_text
 
 DP_SCRAPE = """# HELP vllm:num_requests_waiting Number of requests waiting.

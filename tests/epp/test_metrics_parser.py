@@ -6,7 +6,7 @@ from prometheus_client import generate_latest
 
 from backends.cli import build_state
 from backends.engine.sequence import SamplingParams
-from epp.metrics_parser import SGLANG, parse_metrics
+from epp.datalayer.metrics_parser import SGLANG, parse_metrics
 from kvgate.cli import build_parser
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from epp.pick_exchange import PickExchange, SiblingPick
-from epp.placement import placed
+from epp.datalayer.placement import placed
+from epp.requestcontrol.pick_exchange import PickExchange, SiblingPick
 from epp.service import EppService
 from policies.loader import load_policy_text
 
@@ -135,7 +135,7 @@ def test_the_directory_is_short_enough_for_sockets(monkeypatch) -> None:  # type
     import shutil
     import tempfile
 
-    from epp.pick_exchange import exchange_directory
+    from epp.requestcontrol.pick_exchange import exchange_directory
 
     monkeypatch.setattr(tempfile, "gettempdir", lambda: "/tmp/" + "x" * 90)
     made = exchange_directory()

@@ -8,7 +8,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epp.indexes.precise import PreciseIndex, block_keys
+from epp.datalayer.indexes.precise import PreciseIndex, block_keys
 
 A, B = "127.0.0.1:1", "127.0.0.1:2"
 BS = 4

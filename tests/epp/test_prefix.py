@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epp.handle import PluginHandle
-from epp.indexes.approximate import ApproximatePrefixIndex, prefix_hashes
-from epp.scorers.prefix_cache import PrefixCacheScorer
+from epp.datalayer.indexes.approximate import ApproximatePrefixIndex, prefix_hashes
+from epp.scheduling.handle import PluginHandle
+from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
 from tests.epp.builders import make_endpoint, make_request
 
 A, B = "10.0.0.1:8000", "10.0.0.2:8000"
@@ -74,7 +74,7 @@ class FixedIndex:
     """An index whose matches are given (the scorer's arithmetic under test)."""
 
     def __init__(self, matches: dict[str, int], num_keys: int, min_match_blocks: int) -> None:
-        from epp.indexes.prefix_index import PrefixIndexParams
+        from epp.datalayer.indexes.prefix_index import PrefixIndexParams
 
         self.matches, self.num_keys = matches, num_keys
         self.params = PrefixIndexParams(min_match_blocks=min_match_blocks)

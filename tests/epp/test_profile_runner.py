@@ -6,16 +6,16 @@ from dataclasses import replace
 
 import pytest
 
-from epp.config import build_profile
-from epp.filters.role import RoleFilter
-from epp.filters.saturation import SaturationFilter
 from epp.framework import Endpoint, Profile, SchedulingRequest, WeightedScorer
-from epp.handle import PluginHandle
-from epp.params import ParamError
-from epp.pickers.max_score import MaxScorePicker, Params
-from epp.profile_runner import ProfileRunner
-from epp.registry import BUILTINS, build, register
-from epp.saturation import SaturationDetector
+from epp.scheduling.config import build_profile
+from epp.scheduling.filters.role import RoleFilter
+from epp.scheduling.filters.saturation import SaturationFilter
+from epp.scheduling.handle import PluginHandle
+from epp.scheduling.params import ParamError
+from epp.scheduling.pickers.max_score import MaxScorePicker, Params
+from epp.scheduling.profile_runner import ProfileRunner
+from epp.scheduling.registry import BUILTINS, build, register
+from epp.scheduling.saturation import SaturationDetector
 from policies.schema import Epp, Saturation
 from tests.epp.builders import make_endpoint, make_request
 
@@ -133,7 +133,7 @@ def test_default_profile_puts_cache_affinity_first() -> None:
 
 
 def test_health_filter_keeps_all_when_none_is_healthy() -> None:
-    from epp.filters.health import HealthFilter
+    from epp.scheduling.filters.health import HealthFilter
 
     up, down = make_endpoint(A), make_endpoint(B)
     down.healthy = False
@@ -144,7 +144,7 @@ def test_health_filter_keeps_all_when_none_is_healthy() -> None:
 
 
 def test_model_filter_uses_declared_models() -> None:
-    from epp.filters.health import ModelFilter
+    from epp.scheduling.filters.health import ModelFilter
 
     base, sql, anything = make_endpoint(A), make_endpoint(B), make_endpoint(C)
     base.spec = replace(base.spec, labels={"models": "m"})

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from epp.framework import Endpoint
-from epp.scorers.kv_cache_utilization import KVCacheUtilizationScorer
-from epp.scorers.lora_affinity import LoraAffinityScorer, Params
-from epp.scorers.queue import QueueScorer
-from epp.scorers.running_requests import RunningRequestsScorer
-from epp.scorers.session_affinity import SessionAffinityScorer
+from epp.scheduling.scorers.kv_cache_utilization import KVCacheUtilizationScorer
+from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer, Params
+from epp.scheduling.scorers.queue import QueueScorer
+from epp.scheduling.scorers.running_requests import RunningRequestsScorer
+from epp.scheduling.scorers.session_affinity import SessionAffinityScorer
 from tests.epp.builders import make_endpoint, make_request
 
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from epp.datastore import Datastore
+from epp.datalayer.datastore import Datastore
+from epp.datalayer.metrics_parser import VLLM, MetricNames, parse_metrics
+from epp.datalayer.scraper import MetricsScraper
 from epp.framework import Endpoint, EndpointLoad, EndpointMetadata, EndpointMetrics
-from epp.metrics_parser import VLLM, MetricNames, parse_metrics
-from epp.scraper import MetricsScraper
 from kvgate.in_flight import InFlight
 from loadtest.harness.processes import free_port
 from policies.loader import load_policy_text
@@ -91,7 +91,7 @@ async def until_running(endpoint: Endpoint, running: int) -> None:
 async def test_idle_endpoints_are_scraped_slowly_and_a_pick_wakes_them(
     switchable_server: tuple[int, dict[str, float]],
 ) -> None:
-    from epp.saturation import SaturationDetector
+    from epp.scheduling.saturation import SaturationDetector
 
     port, state = switchable_server
     scraper = one_endpoint_scraper(port, idle_interval=0.4)
@@ -228,7 +228,7 @@ def test_accounted_for_means_the_pickers_own_doing_far_from_saturation(
 async def test_a_busy_endpoint_nothing_reads_waits_for_a_read(
     switchable_server: tuple[int, dict[str, float]],
 ) -> None:
-    from epp.saturation import SaturationDetector
+    from epp.scheduling.saturation import SaturationDetector
 
     port, state = switchable_server
     state["running"] = 3
@@ -327,7 +327,7 @@ async def test_scrapes_ask_for_the_series_the_picker_reads(server: str, later_pa
 async def test_an_answer_the_same_as_the_last_is_not_parsed_again_but_counts_as_fresh(
     switchable_server: tuple[int, dict[str, float]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import epp.scraper
+    import epp.datalayer.scraper
 
     parsed: list[str] = []
 
@@ -335,7 +335,7 @@ async def test_an_answer_the_same_as_the_last_is_not_parsed_again_but_counts_as_
         parsed.append(text)
         return parse_metrics(text, names)
 
-    monkeypatch.setattr(epp.scraper, "parse_metrics", counting_parse)
+    monkeypatch.setattr(epp.datalayer.scraper, "parse_metrics", counting_parse)
     port, state = switchable_server
     scraper = one_endpoint_scraper(port, idle_interval=0)
     (endpoint,) = scraper.datastore.endpoints("p")

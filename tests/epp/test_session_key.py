@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from epp.framework import SchedulingRequest
-from epp.scorers.session_affinity import SessionAffinityScorer
-from epp.session_key import session_key
+from epp.scheduling.scorers.session_affinity import SessionAffinityScorer
+from epp.scheduling.session_key import session_key
 from tests.epp.builders import make_endpoint
 
 SYSTEM = {"role": "system", "content": "You are terse."}

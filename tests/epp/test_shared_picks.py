@@ -9,10 +9,10 @@ from collections.abc import Callable
 
 import pytest
 
-from epp.pick_exchange import SiblingPick
-from epp.placement import placed
+from epp.datalayer.placement import placed
+from epp.requestcontrol.pick_exchange import SiblingPick
+from epp.requestcontrol.shared_picks import SharedPicks
 from epp.service import EppService
-from epp.shared_picks import SharedPicks
 from loadtest.harness.processes import free_port
 from loadtest.harness.redis_server import RedisServer
 from policies.loader import load_policy_text

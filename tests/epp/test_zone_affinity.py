@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from epp.framework import Endpoint
-from epp.saturation import SaturationDetector
-from epp.scorers.zone_affinity import ZoneAffinityScorer
+from epp.scheduling.saturation import SaturationDetector
+from epp.scheduling.scorers.zone_affinity import ZoneAffinityScorer
 from epp.service import EppService
 from policies.loader import load_policy_text
 from tests.epp.builders import make_endpoint, make_request

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from epp.config import build_profile
-from epp.handle import PluginHandle
-from epp.registry import CATALOG
+from epp.scheduling.config import build_profile
+from epp.scheduling.handle import PluginHandle
+from epp.scheduling.registry import CATALOG
 from policies.errors import PolicyError
 from policies.loader import load_policy_text, with_picker_config
 from policies.schema import Policy, Saturation

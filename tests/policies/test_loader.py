@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.registry import CATALOG
+from epp.scheduling.registry import CATALOG
 from kvgate.cli import main
 from policies.errors import PolicyError
 from policies.loader import load_policy, load_policy_text

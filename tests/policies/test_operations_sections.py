@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp.registry import CATALOG
+from epp.scheduling.registry import CATALOG
 from policies.errors import PolicyError
 from policies.loader import load_policy_text
 from policies.schema import Policy

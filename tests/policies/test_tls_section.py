@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.registry import CATALOG
+from epp.scheduling.registry import CATALOG
 from policies.errors import PolicyError
 from policies.loader import load_policy_text
 

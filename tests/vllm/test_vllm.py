@@ -21,12 +21,12 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from bench.envoy_messages import body_messages, headers_message
+from epp.datalayer.indexes.precise import PreciseIndex, block_keys
+from epp.datalayer.kv_events import KVEventSubscriber
+from epp.datalayer.metrics_parser import VLLM, parse_metrics
+from epp.datalayer.scraper import filtered_path
+from epp.datalayer.tokenize import make_tokenizer, request_token_ids
 from epp.framework import Endpoint, EndpointMetadata
-from epp.indexes.precise import PreciseIndex, block_keys
-from epp.kv_events import KVEventSubscriber
-from epp.metrics_parser import VLLM, parse_metrics
-from epp.scraper import filtered_path
-from epp.tokenize import make_tokenizer, request_token_ids
 from kvgate.api.envoy import external_processor_pb2_grpc as ep_grpc
 from loadtest.client.sse import stream_request
 from loadtest.harness.processes import epp_process, free_port, gateway_process

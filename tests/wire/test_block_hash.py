@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from backends.engine.block_manager import hash_block as engine_block_hash
-from epp.indexes.approximate import prefix_hashes
-from epp.indexes.precise import block_keys
+from epp.datalayer.indexes.approximate import prefix_hashes
+from epp.datalayer.indexes.precise import block_keys
 from kvgate.wire.block_hash import (
     ROOT,
     extra_key,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
-from epp.tokenize import make_tokenizer, request_token_ids
+from epp.datalayer.tokenize import make_tokenizer, request_token_ids
 from kvgate.wire.model_tokenizer import ModelTokenizer
 from kvgate.wire.tokenizer import ChatTemplateError
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from epp.registry import CATALOG
+from epp.scheduling.registry import CATALOG
 from gateway.base.finished_requests import RequestTotals
 from gateway.control.canary.canaries import Canaries
 from gateway.control.slo.tracker import SloTracker

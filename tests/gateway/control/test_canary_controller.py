@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from epp.registry import CATALOG
+from epp.scheduling.registry import CATALOG
 from gateway.control.canary.canaries import Canaries
 from gateway.control.canary.controller import CanaryController
 from gateway.control.canary.state import CanaryState, StateFile, state_file_name

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from epp.registry import CATALOG
+from epp.scheduling.registry import CATALOG
 from gateway.control.canary.canaries import Canaries
 from gateway.control.models.registry import ModelRegistry
 from gateway.control.models.stages import ModelStages, StageConflict, change, in_force

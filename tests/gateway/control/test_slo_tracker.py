@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from epp.registry import CATALOG
+from epp.scheduling.registry import CATALOG
 from gateway.base.finished_requests import RequestTotals, TotalsKey
 from gateway.control.slo.event_window import EventWindow
 from gateway.control.slo.tracker import SloTracker

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import orjson
 
 from bench.envoy_messages import body_messages, headers_message
-from epp.filters.saturation import SaturationFilter
 from epp.metrics import EppMetrics
+from epp.scheduling.filters.saturation import SaturationFilter
 from epp.servers.ext_proc import ExternalProcessor
 from gateway.base.metrics import GatewayMetrics
 from gateway.reload import admission_gate

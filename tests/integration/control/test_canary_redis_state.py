@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from epp.registry import CATALOG
+from epp.scheduling.registry import CATALOG
 from gateway.control.canary.canaries import Canaries
 from loadtest.harness.redis_server import RedisServer
 from policies.loader import load_policy_text

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import aiohttp
 import pytest
 
-from epp.registry import CATALOG
+from epp.scheduling.registry import CATALOG
 from loadtest.harness.processes import KvgateProcess
 from policies.errors import PolicyError
 from policies.loader import load_policy_text

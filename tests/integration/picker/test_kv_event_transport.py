@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import aiohttp
 
+from epp.datalayer.indexes.precise import PreciseIndex, block_keys
+from epp.datalayer.kv_events import KVEventSubscriber
 from epp.framework import Endpoint, EndpointMetadata
-from epp.indexes.precise import PreciseIndex, block_keys
-from epp.kv_events import KVEventSubscriber
 from kvgate.wire.tokenizer import ByteTokenizer
 from loadtest.harness.processes import free_port
 

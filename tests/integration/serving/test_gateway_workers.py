@@ -132,7 +132,7 @@ def test_the_metrics_directory_goes_after_a_clean_stop(
 async def test_two_workers_keep_one_backend_per_prefix(
     start_backend: Callable[..., str], start_gateway: Callable[..., tuple[str, KvgateProcess]]
 ) -> None:
-    """Each worker learns the other's picks (epp.pick_exchange): a prefix placed by one is
+    """Each worker learns the other's picks (epp.requestcontrol.pick_exchange): a prefix placed by one is
     warm for the other, so every request of a prefix lands on the same backend."""
     backends = [start_backend("--cost", "zero") for _ in range(4)]
     listed = ", ".join(b.removeprefix("http://") for b in backends)
