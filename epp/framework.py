@@ -131,6 +131,7 @@ class SchedulingRequest:
     lora: str | None = None  # the adapter the request needs, if any
     headers: Mapping[str, str] = field(default_factory=dict)
     body: Mapping[str, object] = field(default_factory=dict)  # the OpenAI request, for tokenizing
+    tenant: str = ""  # the caller's tenant, where the picker knows it (embedded in the gateway)
     # filled while scoring: per endpoint scored, the leading blocks of the prompt it holds
     prefix_match: dict[str, int] = field(default_factory=dict)
 
@@ -195,6 +196,16 @@ class PickObserver(Protocol):
     """A plugin that learns from decisions (e.g. the approximate prefix index)."""
 
     def on_pick(self, request: SchedulingRequest, endpoint: Endpoint) -> None: ...
+
+
+@runtime_checkable
+class SessionKeeper(Protocol):
+    """A plugin that remembers where sessions went, and learns other workers' and replicas'
+    picks of them too (a session's next call may reach any of them)."""
+
+    def session_of(self, request: SchedulingRequest) -> str: ...
+
+    def learn_session(self, session: str, address: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

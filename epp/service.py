@@ -20,7 +20,13 @@ from epp.datalayer.placement import add_placed
 from epp.datalayer.routing_text import routing_text
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.upstream_tls import upstream_tls
-from epp.framework import Endpoint, EndpointMetrics, PickObserver, SchedulingRequest
+from epp.framework import (
+    Endpoint,
+    EndpointMetrics,
+    PickObserver,
+    SchedulingRequest,
+    SessionKeeper,
+)
 from epp.metrics import EppMetrics
 from epp.requestcontrol.pick_exchange import PickExchange, SiblingPick
 from epp.requestcontrol.shared_picks import SharedPicks
@@ -82,6 +88,7 @@ class EppService:
         plugins = build_plugins(policy.epp, self.handle)
         self.scheduler = ProfileRunner(build_profile(policy.epp, plugins=plugins))
         self._observers = [p for p in plugins.values() if isinstance(p, PickObserver)]
+        self._session_keepers = [p for p in plugins.values() if isinstance(p, SessionKeeper)]
         self.prefix: PrefixIndex | None = self.handle.primary_index
         self.handlers = {name: self._handler(name, plugins) for name in policy.pools}
         if self.prefix is not None:
@@ -128,6 +135,9 @@ class EppService:
         if endpoint is None:
             return
         add_placed(endpoint, pick.placed, pick.lora, age=age)
+        if pick.session:
+            for keeper in self._session_keepers:
+                keeper.learn_session(pick.session, pick.address)
         for tag, keys in pick.keys:
             index = self._index_by_tag.get(tag)
             if index is not None:
@@ -195,8 +205,10 @@ class EppService:
         target_model: str,
         body: Mapping[str, object],
         headers: Mapping[str, str],
+        tenant: str = "",
     ) -> SchedulingRequest:
-        """What the plugins see for one OpenAI request body sent to ``pool``."""
+        """What the plugins see for one OpenAI request body sent to ``pool`` (by ``tenant``,
+        where the caller is known)."""
         return SchedulingRequest(
             request_id=request_id,
             model=target_model,
@@ -204,6 +216,7 @@ class EppService:
             lora=target_model if target_model in self.policy.pools[pool].adapters else None,
             headers=headers,
             body=body,
+            tenant=tenant,
         )
 
     def pick(
@@ -278,7 +291,8 @@ class EppService:
             undo.append(index.learn_keys(keys, endpoint))
             tagged_keys.append((tag, keys))
         if self.shared is not None or self.exchange is not None:
-            pick = SiblingPick(endpoint.address, prefill, request.lora, tagged_keys)
+            session = self._session_keepers[0].session_of(request) if self._session_keepers else ""
+            pick = SiblingPick(endpoint.address, prefill, request.lora, tagged_keys, session)
             if self.shared is not None:
                 self.shared.publish(pick)
             elif self.exchange is not None:

@@ -54,16 +54,18 @@ _PICK, _METRICS = 0, 1  # a datagram's first item: what it carries
 @dataclass(frozen=True)
 class SiblingPick:
     """What one worker tells the others of a pick: the endpoint, the prompt tokens it had
-    not cached (``epp.datalayer.placement``'s placed content), the request's LoRA adapter, and the
-    request's block keys in each prefix index (by index tag)."""
+    not cached (``epp.datalayer.placement``'s placed content), the request's LoRA adapter, the
+    request's block keys in each prefix index (by index tag) and its session ("": none)."""
 
     address: str
     placed: int = 0
     lora: str | None = None
     keys: list[tuple[int, list[int]]] = field(default_factory=list)
+    session: str = ""
 
     def encode(self) -> bytes:
-        data: bytes = msgpack.packb([_PICK, self.address, self.placed, self.lora, self.keys])
+        items = [_PICK, self.address, self.placed, self.lora, self.keys, self.session]
+        data: bytes = msgpack.packb(items)
         return data
 
     @classmethod
@@ -77,13 +79,14 @@ class SiblingPick:
     @classmethod
     def decode(cls, items: list[Any]) -> SiblingPick:
         """From a datagram's items after the first; ``ValueError`` (or ``TypeError``) for
-        items that are not a pick's."""
-        address, placed, lora, keys = items
+        items that are not a pick's (a replica that predates sessions sends none)."""
+        address, placed, lora, keys, *session = items
         return cls(
             str(address),
             int(placed),
             None if lora is None else str(lora),
             [(int(tag), [int(k) for k in chain]) for tag, chain in keys],
+            str(session[0]) if session else "",
         )
 
 

@@ -114,7 +114,7 @@ BUILTINS: dict[str, PluginType] = {
     "kv-cache-utilization-scorer": _plugin("scorer", KVCacheUtilizationScorer),
     "prefix-cache-scorer": _shared("scorer", PrefixCacheScorer),
     "lora-affinity-scorer": _plugin("scorer", LoraAffinityScorer),
-    "session-affinity-scorer": _plugin("scorer", SessionAffinityScorer),
+    "session-affinity-scorer": _shared("scorer", SessionAffinityScorer),
     "token-backlog-scorer": _shared("scorer", TokenBacklogScorer),
     "zone-affinity-scorer": _shared("scorer", ZoneAffinityScorer),
     "max-score-picker": _plugin("picker", MaxScorePicker),

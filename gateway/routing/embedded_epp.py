@@ -62,8 +62,9 @@ class EmbeddedEpp:
         if worked_out is not None and worked_out[0] == pool:
             return cast(SchedulingRequest, worked_out[1])
         model = self.service.target_model(pool, request.model)
+        tenant = request.identity.tenant if request.identity is not None else ""
         scheduling = self.service.scheduling_request(
-            pool, request.request_id, model, request.body, request.headers
+            pool, request.request_id, model, request.body, request.headers, tenant
         )
         request.worked_out = (pool, scheduling)
         return scheduling

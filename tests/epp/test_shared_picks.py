@@ -5,7 +5,9 @@ leaves every replica routing on its own picks, and says so."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -74,6 +76,36 @@ async def test_a_pick_on_one_replica_is_warm_on_the_others(redis_server: RedisSe
         assert a.shared.sent == 1
     finally:
         for replica in replicas:
+            await replica.stop()
+
+
+async def test_a_session_one_replica_placed_goes_there_from_the_others(
+    redis_server: RedisServer,
+) -> None:
+    """An agent's next call may reach any replica: the session's endpoint is learned by all
+    (the profile scores sessions alone, so nothing else decides)."""
+    sessions_only = load_policy_text(
+        "pools: {p: {endpoints: [127.0.1.1:10000, 127.0.1.1:10001, 127.0.1.1:10002]}}\n"
+        "routes: [{model: m, pool: p}]\n"
+        "epp:\n"
+        "  plugins: [{name: s, type: session-affinity-scorer}, {name: pick, type: max-score-picker}]\n"
+        "  profiles: [{name: default, plugins: [{ref: s}, {ref: pick}]}]\n"
+        f"  replicas: {{store: '{redis_server.url}', key: 'test:sessions'}}\n"
+    )
+    a, b = EppService(sessions_only), EppService(sessions_only)
+    for replica in (a, b):
+        await replica.start()
+    try:
+        agent = {"x-claude-code-session-id": "agent-7"}
+        first = a.scheduling_request("p", "r1", "m", {"model": "m", "prompt": "call 1"}, agent)
+        a.dispatched(first, a.datastore.all()[2])
+        await _until(lambda: b.shared is not None and b.shared.received == 1)
+        for endpoint in b.datastore.all():  # fresh metrics: no endpoint is saturated
+            endpoint.metrics = replace(endpoint.metrics, scraped_at=time.monotonic())
+        later = b.scheduling_request("p", "r2", "m", {"model": "m", "prompt": "call 2"}, agent)
+        assert b.pick("p", later).result.target is b.datastore.all()[2]
+    finally:
+        for replica in (a, b):
             await replica.stop()
 
 
