@@ -8,7 +8,11 @@ one router in front of them, and drives one workload through it with kvgate's lo
 streamed chat completions of ``--output-tokens`` tokens. Workloads
 (``loadtest.workloads.chats``), sized to the backends: ``shared-prefix`` (4 system prompts of
 1,600 tokens per backend, which fill about 70% of the caches; many questions each, shuffled),
-``multi-turn`` (six-turn conversations resending their history) and ``lora-mix`` (the
+``multi-turn`` (six-turn conversations resending their history), ``shared-sessions``
+(conversations over a few shared system prompts, as an assistant's users hold them: 3-6
+prompts of 1,200-2,400 tokens, 4-8 turns, by round), ``tight-shared-prefix`` (the
+shared-prefix workload on caches of 547 blocks, its prompts 1,200-2,000 tokens by round: little
+room to spare), ``lora-mix`` (the
 shared-prefix workload, each system prompt's requests for one of 8 LoRA adapters drawn from a
 Zipf distribution; every backend serves all 8 with 2 resident at once, and swapping one in
 costs a step 20 ms), and ``trace`` (a window of the Mooncake-format production trace in
@@ -70,7 +74,19 @@ from loadtest.workloads.reuse_oracle import cacheable_per_prompt
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "kvgate-sim"
 NUM_BLOCKS = 560  # per backend: 4 prompts of 100 blocks each fill ~70% of it
-WORKLOADS = ("shared-prefix", "multi-turn", "lora-mix", "trace")
+TIGHT_NUM_BLOCKS = 547  # per backend, for tight-shared-prefix
+WORKLOADS = (
+    "shared-prefix",
+    "multi-turn",
+    "shared-sessions",
+    "tight-shared-prefix",
+    "lora-mix",
+    "trace",
+)
+# per round (the seed picks one): the shared sessions' (system prompts, turns, prompt chars),
+# the tight ramp's system prompt chars
+SESSION_SIZES = ((4, 6, 1600), (3, 8, 2400), (6, 4, 1200))
+TIGHT_PREFIX_CHARS = (1600, 1200, 2000)
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "synthetic_trace.jsonl"
 # the trace: a window of at most TRACE_REQUESTS from its TRACE_START-th request (the next window
 # each round), 512-token blocks as 32 tokens, 20x its clock, on caches of TRACE_NUM_BLOCKS
@@ -87,17 +103,22 @@ def workload(name: str, backends: int, requests: int, seed: int) -> list[Chain]:
         return trace_chains(window(load_trace(TRACE), replay), replay)
     if name == "multi-turn":
         return multi_turn(math.ceil(requests / 6), 6, 600, 120, seed)
+    if name == "shared-sessions":
+        systems, turns, chars = SESSION_SIZES[seed % len(SESSION_SIZES)]
+        return multi_turn(math.ceil(requests / turns), turns, chars, 120, seed, systems)
     groups = 4 * backends
-    chains = shared_prefix(groups, math.ceil(requests / groups), 1600, seed)
+    chars = TIGHT_PREFIX_CHARS[seed % 3] if name == "tight-shared-prefix" else 1600
+    chains = shared_prefix(groups, math.ceil(requests / groups), chars, seed)
     if name == "lora-mix":
         return with_adapters(chains, list(ADAPTERS), 1.0, seed, by_group=True)
     return chains
 
 
-def blocks_of(chains: list[Chain]) -> int:
-    """KV blocks per backend: the trace's longer prompts need more."""
-    timed = chains and chains[0] and chains[0][0].at is not None
-    return TRACE_NUM_BLOCKS if timed else NUM_BLOCKS
+def blocks_of(name: str) -> int:
+    """KV blocks per backend: the trace's longer prompts need more, the tight ramp has fewer."""
+    if name == "trace":
+        return TRACE_NUM_BLOCKS
+    return TIGHT_NUM_BLOCKS if name == "tight-shared-prefix" else NUM_BLOCKS
 
 
 def adapters_of(name: str) -> tuple[str, ...]:
@@ -135,11 +156,12 @@ def one_run(
     args: argparse.Namespace,
     bin_dir: Path | None,
     adapters: tuple[str, ...] = (),
+    num_blocks: int = NUM_BLOCKS,
 ) -> dict[str, float]:
     stages = [Stage(rate=r, duration=s) for r, s in parse_stages(args.stages)]
     with (
         tempfile.TemporaryDirectory() as tmp,
-        fresh_backends(args.backends, adapters, blocks_of(chains)) as backends,
+        fresh_backends(args.backends, adapters, num_blocks) as backends,
         running_peer(peer, backends, MODEL, Path(tmp), bin_dir, adapters) as (url, pid, relays),
     ):
         time.sleep(0.5)  # subscriptions and health checks settle
@@ -243,7 +265,7 @@ def main() -> int:
             for peer in order:
                 if adapters and peer.router == "dynamo":
                     continue  # each adapter would need a model card in Dynamo's discovery
-                row = one_run(peer, chains, tokens, args, bin_dir, adapters)
+                row = one_run(peer, chains, tokens, args, bin_dir, adapters, blocks_of(name))
                 results.setdefault(name, {}).setdefault(peer.name, []).append(row)
                 print(
                     f"round {number} {name} {peer.name}: TTFT p90 {row['ttft_p90_ms']:.0f} ms, "

@@ -10,6 +10,8 @@ another; chains run side by side).
   history (its own system prompt, earlier questions and fixed answers) plus a new question, so
   a turn's prefix is the previous turn's whole prompt. A session is a chain, and carries
   ``x-session-id`` (and the OpenAI ``user`` field) as clients of session-aware routers do.
+  With ``systems``, the sessions share that many system prompts (an assistant's few prompts,
+  its users' many conversations): a session's first turn is cached wherever its prompt is.
 
 Answers in the history are fixed text, not what the backend said: every router sees exactly
 the same prompts, so the prompts are known before the run (the oracle in
@@ -86,13 +88,15 @@ def shared_prefix(
 
 
 def multi_turn(
-    sessions: int, turns: int, system_chars: int, turn_chars: int, seed: int
+    sessions: int, turns: int, system_chars: int, turn_chars: int, seed: int, systems: int = 0
 ) -> list[Chain]:
     rng = random.Random(seed)
+    shared = [f"assistant {k}: " + text(rng, system_chars) for k in range(systems)]
     chains: list[Chain] = []
     for s in range(sessions):
         name = f"session-{seed}-{s}"
-        history = [{"role": "system", "content": f"{name}: " + text(rng, system_chars)}]
+        system = rng.choice(shared) if shared else f"{name}: " + text(rng, system_chars)
+        history = [{"role": "system", "content": system}]
         chain: Chain = []
         for t in range(turns):
             history = [*history, {"role": "user", "content": f"turn {t}: " + text(rng, turn_chars)}]

@@ -197,3 +197,12 @@ def test_shared_prefix_question_length() -> None:
     (chain,) = shared_prefix(1, 1, 100, 0, question_chars=300)
     question = chain[0].messages[1]["content"]
     assert len(question) == len("question 0: ") + 300
+
+
+def test_sessions_over_shared_system_prompts_share_only_those() -> None:
+    chains = multi_turn(12, 3, 100, 20, 5, systems=3)
+    systems = {chain[0].messages[0]["content"] for chain in chains}
+    assert len(systems) == 3  # each session under one of three prompts
+    assert len({chain[0].headers["x-session-id"] for chain in chains}) == 12
+    assert multi_turn(12, 3, 100, 20, 5, systems=3) == chains  # seeded
+    assert multi_turn(2, 3, 100, 20, 5) == multi_turn(2, 3, 100, 20, 5, systems=0)
