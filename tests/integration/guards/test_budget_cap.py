@@ -156,5 +156,9 @@ async def test_a_budget_caps_spend_and_the_bill_is_what_the_engines_generated(
     assert 20 < refused < 180 and answered > 20  # the budget ran out midway
     assert {status for kind, status in statuses if kind == "too long"} <= {400, 429}
     assert spend <= BUDGET + MOST  # a cap: within one request's reservation
-    assert spend == engines  # every generated token billed, nothing else
+    # every generated token billed, nothing else; but a client that leaves may leave a step the
+    # engine made after its last event reached the gateway and before the abort did (none at 5 ms
+    # a step on a quiet box; one in 1,200 on a loaded one): a proxy cannot see it (docs/policies.md)
+    left = sum(1 for kind, status in statuses if kind == "disconnected" and status == 200)
+    assert spend <= engines <= spend + left
     assert sum(s.value for s in resumes if s.labels["outcome"] == "resumed") > 0
