@@ -261,7 +261,14 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
         if forward.api.stored and "previous_response_id" in forward.body:
             previous = forward.body["previous_response_id"]
             ranking = await led_by_previous(forward.request, ctx, pool.name, previous, ranking)
-        attempt = await _dispatched(forward, call, pool, payload, headers, ranking)
+        tried: set[str] = set()
+        try:
+            attempt = await open_upstream(
+                call, pool, forward.path, payload, headers, forward.pick, ranking, tried
+            )
+        finally:
+            ctx.attempts = len(tried)
+        _dispatched(forward, attempt)
         try:
             return await _relayed(forward, pool, attempt, payload, headers, resumes)
         finally:
@@ -371,23 +378,10 @@ def _ranked(forward: Forward, pool: Pool) -> tuple[UpstreamCall, bytes, Ranking]
     return call, headers, ranking
 
 
-async def _dispatched(
-    forward: Forward,
-    call: UpstreamCall,
-    pool: Pool,
-    payload: bytes,
-    headers: bytes,
-    ranking: Ranking,
-) -> Attempt:
-    """The attempt of the endpoint that took the request: the context counts the endpoints
-    tried and says which took it (and, explained, that it was not the pick where so)."""
-    ctx, tried = forward.ctx, set[str]()
-    try:
-        attempt = await open_upstream(
-            call, pool, forward.path, payload, headers, forward.pick, ranking, tried
-        )
-    finally:
-        ctx.attempts = len(tried)
+def _dispatched(forward: Forward, attempt: Attempt) -> None:
+    """The request went to ``attempt``'s endpoint: the context says which (and, explained, that
+    it was not the pick where so)."""
+    ctx = forward.ctx
     ctx.endpoint = attempt.endpoint.address
     if ctx.explanation is not None:
         header = (ctx.extra_headers or {}).get(EXPLAIN_HEADER)
@@ -396,7 +390,6 @@ async def _dispatched(
             ctx.explanation, header = moved
             if header is not None:
                 ctx.add_headers({EXPLAIN_HEADER: header})
-    return attempt
 
 
 async def _streamed(
