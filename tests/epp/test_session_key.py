@@ -73,6 +73,19 @@ def test_a_session_goes_where_it_went_until_its_endpoint_is_saturated() -> None:
     assert scorer.score(again, [a, hot]) == {a.address: 0.0, hot.address: 0.0}
 
 
+def test_a_session_stands_in_for_the_prefix_index_never_on_top_of_it() -> None:
+    scorer = SessionAffinityScorer.from_config("s", {})
+    a, b = make_endpoint("10.0.0.1:8000"), make_endpoint("10.0.0.2:8000")
+    headers = {"x-session-id": "chat-1"}
+    scorer.on_pick(SchedulingRequest("1", "m", "", headers=headers), b)
+    known = SchedulingRequest("2", "m", "", headers=headers)
+    known.prefix_match.update({a.address: 4, b.address: 30})  # its history, at b
+    assert scorer.score(known, [a, b]) == {a.address: 0.0, b.address: 0.0}
+    forgotten = SchedulingRequest("3", "m", "", headers=headers)
+    forgotten.prefix_match.update({a.address: 4, b.address: 4})  # the system prompt, at both
+    assert scorer.score(forgotten, [a, b]) == {a.address: 0.0, b.address: 1.0}
+
+
 def test_a_tenant_cannot_steer_by_another_tenants_session_id() -> None:
     scorer = SessionAffinityScorer.from_config("s", {})
     a, b = make_endpoint("10.0.0.1:8000"), make_endpoint("10.0.0.2:8000")

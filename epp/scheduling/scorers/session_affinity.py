@@ -4,8 +4,13 @@ and agents send (Claude Code's session header, ``prompt_cache_key``, ``x-session
 Anthropic's ``metadata.user_id``, ``user``) or its first chat turn
 (``epp.scheduling.session_key``).
 
-Affinity never overrides saturation: a session whose endpoint is saturated scores 0 there, so
-a hot session spreads like any other request until its endpoint has room again. Other
+Affinity stands in for the prefix index, never on top of it: where the index already tells the
+session's endpoint apart (it holds more of the prompt than every other candidate), the prefix
+scorer credits the history cached there and this one scores 0, so the two never add up to a
+pull the backlog cannot outweigh (they built a hot spot: one engine with 2.3x the mean load on
+sessions over shared system prompts); where the index has let go of it, this one says where the
+history is. And affinity never overrides saturation: a session whose endpoint is saturated
+scores 0 there, so a hot session spreads like any other request until its endpoint has room. Other
 workers' and replicas' picks of a session are learned as this picker's own (through the pick
 exchange, or the replicas' shared picks), so a session's next call finds its endpoint
 whichever gateway it reaches."""
@@ -65,7 +70,7 @@ class SessionAffinityScorer:
         session = self.session_of(request)
         last = self._sessions.get(session) if session else None
         scores = dict.fromkeys([e.address for e in endpoints], 0.0)
-        if last in scores:
+        if last in scores and not _told_apart(request.prefix_match, last, scores):
             home = next(e for e in endpoints if e.address == last)
             if self._saturation.unsaturated([home], time.monotonic()):
                 scores[last] = 1.0
@@ -82,3 +87,10 @@ class SessionAffinityScorer:
         self._sessions.move_to_end(session)
         if len(self._sessions) > self.params.max_sessions:
             self._sessions.popitem(last=False)
+
+
+def _told_apart(matched: dict[str, int], home: str, candidates: dict[str, float]) -> bool:
+    """Whether the prefix index (what it matched, filled by the prefix scorer) credits ``home``
+    with more of the prompt than some other candidate: then it already pulls there."""
+    held = matched.get(home, 0)
+    return held > 0 and any(matched.get(a, 0) < held for a in candidates if a != home)
