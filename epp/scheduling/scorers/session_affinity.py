@@ -6,14 +6,13 @@ Anthropic's ``metadata.user_id``, ``user``) or its first chat turn
 
 Affinity stands in for the prefix index, never on top of it: where the index already tells the
 session's endpoint apart (it holds more of the prompt than every other candidate), the prefix
-scorer credits the history cached there and this one scores 0, so the two never add up to a
-pull the backlog cannot outweigh (they built a hot spot: one engine with 2.3x the mean load on
-sessions over shared system prompts); where the index has let go of it, this one says where the
-history is. And affinity never overrides saturation: a session whose endpoint is saturated
-scores 0 there, so a hot session spreads like any other request until its endpoint has room. Other
-workers' and replicas' picks of a session are learned as this picker's own (through the pick
-exchange, or the replicas' shared picks), so a session's next call finds its endpoint
-whichever gateway it reaches."""
+scorer credits the history cached there and this one scores 0, so the two never add up to a pull
+the backlog cannot outweigh (prefix x3 and session x2 against backlog x2 and active x1); where
+the index has let go of it, this one says where the history is. And affinity never overrides
+saturation: a session whose endpoint is saturated scores 0 there, so a hot session spreads like
+any other request until its endpoint has room. Other workers' and replicas' picks of a session
+are learned as this picker's own (through the pick exchange, or the replicas' shared picks), so
+a session's next call finds its endpoint whichever gateway it reaches."""
 
 from __future__ import annotations
 
