@@ -54,6 +54,7 @@ from epp.scheduling.scorers.queue import min_max_low_is_best
 # differences in cache fill below this share of a cache count in proportion, not in full
 SIGNIFICANT_SHARE = 0.25
 PER_MILLE = 1000
+SIGNIFICANT = int(PER_MILLE * SIGNIFICANT_SHARE)  # a quarter of a cache, per mille
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class ColdSpreadScorer:
             matched = index.match(keys, addresses)
             spread = max(matched.values(), default=0) - min(matched.values(), default=0)
             if spread >= index.params.min_match_blocks:
-                return self._uneven_fill(index, endpoints) or dict.fromkeys(addresses, 0.5)
+                return _uneven_fill(index, endpoints) or dict.fromkeys(addresses, 0.5)
         if request.lora is not None:
             lora = request.lora
             held = holding(endpoints, lora)
@@ -100,29 +101,32 @@ class ColdSpreadScorer:
                 return scores
         return self._spread(index, endpoints)
 
-    def _uneven_fill(self, index: PrefixIndex, endpoints: list[Endpoint]) -> dict[str, float]:
-        """For a request some endpoint holds: the emptiest caches best where the caches' fill
-        differs by a quarter of a cache or more (what the request adds evicts others' blocks
-        from a full cache, not from an empty one); else nothing (the prefix scorer decides)."""
-        capacity = {e.address: index.capacity_of(e) for e in endpoints}
-        if not all(capacity.values()):
-            return {}
-        fill = {a: index.blocks_of(a) * PER_MILLE // c for a, c in capacity.items()}
-        significant = int(PER_MILLE * SIGNIFICANT_SHARE)
-        if max(fill.values()) - min(fill.values()) < significant:
-            return {}
-        return min_max_low_is_best(fill, significant)
-
     def _spread(self, index: PrefixIndex, endpoints: list[Endpoint]) -> dict[str, float]:
-        addresses = [e.address for e in endpoints]
-        capacity = {e.address: index.capacity_of(e) for e in endpoints}
-        if not all(capacity.values()):  # not scraped yet: blocks held, every difference counts
-            return min_max_low_is_best({a: index.blocks_of(a) for a in addresses})
-        fill = {a: index.blocks_of(a) * PER_MILLE // capacity[a] for a in addresses}
-        significant = int(PER_MILLE * SIGNIFICANT_SHARE)
+        fill = _fill(index, endpoints)
+        if fill is None:  # not scraped yet: blocks held, every difference counts
+            return min_max_low_is_best({e.address: index.blocks_of(e.address) for e in endpoints})
         if (
             self.params.among_full == "fill"
-            or max(fill.values()) - min(fill.values()) >= significant
+            or max(fill.values()) - min(fill.values()) >= SIGNIFICANT
         ):
-            return min_max_low_is_best(fill, significant)
+            return min_max_low_is_best(fill, SIGNIFICANT)
         return min_max_low_is_best({e.address: placed(e) / e.capacity for e in endpoints})
+
+
+def _uneven_fill(index: PrefixIndex, endpoints: list[Endpoint]) -> dict[str, float]:
+    """For a request some endpoint holds: the emptiest caches best where the caches' fill
+    differs by a quarter of a cache or more (what the request adds evicts others' blocks
+    from a full cache, not from an empty one); else nothing (the prefix scorer decides)."""
+    fill = _fill(index, endpoints)
+    if fill is None or max(fill.values()) - min(fill.values()) < SIGNIFICANT:
+        return {}
+    return min_max_low_is_best(fill, SIGNIFICANT)
+
+
+def _fill(index: PrefixIndex, endpoints: list[Endpoint]) -> dict[str, int] | None:
+    """Each endpoint's cache fill as the index believes it, per mille of its capacity; None
+    while some capacity is not scraped yet."""
+    capacity = {e.address: index.capacity_of(e) for e in endpoints}
+    if not all(capacity.values()):
+        return None
+    return {a: index.blocks_of(a) * PER_MILLE // c for a, c in capacity.items()}
