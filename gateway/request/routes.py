@@ -157,9 +157,9 @@ ROUTES: dict[str, dict[str, RouteHandler]] = {
 async def stored_response(request: Request, ctx: RequestContext) -> AnyResponse:
     """A request about a stored response (retrieve, delete, cancel, its input items), sent to
     the endpoint that holds it (``gateway.request.stored_responses``)."""
-    home, endpoint = await home_of(request, ctx)
+    response_id, home, endpoint = await home_of(request, ctx)
     ctx.model, ctx.pool, ctx.endpoint = home.model, home.pool, home.endpoint
-    return await send_home(request, ctx, endpoint)
+    return await send_home(request, ctx, response_id, endpoint)
 
 
 MODEL_PREFIX = "/v1/models/"

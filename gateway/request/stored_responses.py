@@ -74,8 +74,8 @@ async def locate(
 ) -> Home | None:
     """The home of ``response_id`` among ``pools`` (pool -> public model), or None when none
     of their endpoints has it. ``NotFound`` when its creator is another tenant."""
-    runtime = request.app[STATE].current
-    homes = request.app[STATE].response_homes
+    state = request.app[STATE]
+    runtime, homes = state.current, state.response_homes
     known = homes.get(response_id)
     if known is not None and known.owner not in (None, owner_of(ctx.identity)):
         raise NotFound(response_not_found(response_id), param="response_id")
@@ -96,10 +96,10 @@ def _endpoint(runtime: Runtime, pool: str, address: str) -> EndpointState | None
     return None
 
 
-async def home_of(request: Request, ctx: RequestContext) -> tuple[Home, EndpointState]:
+async def home_of(request: Request, ctx: RequestContext) -> tuple[str, Home, EndpointState]:
     """Where a request about a stored response goes (``/v1/responses/{id}``: GET, DELETE;
-    ``.../cancel``: POST; ``.../input_items``: GET): the response's home and its endpoint.
-    ``NotFound`` where none holds it for this caller."""
+    ``.../cancel``: POST; ``.../input_items``: GET): the response's id, its home and its
+    endpoint. ``NotFound`` where none holds it for this caller."""
     addressed = addressed_response(request.path)
     if addressed is None:
         raise NotFound(f"no route for {request.path}")
@@ -115,17 +115,19 @@ async def home_of(request: Request, ctx: RequestContext) -> tuple[Home, Endpoint
     endpoint = None if home is None else _endpoint(runtime, home.pool, home.endpoint)
     if home is None or endpoint is None:
         raise NotFound(response_not_found(response_id), param="response_id")
-    return home, endpoint
+    return response_id, home, endpoint
 
 
-async def send_home(request: Request, ctx: RequestContext, endpoint: EndpointState) -> AnyResponse:
-    """The request about a stored response sent to ``endpoint`` (of ``ctx.pool``), its home;
-    its answer relayed as it is (a deleted response's home is forgotten)."""
-    response = await _send(request, ctx, request.app[STATE].current, endpoint)
+async def send_home(
+    request: Request, ctx: RequestContext, response_id: str, endpoint: EndpointState
+) -> AnyResponse:
+    """The request about stored response ``response_id`` sent to ``endpoint`` (of
+    ``ctx.pool``), its home; its answer relayed as it is (a deleted response's home is
+    forgotten)."""
+    state = request.app[STATE]
+    response = await _send(request, ctx, state.current, endpoint)
     if request.method == "DELETE" and ctx.status == 200:
-        addressed = addressed_response(request.path)
-        if addressed is not None:
-            request.app[STATE].response_homes.forget(addressed[0])
+        state.response_homes.forget(response_id)
     return response
 
 
