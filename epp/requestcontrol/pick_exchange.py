@@ -5,16 +5,17 @@ halves (measured in docs/benchmarks.md, "Routing").
 
 Each worker's picker binds a Unix datagram socket in a directory the supervisor creates
 (``KVGATE_PICKS_DIR``) and, for every pick, sends ``[endpoint address, placed tokens, LoRA
-adapter, [[index tag, keys], ...]]`` (msgpack) to every other worker's socket; the receivers
-record the keys in the same indexes (``PrefixIndex.learn_keys``) and the new content and the
-adapter in what the endpoint was placed lately (``epp.datalayer.placement``), so that where new
-prefixes and adapters go is decided on every worker's picks. Datagrams are hints: one that
-cannot be sent at once (a full buffer, a worker restarting) is dropped, never waited for. The
-directory is rescanned every second (at every datagram while no other worker is found, so the
-first picks after a sibling starts reach it), and a sibling is known from the first datagram it
-sends, so restarted workers are found; a worker that starts later has not seen the picks made
-before it (they are not replayed) and learns from there on. A socket that cannot be bound (a
-path too long for one) leaves that worker without the exchange, with one warning.
+adapter, [[index tag, keys], ...], session]`` (msgpack) to every other worker's socket; the
+receivers record the keys in the same indexes (``PrefixIndex.learn_keys``), the session where
+its affinity scorer keeps them, and the new content and the adapter in what the endpoint was
+placed lately (``epp.datalayer.placement``), so that where new prefixes and adapters go is
+decided on every worker's picks. Datagrams are hints: one that cannot be sent at once (a full
+buffer, a worker restarting) is dropped, never waited for. The directory is rescanned every
+second (at every datagram while no other worker is found, so the first picks after a sibling
+starts reach it), and a sibling is known from the first datagram it sends, so restarted workers
+are found; a worker that starts later has not seen the picks made before it (they are not
+replayed) and learns from there on. A socket that cannot be bound (a path too long for one)
+leaves that worker without the exchange, with one warning.
 
 The workers share their metrics scrapes the same way: each scrape a worker makes is sent to
 the others (the endpoint's address and the picker's view of its metrics), which take it as

@@ -3,10 +3,10 @@ so that replicas behind a load balancer route as one: a prefix one replica place
 all, instead of being placed once per replica.
 
 Each pick (``SiblingPick``: the endpoint, its placed tokens and LoRA adapter, the request's
-block keys in each prefix index) is one stream entry, tagged with the replica that made it.
-Every replica reads the stream from its start (``XREAD``): what the stream still holds (the
-last ``history`` picks) is how a replica that starts, restarts or was cut off catches up, and
-from there on it follows the others' picks as they come. ``start`` waits for that catch-up,
+block keys in each prefix index, its session) is one stream entry, tagged with the replica that
+made it. Every replica reads the stream from its start (``XREAD``): what the stream still holds
+(the last ``history`` picks) is how a replica that starts, restarts or was cut off catches up,
+and from there on it follows the others' picks as they come. ``start`` waits for that catch-up,
 briefly (``CATCH_UP``), so a replica's first picks already know where the others placed what.
 
 Sharing never holds a request back: ``publish`` queues the pick (at most ``QUEUE`` of them),
