@@ -24,6 +24,7 @@ class RequestRecord:
     cached_tokens: int = 0
     group: str = ""  # what shares its prefix (the workload's group or session)
     index: int = -1  # the request's position in the workload (chains flattened in order)
+    call: int = 0  # its position in its chain (a session's call index, from 0)
 
     @property
     def ok(self) -> bool:
@@ -51,6 +52,7 @@ class RequestRecord:
             "cached_tokens": self.cached_tokens,
             "group": self.group,
             "index": self.index,
+            "call": self.call,
         }
 
     @classmethod
@@ -73,4 +75,5 @@ class RequestRecord:
             cached_tokens=int(number("cached_tokens")),
             group=str(data.get("group") or ""),
             index=int(number("index")) if "index" in data else -1,
+            call=int(number("call")),
         )

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from loadtest.reports.by_call import by_call_lines
+
 WIDTH = 50
 
 
@@ -67,6 +69,8 @@ def run_summary(document: dict[str, object]) -> str:
     if isinstance(errors, dict) and errors:
         kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(errors.items()))
         lines.append(_line("Errors by kind:", kinds))
+    by_call = extras.get("ttft_by_call")
+    lines += by_call_lines(by_call if isinstance(by_call, list) else [], WIDTH)
     lines.append("=" * WIDTH)
     return "\n".join(lines)
 

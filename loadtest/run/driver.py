@@ -80,7 +80,7 @@ def body_for(plan: LoadPlan, request: ChatRequest) -> dict[str, object]:
 
 
 def record_of(
-    result: StreamResult, start: float, stage: int, group: str, index: int = -1
+    result: StreamResult, start: float, stage: int, group: str, index: int = -1, call: int = 0
 ) -> RequestRecord:
     kind = ""
     if result.status >= 500:
@@ -105,6 +105,7 @@ def record_of(
         cached_tokens=result.cached_tokens,
         group=group,
         index=index,
+        call=call,
     )
 
 
@@ -134,8 +135,18 @@ class _Sender:
             return False
         return self.now() < self.deadline
 
+    def failed(
+        self, start: float, kind: str, error: str, request: ChatRequest, call: int
+    ) -> RequestRecord:
+        """The record of a request that got no answer."""
+        stage = stage_of(start, self.spans)
+        index = self.index_of.get(id(request), -1)
+        return RequestRecord(start, stage, kind, error, group=request.group, index=index, call=call)
+
     async def chain(self, chain: Chain) -> None:
-        for request in chain:
+        for call, request in enumerate(chain):
+            if request.pause:
+                await asyncio.sleep(request.pause)  # the agent's tool runs
             if not self.may_send():
                 return
             self.sent += 1
@@ -149,16 +160,12 @@ class _Sender:
                     ),
                     self.plan.request_timeout,
                 )
-                record = record_of(result, start, stage, request.group, index)
+                record = record_of(result, start, stage, request.group, index, call)
             except TimeoutError:
-                record = RequestRecord(
-                    start, stage, "timeout", "no answer in time", group=request.group, index=index
-                )
+                record = self.failed(start, "timeout", "no answer in time", request, call)
             except (aiohttp.ClientError, OSError) as exc:
                 error = f"{type(exc).__name__}: {exc}"
-                record = RequestRecord(
-                    start, stage, "connection", error, group=request.group, index=index
-                )
+                record = self.failed(start, "connection", error, request, call)
             self.records.append(record)
             self.on_done()
             if not record.ok and record.error_kind in ("connection", "timeout"):

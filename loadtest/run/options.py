@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from loadtest.workloads.agentic import SESSION_VIA
+
 WORKLOADS = (
     "shared-prefix",
     "multi-turn",
@@ -14,12 +16,14 @@ WORKLOADS = (
     "sharegpt",
     "custom",
     "trace",
+    "agentic",
 )
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     _target_options(parser)
     _workload_options(parser)
+    _agent_options(parser)
     _trace_options(parser)
     _load_and_output_options(parser)
 
@@ -62,7 +66,9 @@ def _workload_options(parser: argparse.ArgumentParser) -> None:
         "--question-tokens", type=int, default=40, help="shared-prefix: each question"
     )
     work.add_argument("--sessions", type=int, default=12, help="multi-turn: conversations")
-    work.add_argument("--system-tokens", type=int, default=400, help="multi-turn: system prompt")
+    work.add_argument(
+        "--system-tokens", type=int, help="multi-turn / agentic: system prompt (400 / 4000)"
+    )
     work.add_argument("--turns", type=int, default=6, help="multi-turn: turns each")
     work.add_argument("--turn-tokens", type=int, default=120, help="multi-turn: a turn's size")
     work.add_argument("--input-tokens", type=int, default=512, help="random / long-context")
@@ -74,6 +80,23 @@ def _workload_options(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--sharegpt-turns", choices=("first", "all"), default="first")
     work.add_argument("--lora-adapters", help="comma-separated adapters drawn per conversation")
     work.add_argument("--lora-zipf", type=float, default=1.0, help="the Zipf exponent")
+
+
+def _agent_options(parser: argparse.ArgumentParser) -> None:
+    agent = parser.add_argument_group("agentic workload (sessions of tool calls)")
+    agent.add_argument("--agents", type=int, default=2, help="system prompts the sessions share")
+    agent.add_argument("--min-calls", type=int, default=10, help="calls per session, at least")
+    agent.add_argument("--max-calls", type=int, default=50, help="calls per session, at most")
+    agent.add_argument("--tool-tokens", type=int, default=600, help="a tool result's median")
+    agent.add_argument(
+        "--tool-pause", type=float, default=2.0, help="mean seconds a tool runs between calls"
+    )
+    agent.add_argument(
+        "--session-header",
+        choices=SESSION_VIA,
+        default="x-session-id",
+        help="how a session names itself: a header, a body field, or none",
+    )
 
 
 def _trace_options(parser: argparse.ArgumentParser) -> None:

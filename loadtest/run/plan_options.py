@@ -8,6 +8,7 @@ import math
 
 from loadtest.reports.serving_metrics import SLO_NAMES
 from loadtest.reports.stage_report import Stage
+from loadtest.workloads.agentic import AgentShape, agentic
 from loadtest.workloads.arrivals import parse_stages
 from loadtest.workloads.chats import Chain, multi_turn, shared_prefix
 from loadtest.workloads.custom_jsonl import load_custom
@@ -69,10 +70,13 @@ def build_workload(args: argparse.Namespace, count: int) -> list[Chain]:
         chains = multi_turn(
             sessions,
             args.turns,
-            round(args.system_tokens * cpt),
+            round((args.system_tokens or 400) * cpt),
             round(args.turn_tokens * cpt),
             seed,
         )
+    elif args.workload == "agentic":
+        shape = agent_shape(args)
+        chains = agentic(max(1, math.ceil(count / shape.mean_calls)), shape, seed)
     elif args.workload == "random":
         chains = random_lengths(
             count, args.input_tokens, args.output_tokens, args.range_ratio, seed, cpt
@@ -93,6 +97,21 @@ def build_workload(args: argparse.Namespace, count: int) -> list[Chain]:
         adapters = [a.strip() for a in args.lora_adapters.split(",") if a.strip()]
         chains = with_adapters(chains, adapters, args.lora_zipf, seed)
     return chains
+
+
+def agent_shape(args: argparse.Namespace) -> AgentShape:
+    """The sessions ``--workload agentic`` sends."""
+    cpt = args.chars_per_token
+    return AgentShape(
+        agents=args.agents,
+        system_chars=round((args.system_tokens or 4000) * cpt),
+        min_calls=args.min_calls,
+        max_calls=args.max_calls,
+        tool_chars=round(args.tool_tokens * cpt),
+        answer_chars=round(args.output_tokens * cpt),
+        pause=args.tool_pause,
+        session_via=args.session_header,
+    )
 
 
 def trace_replay(args: argparse.Namespace) -> Replay:

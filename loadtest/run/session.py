@@ -15,6 +15,7 @@ from tqdm import tqdm
 from loadtest.client.backend_metrics import deltas, scrape_all
 from loadtest.client.tokenize import in_order, prompt_tokens
 from loadtest.reports import plots
+from loadtest.reports.by_call import ttft_by_call
 from loadtest.reports.records import RequestRecord
 from loadtest.reports.results_file import (
     label_of,
@@ -91,6 +92,7 @@ def document_for(
         "workload": workload,
         "seed": plan.seed,
         "stages": stage_report(records, plan.stages, run.stage_seconds),
+        "ttft_by_call": ttft_by_call(records),
         "errors_by_kind": errors_by_kind(records),
         "cached_tokens": cached,
         "cached_prompt_share": cached / prompt if prompt else None,

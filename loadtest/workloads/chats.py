@@ -37,6 +37,8 @@ class ChatRequest:
     max_tokens: int | None = None
     model: str | None = None
     at: float | None = None  # a trace's send time (seconds from the start), for a chain's first
+    pause: float = 0.0  # seconds its chain waits after the previous answer (an agent's tool)
+    fields: dict[str, object] = field(default_factory=dict)  # more body fields
 
     def body(self, model: str, max_tokens: int) -> dict[str, object]:
         """The chat-completions body: ``ignore_eos`` so every answer has its full length."""
@@ -48,6 +50,7 @@ class ChatRequest:
         }
         if "x-session-id" in self.headers:
             body["user"] = self.headers["x-session-id"]
+        body.update(self.fields)
         return body
 
 

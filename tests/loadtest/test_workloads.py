@@ -3,12 +3,14 @@ shapes their options say."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from loadtest.workloads.agentic import AgentShape, agentic
 from loadtest.workloads.chats import multi_turn, shared_prefix
 from loadtest.workloads.lora_mix import with_adapters, zipf_weights
 from loadtest.workloads.sharegpt import DatasetError, load_sharegpt
@@ -206,3 +208,46 @@ def test_sessions_over_shared_system_prompts_share_only_those() -> None:
     assert len({chain[0].headers["x-session-id"] for chain in chains}) == 12
     assert multi_turn(12, 3, 100, 20, 5, systems=3) == chains  # seeded
     assert multi_turn(2, 3, 100, 20, 5) == multi_turn(2, 3, 100, 20, 5, systems=0)
+
+
+def test_agent_sessions_append_tool_results_after_a_pause() -> None:
+    shape = AgentShape(agents=2, system_chars=900, min_calls=3, max_calls=6, tool_chars=200)
+    chains = agentic(8, shape, 4)
+    assert chains == agentic(8, shape, 4) and chains != agentic(8, shape, 5)
+    assert all(3 <= len(c) <= 6 for c in chains)
+    systems = {c[0].messages[0]["content"] for c in chains}
+    assert len(systems) == 2 and all('"name": "read_file"' in s for s in systems)
+    for chain in chains:
+        assert chain[0].pause == 0 and all(r.pause > 0 for r in chain[1:])
+        for before, after in itertools.pairwise(chain):
+            assert after.messages[: len(before.messages)] == before.messages
+            assert [m["role"] for m in after.messages[len(before.messages) :]] == [
+                "assistant",
+                "tool",
+            ]
+        assert chain[0].headers == {"x-session-id": chain[0].group}
+        assert chain[0].body("m", 8)["user"] == chain[0].group
+    tools = [len(c[-1].messages[-1]["content"]) for c in chains]
+    assert min(tools) < 200 < max(tools)  # drawn around the median, short and long
+
+
+@pytest.mark.parametrize(
+    ("via", "header", "field"),
+    [
+        ("x-claude-code-session-id", "x-claude-code-session-id", None),
+        ("prompt_cache_key", None, "prompt_cache_key"),
+        ("user", None, "user"),
+        ("none", None, None),
+    ],
+)
+def test_agent_sessions_name_themselves_as_asked(
+    via: str, header: str | None, field: str | None
+) -> None:
+    request = agentic(1, AgentShape(min_calls=1, max_calls=1, session_via=via), 0)[0][0]
+    body = request.body("m", 8)
+    assert request.headers == ({header: request.group} if header else {})
+    assert (body.get(field) if field else None) == (request.group if field else None)
+    if via == "none":
+        assert "user" not in body and "prompt_cache_key" not in body
+    with pytest.raises(ValueError, match="session_via"):
+        AgentShape(session_via="cookie")

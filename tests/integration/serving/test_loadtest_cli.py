@@ -5,6 +5,7 @@ commands run in this process (``kvgate.cli.main``) except where signals are the 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import pytest
 
 from kvgate.cli import main
 from loadtest.harness.proc_stats import process_tree
+from loadtest.workloads.agentic import AgentShape, agentic
 
 KVGATE = [sys.executable, "-m", "kvgate"]
 
@@ -262,3 +264,29 @@ def test_a_trace_replays_at_its_own_times_and_reports_its_ideal_reuse(
     starts = sorted(r["start"] for r in extras["records"])
     assert starts[-1] - starts[0] == pytest.approx(0.3, abs=0.1)  # 600 ms at half the time
     assert "ideal reuse" in done.stdout
+
+
+def test_agent_sessions_report_ttft_by_call(
+    start_backend: Callable[..., str], run_kvgate: Callable[..., Done], tmp_path: Path
+) -> None:
+    url = start_backend("--cost", "default", "--num-blocks", "800")
+    out = tmp_path / "agents"
+    done = _with(run_kvgate)(
+        "--url", url, "--workload", "agentic", "--agents", "1", "--system-tokens", "600",
+        "--min-calls", "4", "--max-calls", "4", "--tool-tokens", "60", "--tool-pause", "0.1",
+        "--session-header", "prompt_cache_key", "--num-requests", "12", "--rate", "8",
+        "--output-tokens", "4", "--out", str(out), "--no-plots",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    extras = json.loads((out / "results.json").read_text())["kvgate"]
+    records = extras["records"]
+    assert len(records) == 12 and sorted(r["call"] for r in records) == sorted([0, 1, 2, 3] * 3)
+    by_call = {row["calls"]: row for row in extras["ttft_by_call"]}
+    assert set(by_call) == {"1", "2", "3-5"} and by_call["3-5"]["requests"] == 6
+    assert by_call["2"]["cached_share"] > 0.8  # the history was cached where it was sent
+    shape = AgentShape(1, 600, 4, 4, 60, 4, 0.1, "prompt_cache_key")  # as the options say
+    for chain in agentic(3, shape, 0):  # each call waits for the last answer, then its tool
+        sent = sorted((r for r in records if r["group"] == chain[0].group), key=lambda r: r["call"])
+        for (last, this), request in zip(itertools.pairwise(sent), chain[1:], strict=True):
+            assert this["start"] - last["start"] >= last["latency"] + request.pause - 0.005
+    assert "TTFT by call in session" in done.stdout
