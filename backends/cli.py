@@ -102,6 +102,20 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--no-chunked-prefill", action="store_true")
     p.add_argument("--no-prefix-caching", action="store_true")
+    host = p.add_mutually_exclusive_group()
+    host.add_argument(
+        "--cpu-offload-blocks",
+        type=int,
+        default=0,
+        help="a host tier of this many blocks: evicted blocks' KV is kept there and restored "
+        "on a prefix hit (published as KV events with medium CPU)",
+    )
+    host.add_argument(
+        "--kv-offloading-size",
+        type=float,
+        default=0.0,
+        help="the host tier's size in GiB of the runner's KV, as vLLM's flag",
+    )
     p.add_argument("--max-loras", type=int, default=1, help="adapters resident at once")
     p.add_argument(
         "--lora-modules", nargs="*", default=[], metavar="NAME=PATH", help="adapters at start-up"
@@ -132,8 +146,8 @@ def _sim_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cost",
         default="default",
-        help="sim cost model: 'default', 'zero', or seconds a,b,c,d[,e] for "
-        "step, prefill token, decode seq, KV token read, LoRA swap",
+        help="sim cost model: 'default', 'zero', or seconds a,b,c,d[,e[,f]] for "
+        "step, prefill token, decode seq, KV token read, LoRA swap, block restored",
     )
     p.add_argument(
         "--speculative-config",
@@ -176,6 +190,8 @@ def build_state(args: argparse.Namespace) -> ServerState:
         block_size=args.block_size,
         enable_prefix_caching=not args.no_prefix_caching,
         record_events=kv_events,
+        host_blocks=args.cpu_offload_blocks,
+        host_bytes=int(args.kv_offloading_size * 2**30),
     )
     model_name = args.model or parts.model_name
     sink = None

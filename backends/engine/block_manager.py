@@ -6,6 +6,10 @@ requests that share a prefix (and adapter) share the blocks. Blocks are referenc
 block whose count drops to zero keeps its cached contents and joins an LRU of free cached blocks,
 evicted only when a new block is needed and no never-used (uncached) free block is left. A
 sequence's blocks are freed tail first, so the tail of a prefix is evicted before its head.
+
+With a host tier (``host_blocks``), an evicted block's KV is offloaded to host memory first and
+a prefix hit there restores it (``backends.engine.host_tier``); the moves are handed to the
+runner with the next step (``take_transfers``).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from backends.engine.errors import EngineError
+from backends.engine.host_tier import CPU, HostTier, KVTransfer
 from backends.engine.sequence import Sequence
 from kvgate.wire.block_hash import ROOT, extra_key, token_bytes
 from kvgate.wire.block_hash import hash_block as chained_hash
@@ -40,6 +45,10 @@ class Block:
     block_id: int
     ref_count: int = 0
     block_hash: int | None = None
+    # what an offload to the host tier publishes (kept only with a host tier)
+    parent_hash: int | None = None
+    token_ids: list[int] | None = None
+    lora_name: str | None = None
 
 
 class BlockManager:
@@ -53,6 +62,7 @@ class BlockManager:
         enable_prefix_caching: bool = True,
         hash_seed: int = 0,
         record_events: bool = False,
+        host_blocks: int = 0,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
@@ -67,6 +77,10 @@ class BlockManager:
         self._free_cached: OrderedDict[int, None] = OrderedDict()
         self._num_hashed_blocks: dict[int, int] = {}
         self._events: list[KVEvent] = []
+        self.host = HostTier(host_blocks) if host_blocks and enable_prefix_caching else None
+        self._transfers: list[KVTransfer] = []
+        self.restored_tokens = 0  # prompt tokens the host tier served, restored not computed
+        self.offloaded_blocks = 0  # blocks copied to the host tier
 
     @property
     def num_free_blocks(self) -> int:
@@ -104,6 +118,8 @@ class BlockManager:
             if block_id is None:
                 break
             hits.append(block_id)
+        if self.host is not None and len(hits) < max_blocks:
+            hits += self._restore(seq, hits, max_blocks)
         return hits, len(hits) * self.block_size
 
     def can_allocate(self, seq: Sequence, cached_blocks: list[int], num_new_tokens: int) -> bool:
@@ -186,6 +202,8 @@ class BlockManager:
             self._free_uncached.append(block_id)
         self._free_cached.clear()
         self._cached.clear()
+        if self.host is not None:
+            self.host.clear()
         if self.record_events:
             self._events.append(AllBlocksCleared())
         return True
@@ -193,6 +211,59 @@ class BlockManager:
     def take_events(self) -> list[KVEvent]:
         events, self._events = self._events, []
         return events
+
+    def take_transfers(self) -> list[KVTransfer]:
+        """The tier moves since the last call, in the order the runner must apply them."""
+        transfers, self._transfers = self._transfers, []
+        return transfers
+
+    def _restore(self, seq: Sequence, hits: list[int], max_blocks: int) -> list[int]:
+        """Device blocks for the host tier's run of ``seq``'s blocks after its device ``hits``,
+        their KV copied back before the next step; as many as leave a free block for the new
+        tokens. They join the prefix cache as free cached blocks, the most recently used."""
+        host = self.host
+        assert host is not None
+        wanted = []
+        for block_hash in seq.block_hashes[len(hits) : max_blocks]:
+            if block_hash not in host or block_hash in self._cached:
+                break
+            wanted.append(block_hash)
+        for block_id in hits:  # the hits are not taken to hold the restored blocks
+            if block_id in self._free_cached:
+                self._free_cached.move_to_end(block_id)
+        spare = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        restored: list[int] = []
+        for block_hash in wanted[: max(0, self.num_free_blocks - spare - 1)]:
+            kept = host.get(block_hash)
+            if kept is None:  # dropped from the host tier to take an offload meanwhile
+                break
+            block = self.blocks[self._take_free_block()]
+            block.ref_count, block.block_hash = 0, block_hash
+            block.parent_hash, block.token_ids = kept.parent_hash, list(kept.token_ids)
+            block.lora_name = kept.lora_name
+            self._cached[block_hash] = block.block_id
+            self._free_cached[block.block_id] = None
+            self._transfers.append(KVTransfer(True, block.block_id, kept.slot))
+            restored.append(block.block_id)
+        if restored:
+            self.restored_tokens += len(restored) * self.block_size
+            self._record_stored(seq, len(hits), wanted[: len(restored)])
+        return restored
+
+    def _offload(self, block: Block) -> None:
+        """Keep an evicted block's KV in the host tier (a copy, unless it holds it already)."""
+        host, block_hash = self.host, block.block_hash
+        if host is None or block_hash is None or host.get(block_hash) is not None:
+            return
+        tokens = block.token_ids or []
+        kept, dropped = host.store(block_hash, block.parent_hash, tokens, block.lora_name)
+        self._transfers.append(KVTransfer(False, block.block_id, kept.slot))
+        self.offloaded_blocks += 1
+        if self.record_events:
+            if dropped is not None:
+                self._events.append(BlockRemoved([dropped], CPU))
+            parent, lora, size = block.parent_hash, block.lora_name, self.block_size
+            self._events.append(BlockStored([block_hash], parent, tokens, size, lora, CPU))
 
     def _take_free_block(self) -> int:
         if self._free_uncached:
@@ -208,6 +279,7 @@ class BlockManager:
             return
         if self._cached.get(block.block_hash) == block.block_id:
             del self._cached[block.block_hash]
+            self._offload(block)
             if self.record_events:
                 self._events.append(BlockRemoved([block.block_hash]))
         block.block_hash = None
@@ -233,6 +305,8 @@ class BlockManager:
             if block.block_hash is None and block_hash not in self._cached:
                 block.block_hash = block_hash
                 self._cached[block_hash] = block.block_id
+                if self.host is not None:
+                    self._keep_origin(seq, block, index)
                 if first_stored < 0:
                     first_stored = index
                 stored.append(block_hash)
@@ -242,6 +316,12 @@ class BlockManager:
         if stored:
             self._record_stored(seq, first_stored, stored)
         self._num_hashed_blocks[seq.seq_id] = num_full_blocks
+
+    def _keep_origin(self, seq: Sequence, block: Block, index: int) -> None:
+        """What an offload of ``block`` (``seq``'s ``index``-th) will publish."""
+        block.parent_hash = seq.block_hashes[index - 1] if index > 0 else None
+        block.token_ids = seq.block_tokens(index, self.block_size)
+        block.lora_name = seq.lora_name
 
     def _record_stored(self, seq: Sequence, first_index: int, hashes: list[int]) -> None:
         if not self.record_events:

@@ -24,6 +24,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     hash_seed: int = 0  # seed of the prefix cache's block hashes
     record_events: bool = False  # keep KV events for an event sink
+    host_blocks: int = 0  # the host tier's size in blocks (0: none) ...
+    host_bytes: int = 0  # ... or in bytes of the runner's KV (vLLM's --kv-offloading-size)
 
 
 def build_engine(
@@ -35,14 +37,21 @@ def build_engine(
     observer: LatencyObserver | None = None,
 ) -> AsyncEngine:
     """An engine over ``runner`` whose block count is the runner's (or the configured one);
-    raises ``ValueError`` when the cache cannot hold one sequence of ``max_model_len``."""
+    raises ``ValueError`` when the cache cannot hold one sequence of ``max_model_len``, or for
+    a host tier beside a KV connector (its loads write blocks the tier may be moving)."""
     num_blocks = runner.num_kv_blocks(config.block_size) or config.num_blocks
+    host_blocks = config.host_blocks
+    if config.host_bytes:
+        host_blocks = config.host_bytes // max(1, runner.bytes_per_block())
+    if host_blocks and kv_connector is not None:
+        raise ValueError("a host tier (--cpu-offload-blocks) cannot be used by a PD worker")
     blocks = BlockManager(
         num_blocks,
         config.block_size,
         enable_prefix_caching=config.enable_prefix_caching,
         hash_seed=config.hash_seed,
         record_events=config.record_events,
+        host_blocks=host_blocks,
     )
     return AsyncEngine(
         config.scheduler,

@@ -203,7 +203,8 @@ class AsyncEngine:
                         await asyncio.wait_for(self._wake.wait(), timeout=0.05)
                 continue
             try:
-                step = build_step(out.scheduled, self.block_manager.block_size)
+                blocks = self.block_manager
+                step = build_step(out.scheduled, blocks.block_size, blocks.take_transfers())
                 output = await self.runner.execute(step)
             except Exception:
                 log.exception("model runner failed; aborting the batch")

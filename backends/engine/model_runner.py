@@ -12,8 +12,10 @@ class ModelRunner(KVBlockIO, Protocol):
     """Computes model steps; owns the KV cache's memory (whose blocks it reads and writes for
     prefill/decode transfers: ``KVBlockIO``) and the resident LoRA adapters.
 
-    ``execute`` writes the KV of each sequence's ``input_ids`` into its ``slot_mapping`` slots,
-    attends over its ``block_table``, and returns, aligned with ``step.seqs``, the sampled next
+    ``execute`` first applies the step's ``transfers`` in order (a block's KV copied to or
+    from the host tier; a runner that keeps no KV only charges their time), then writes the
+    KV of each sequence's ``input_ids`` into its ``slot_mapping`` slots, attends over its
+    ``block_table``, and returns, aligned with ``step.seqs``, the sampled next
     token for sequences whose ``do_sample`` is true and None for the others (a prefill chunk
     that is not the last), with the token's log-probability where ``sampling.logprobs`` asks.
     A runner never reads the engine's ``Sequence`` objects.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from backends.engine.host_tier import KVTransfer
 from backends.engine.sequence import PromptLogprob, SamplingParams, Sequence, TopLogprobs
 
 
@@ -62,10 +63,17 @@ class SeqStep:
 
 @dataclass(frozen=True, slots=True)
 class StepInput:
-    """Everything one step computes, aligned with the runner's returned samples."""
+    """Everything one step computes, aligned with the runner's returned samples; and the
+    blocks moved between the device and the host tier since the last step, which the runner
+    applies, in order, before it computes."""
 
     seqs: list[SeqStep]
     block_size: int
+    transfers: list[KVTransfer] = field(default_factory=list)
+
+    @property
+    def num_restored_blocks(self) -> int:
+        return sum(1 for t in self.transfers if t.restore)
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -96,7 +104,9 @@ class StepOutput:
     accepted: list[list[int] | None] | None = None
 
 
-def build_step(scheduled: list[ScheduledSeq], block_size: int) -> StepInput:
+def build_step(
+    scheduled: list[ScheduledSeq], block_size: int, transfers: list[KVTransfer] | None = None
+) -> StepInput:
     """The step input for the scheduler's output; raises ``ValueError`` if a sequence's block
     table does not cover the tokens it computes (a scheduler bug, never silently misplaced)."""
     seqs: list[SeqStep] = []
@@ -125,4 +135,4 @@ def build_step(scheduled: list[ScheduledSeq], block_size: int) -> StepInput:
                 num_draft_tokens=len(drafts),
             )
         )
-    return StepInput(seqs, block_size)
+    return StepInput(seqs, block_size, transfers or [])

@@ -1,11 +1,15 @@
 """Simulated model runner: a cost model instead of a model.
 
-A step "takes" ``a + b*prefill_tokens + c*decode_seqs + d*kv_tokens_read + e*lora_swaps``
-seconds (slept, not burned), where prefill tokens are the uncached prompt tokens computed this
-step (cached prefix tokens cost nothing), decode sequences are those computing one token, KV
-tokens read are the context lengths attended over, and a LoRA swap is an adapter made resident
-in one of ``max_loras`` slots (LRU). Sampled tokens are deterministic pseudo-random draws from
-``vocabulary``, keyed by the run seed, the request's seed (or its prompt) and the position.
+A step "takes" ``a + b*prefill_tokens + c*decode_seqs + d*kv_tokens_read + e*lora_swaps +
+f*restored_blocks`` seconds (slept, not burned), where prefill tokens are the uncached prompt
+tokens computed this step (cached prefix tokens cost nothing), decode sequences are those
+computing one token, KV tokens read are the context lengths attended over, a LoRA swap is an
+adapter made resident in one of ``max_loras`` slots (LRU), and a restored block is one copied
+back from the host tier (by default 40 µs, 5% of computing its 16 tokens: a block of a 1B
+model's KV, 512 KiB, crosses a 25 GB/s link in about 20 µs, doubled for the transfer's set-up;
+offloads overlap with compute and cost nothing). Sampled tokens are deterministic
+pseudo-random draws from ``vocabulary``, keyed by the run seed, the request's seed (or its
+prompt) and the position.
 It keeps no KV: blocks moved to another worker carry only the size a real cache's would have
 (``kv_bytes_per_token`` in bfloat16, by default a 1B Llama's: 16 layers x 8 heads x 64 x 2 x 2).
 """
@@ -37,14 +41,15 @@ class CostModel:
     decode_seq_s: float = 0.0001  # c: per sequence decoding one token
     kv_read_token_s: float = 0.0000001  # d: per KV token read by attention
     lora_swap_s: float = 0.02  # e: per adapter swapped into a slot
+    restore_block_s: float = 0.00004  # f: per block restored from the host tier
 
     @classmethod
     def zero(cls) -> CostModel:
-        return cls(0.0, 0.0, 0.0, 0.0, 0.0)
+        return cls(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
     @classmethod
     def parse(cls, text: str) -> CostModel:
-        """``"zero"``, ``"default"``, or 4-5 comma-separated seconds ``a,b,c,d[,e]``."""
+        """``"zero"``, ``"default"``, or 4-6 comma-separated seconds ``a,b,c,d[,e[,f]]``."""
         if text == "zero":
             return cls.zero()
         if text == "default":
@@ -52,9 +57,9 @@ class CostModel:
         try:
             values = [float(v) for v in text.split(",")]
         except ValueError as exc:
-            raise ValueError(f"cost model {text!r}: expected numbers a,b,c,d[,e]") from exc
-        if len(values) not in (4, 5) or any(v < 0 for v in values):
-            raise ValueError(f"cost model {text!r}: expected 4 or 5 non-negative numbers")
+            raise ValueError(f"cost model {text!r}: expected numbers a,b,c,d[,e[,f]]") from exc
+        if len(values) not in (4, 5, 6) or any(v < 0 for v in values):
+            raise ValueError(f"cost model {text!r}: expected 4 to 6 non-negative numbers")
         return cls(*values)
 
     def step_time(self, step: StepInput, num_lora_swaps: int = 0) -> float:
@@ -71,6 +76,7 @@ class CostModel:
             + self.decode_seq_s * decode_seqs
             + self.kv_read_token_s * kv_tokens
             + self.lora_swap_s * num_lora_swaps
+            + self.restore_block_s * step.num_restored_blocks
         )
 
 

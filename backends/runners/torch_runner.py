@@ -4,7 +4,9 @@ Every torch operation, from building the cache to each step, runs on the runner'
 ``TorchThread``, never on the event loop that serves HTTP and streams tokens: torch releases
 the GIL inside its kernels, so the loop keeps answering while a forward pass runs (the
 measurements behind this choice are in docs/benchmarks.md). The runner owns the KV cache
-(sized from a memory budget through ``num_kv_blocks``) and the resident adapters.
+(sized from a memory budget through ``num_kv_blocks``), the host tier's copies of blocks the
+block manager offloaded (host memory, one tensor per slot, at most the tier's slots), and the
+resident adapters.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import torch
 
+from backends.engine.host_tier import KVTransfer
 from backends.engine.kv_blocks import BlockData
 from backends.engine.sequence import PromptLogprob
 from backends.engine.step import SeqStep, StepInput, StepOutput
@@ -68,6 +71,7 @@ class TorchRunner:
             config, options.max_loras, options.max_lora_rank, self.dtype, self.device
         )
         self.cache: KVCache | None = None
+        self.host: dict[int, torch.Tensor] = {}  # host slot -> [layers, block_size, 2, ...]
         self.block_size = 0
         self.thread = thread or TorchThread()
 
@@ -103,7 +107,20 @@ class TorchRunner:
         if self.cache is None:
             raise RuntimeError("num_kv_blocks must be called before the first step")
         with torch.inference_mode():
+            self._move(step.transfers, self.cache)
             return self._run(step, self.cache)
+
+    def _move(self, transfers: list[KVTransfer], cache: KVCache) -> None:
+        """The host tier's moves, in order: an offload copies a device block's KV (every
+        layer's) into host memory, a restore copies a host slot's back into a device block."""
+        for move in transfers:
+            if move.restore:
+                kept = self.host[move.host_slot]
+                for number, layer in enumerate(cache.layers):
+                    self._blocks_of(layer)[move.device_block].copy_(kept[number])
+            else:
+                held = [self._blocks_of(layer)[move.device_block] for layer in cache.layers]
+                self.host[move.host_slot] = torch.stack(held).to("cpu")
 
     def _run(self, step: StepInput, cache: KVCache) -> StepOutput:
         input_ids: list[int] = []

@@ -126,6 +126,11 @@ class EngineCollector(Collector):
                 blocks.usage,
             ),
         }
+        if blocks.host is not None:
+            gauges["kvgate:host_cache_blocks"] = (
+                "Blocks the host tier holds (KV offloaded from the device).",
+                len(blocks.host),
+            )
         for name, (doc, value) in gauges.items():
             gauge = GaugeMetricFamily(name, doc, labels=names)
             gauge.add_metric(values, float(value))
@@ -149,6 +154,8 @@ class EngineCollector(Collector):
                 stats.generation_tokens,
             ),
         }
+        if blocks.host is not None:
+            counters.update(self._host_tier_counters())
         speculative = scheduler.config.speculative
         if speculative is not None:
             counters.update(self._speculation_counters())
@@ -160,6 +167,21 @@ class EngineCollector(Collector):
             yield self._accepted_per_position(names, values, speculative.num_speculative_tokens)
         yield self._cache_config_info()
         yield self._lora_info()
+
+    def _host_tier_counters(self) -> dict[str, tuple[str, int]]:
+        """The host tier's work (with ``--cpu-offload-blocks``): ``vllm:prefix_cache_hits``
+        counts the tokens both tiers served; these say which were the host tier's."""
+        blocks = self.engine.block_manager
+        return {
+            "kvgate:host_cache_hits": (
+                "Prompt tokens restored from the host tier instead of computed.",
+                blocks.restored_tokens,
+            ),
+            "kvgate:host_cache_offloads": (
+                "Blocks copied from the device to the host tier.",
+                blocks.offloaded_blocks,
+            ),
+        }
 
     def _speculation_counters(self) -> dict[str, tuple[str, int]]:
         """vLLM's ``vllm:spec_decode_*`` counters (with ``--speculative-config``)."""

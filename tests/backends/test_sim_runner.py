@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from backends.engine.step import ScheduledSeq
+from backends.engine.host_tier import KVTransfer
+from backends.engine.step import ScheduledSeq, StepInput
 from backends.runners.sim_runner import CostModel, SimRunner
 from tests.fakes import make_seq, step_input
 
@@ -32,6 +33,16 @@ def test_cached_prefix_tokens_cost_nothing() -> None:
     assert cold - warm == pytest.approx(0.1 * 16)
 
 
+def test_a_restored_block_costs_its_copy_not_its_prefill() -> None:
+    seq = make_seq(20)
+    seq.num_computed_tokens = 16  # 16 tokens restored from the host tier this step
+    restored = [KVTransfer(True, b, b) for b in range(4)]
+    offloaded = [KVTransfer(False, b, b) for b in range(4, 8)]
+    plain = step_input([ScheduledSeq(seq, 4)])
+    moved = StepInput(plain.seqs, plain.block_size, restored + offloaded)
+    assert COST.step_time(moved) - COST.step_time(plain) == pytest.approx(4 * COST.restore_block_s)
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -39,13 +50,14 @@ def test_cached_prefix_tokens_cost_nothing() -> None:
         ("default", CostModel()),
         ("1,2,3,4", CostModel(1, 2, 3, 4, 0.02)),
         ("1,2,3,4,5", CostModel(1, 2, 3, 4, 5)),
+        ("1,2,3,4,5,6", CostModel(1, 2, 3, 4, 5, 6)),
     ],
 )
 def test_parse(text: str, expected: CostModel) -> None:
     assert CostModel.parse(text) == expected
 
 
-@pytest.mark.parametrize("text", ["fast", "1,2", "1,2,3,-4", "1,2,3,4,5,6"])
+@pytest.mark.parametrize("text", ["fast", "1,2", "1,2,3,-4", "1,2,3,4,5,6,7"])
 def test_parse_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="cost model"):
         CostModel.parse(text)

@@ -35,6 +35,7 @@ def make_engine(
     max_loras: int = 1,
     max_model_len: int = 1024,
     speculative: SpeculativeConfig | None = None,
+    host_blocks: int = 0,
 ) -> AsyncEngine:
     config = EngineConfig(
         SchedulerConfig(
@@ -44,6 +45,7 @@ def make_engine(
             speculative=speculative,
         ),
         block_size=block_size,
+        host_blocks=host_blocks,
     )
     return build_engine(config, runner)
 

@@ -180,3 +180,26 @@ async def test_greedy_output_survives_preemption_and_recompute(
     assert engine.scheduler.stats.num_preemptions > 0
     model = hf_models["llama"]
     assert outs == [hf_greedy(model, p, 64) for p in prompts]
+
+
+async def test_greedy_output_is_the_same_from_a_prefix_restored_from_the_host_tier(
+    model_folders: dict[str, Path], hf_models: dict[str, object]
+) -> None:
+    folder = model_folders["llama"]
+    per_block = KVCache.bytes_per_block(load_config(folder), 16, torch.float32)
+    runner = make_runner(folder, memory=str(24 * per_block))
+    engine = make_engine(runner, max_model_len=256, host_blocks=64)
+    target, others = prompt(170, seed=30), [prompt(170, seed=31 + i) for i in range(3)]
+    engine.start()
+    try:
+        outs = [(await collect(engine, [(p, greedy(16), None)]))[0] for p in [target, *others]]
+        stream = engine.add_request(target, greedy(16))  # its blocks were evicted from the
+        again: list[int] = []  # device by the others: restored from the host tier
+        while batch := await stream.next_tokens():
+            again.extend(batch)
+    finally:
+        await engine.stop()
+    assert engine.block_manager.restored_tokens >= 160 and stream.seq.num_cached_tokens == 160
+    model = hf_models["llama"]
+    assert outs == [hf_greedy(model, p, 16) for p in [target, *others]]
+    assert again == outs[0]

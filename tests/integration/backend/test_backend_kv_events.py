@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -86,4 +87,37 @@ def test_block_stored_and_removed(start_backend: Callable[..., str]) -> None:
     assert removed & set(hashes)
     seqs = [seq] + [s for _, s, _ in later]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    sock.close(linger=0)
+
+
+def test_the_host_tier_publishes_its_blocks_and_serves_hits(
+    start_backend: Callable[..., str],
+) -> None:
+    events_port = free_port()
+    url = start_backend(
+        "--kv-events-port", str(events_port), "--num-blocks", "8", "--max-model-len", "128",
+        "--cost", "zero", "--cpu-offload-blocks", "32",
+    )  # fmt: skip
+    sock = subscribe(events_port)
+    api = close_after_test(openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0))
+    time.sleep(0.3)  # ZMQ slow joiner
+    prompt = list(range(40, 40 + 49))  # 3 full blocks and a token
+    api.completions.create(model="kvgate-sim", prompt=prompt, max_tokens=1)
+    (_, _, (stored, *_)), *_ = read_events(sock, 1)
+    for start in (100, 150):  # evict its blocks from the device
+        api.completions.create(
+            model="kvgate-sim", prompt=list(range(start, start + 64)), max_tokens=1
+        )
+    events = [e for _, _, batch in read_events(sock, 4) for e in batch]
+    on_host = {h for e in events if e["medium"] == "CPU" for h in e["block_hashes"]}
+    assert on_host >= set(stored["block_hashes"])  # offloaded as they left the device
+    cpu = next(e for e in events if e["medium"] == "CPU" and e["type"] == "BlockStored")
+    assert len(cpu["token_ids"]) == 16 * len(cpu["block_hashes"])
+    again = api.completions.create(model="kvgate-sim", prompt=prompt, max_tokens=1)
+    details = again.usage.prompt_tokens_details if again.usage else None
+    assert details is not None and details.cached_tokens == 48  # restored, not recomputed
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    assert 'kvgate:host_cache_hits_total{engine="0",model_name="kvgate-sim"} 48.0' in metrics
+    assert "kvgate:host_cache_blocks" in metrics
     sock.close(linger=0)
