@@ -133,7 +133,7 @@ class SchedulingRequest:
     body: Mapping[str, object] = field(default_factory=dict)  # the OpenAI request, for tokenizing
     tenant: str = ""  # the caller's tenant, where the picker knows it (embedded in the gateway)
     # filled while scoring: per endpoint scored, the leading blocks of the prompt it holds
-    prefix_match: dict[str, int] = field(default_factory=dict)
+    prefix_match: dict[str, float] = field(default_factory=dict)
 
 
 class RequestMemo(Generic[T]):

@@ -38,7 +38,7 @@ async def serve_replay(router: zmq.asyncio.Socket, asked: list[int], sent: list[
         await router.send_multipart([client, b"", b"", END_SEQ, b""])
 
 
-async def depth(index: PreciseIndex, address: str, at_least: int) -> int:
+async def depth(index: PreciseIndex, address: str, at_least: int) -> float:
     for _ in range(100):
         held = index.match(KEYS, [address])[address]
         if held >= at_least:

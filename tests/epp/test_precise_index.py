@@ -166,6 +166,36 @@ def test_other_tiers_are_not_gpu_resident() -> None:
     assert index.match(block_keys(tokens, BS), [A]) == {A: 2}  # the CPU copy went, not this
 
 
+def test_lower_tiers_are_credited_at_their_weights_after_the_device() -> None:
+    tokens = list(range(20))  # five blocks
+    keys = block_keys(tokens, BS)
+    index = PreciseIndex(tier_weights={"CPU": 0.75, "STORAGE": 0.25, "DISK": 0.0})
+    index.apply_batch(A, 0, [tagged([1, 2, 3, 4, 5], None, tokens)])
+    # the tail went to host memory as it left the device (its parent still on the device)
+    cpu = [tagged([4], 3, tokens[12:16], medium="CPU"), tagged([5], 4, tokens[16:], medium="CPU")]
+    index.apply_batch(A, 1, [*cpu, {"type": "BlockRemoved", "block_hashes": [4, 5]}])
+    assert index.match(keys, [A]) == {A: 3 + 2 * 0.75}
+    index.apply_batch(A, 2, [tagged([5], 4, tokens[16:], medium="STORAGE")])
+    index.apply_batch(A, 3, [{"type": "BlockRemoved", "block_hashes": [5], "medium": "CPU"}])
+    assert index.match(keys, [A]) == {A: 3 + 0.75 + 0.25}  # each block at its best tier
+    index.apply_batch(A, 4, [{"type": "BlockRemoved", "block_hashes": [4], "medium": "CPU"}])
+    assert index.match(keys, [A]) == {A: 3}  # leading blocks only: the fifth is cut off
+    index.apply_batch(A, 5, [tagged([6], None, [9, 9, 9, 9], medium="DISK")])  # no weight
+    assert index.match(block_keys([9, 9, 9, 9], BS), [A]) == {A: 0}
+    index.apply_batch(A, 6, [["AllBlocksCleared"]])
+    assert index.match(keys, [A]) == {A: 0}
+
+
+def test_a_tier_held_prefix_ranks_between_the_device_and_nothing() -> None:
+    tokens = list(range(16))
+    keys = block_keys(tokens, BS)
+    index = PreciseIndex(tier_weights={"CPU": 0.9})
+    index.apply_batch(A, 0, [tagged([1, 2, 3, 4], None, tokens)])
+    index.apply_batch(B, 0, [tagged([1, 2, 3, 4], None, tokens, medium="CPU")])
+    assert index.match(keys, [A, B, "127.0.0.1:3"]) == {A: 4, B: 3.6, "127.0.0.1:3": 0}
+    assert len(index) == 4 and index.blocks_of(B) == 0  # the device's blocks, as before
+
+
 def test_extra_keys_and_groups_take_part_in_block_identity() -> None:
     tokens = list(range(8))
     index = PreciseIndex()

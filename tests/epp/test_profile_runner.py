@@ -104,6 +104,8 @@ def test_registry_refuses_duplicates_and_unknown_types() -> None:
         ("prefix-cache-scorer", {"block_size_tokens": 0}, "out of range"),
         ("prefix-cache-scorer", {"block_size_tokens": "16"}, "expected int"),
         ("prefix-cache-scorer", {"bogus": 1}, "unknown param"),
+        ("prefix-cache-scorer", {"cpu_tier_weight": 1.5}, "out of range"),
+        ("prefix-cache-scorer", {"storage_tier_weight": -0.1}, "out of range"),
         ("lora-affinity-scorer", {"active": 2.0}, "out of range"),
         ("saturation-filter", {"kv_usage": 0.5}, "set once, in epp.saturation.kv_usage"),
         ("queue-scorer", {"x": 1}, "unknown param"),

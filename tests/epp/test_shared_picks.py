@@ -39,7 +39,7 @@ async def _until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
     raise AssertionError("the condition did not come true in time")
 
 
-def _held(service: EppService, address: str) -> int:
+def _held(service: EppService, address: str) -> float:
     """How many blocks of ``BODY`` the service's index believes ``address`` holds."""
     assert service.prefix is not None
     request = service.scheduling_request("p", "probe", "m", BODY, {})

@@ -8,13 +8,18 @@ Each endpoint's engine hashes are mapped to these keys as ``BlockStored`` events
 numbers, or a sequence that starts again (a restarted engine), clears that endpoint, since its
 cache can no longer be known. The picker's own decisions are recorded speculatively for a
 short TTL, to cover the time before the engine's events arrive.
+
+Blocks an engine keeps in a lower tier (events whose ``medium`` is ``CPU`` or ``STORAGE``:
+offloaded KV, restored on a hit instead of computed) are kept per tier, and a match credits
+each such block at its tier's weight (what a restore saves of computing it: ``tier_weights``)
+where the device does not hold it; a tier without a weight is ignored.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvgate.wire.block_hash import (
@@ -87,23 +92,70 @@ class _Matched:
     keys: list[int]
     changes: int
     until: float = math.inf  # when a speculative block counted in ``depths`` expires
-    depths: dict[str, int] = field(default_factory=dict)
+    depths: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
-class _EndpointState:
+class _Tier:
+    """The blocks one endpoint holds in one tier."""
+
     keys_by_engine_hash: dict[EngineBlock, int] = field(default_factory=dict)
     key_counts: dict[int, int] = field(default_factory=dict)  # an engine may store a block twice
+
+    def key_of(self, block: EngineBlock) -> int | None:
+        return self.keys_by_engine_hash.get(block)
+
+    def add(self, block: EngineBlock, key: int) -> bool:
+        """Count ``block`` under ``key``; False when it was counted already."""
+        if self.keys_by_engine_hash.get(block) == key:
+            return False  # stored again (vLLM reports reused blocks too)
+        self.keys_by_engine_hash[block] = key
+        self.key_counts[key] = self.key_counts.get(key, 0) + 1
+        return True
+
+    def remove(self, block: EngineBlock) -> int | None:
+        """Uncount ``block``; its key when the tier now holds none of that key."""
+        key = self.keys_by_engine_hash.pop(block, None)
+        if key is None:
+            return None
+        remaining = self.key_counts.get(key, 1) - 1
+        if remaining > 0:
+            self.key_counts[key] = remaining
+            return None
+        self.key_counts.pop(key, None)
+        return key
+
+
+@dataclass
+class _EndpointState(_Tier):
+    """An endpoint's device blocks (its own fields) and lower tiers' (``lower``)."""
+
+    lower: dict[str, _Tier] = field(default_factory=dict)  # by medium: CPU, STORAGE
     last_seq: dict[int | None, int] = field(default_factory=dict)  # per data-parallel rank
     speculative: dict[int, float] = field(default_factory=dict)  # key -> expiry (monotonic)
+
+    def parent_key(self, block: EngineBlock) -> int | None:
+        """The key of a stored block's parent, in whichever tier holds it."""
+        key = self.key_of(block)
+        for tier in self.lower.values():
+            if key is not None:
+                break
+            key = tier.key_of(block)
+        return key
 
 
 class PreciseIndex:
     """Which endpoint holds which block, from KV-event batches, plus speculative picks."""
 
-    def __init__(self, speculative_ttl: float = 2.0, hooks: KVEventHooks | None = None) -> None:
+    def __init__(
+        self,
+        speculative_ttl: float = 2.0,
+        hooks: KVEventHooks | None = None,
+        tier_weights: Mapping[str, float] | None = None,
+    ) -> None:
         self.speculative_ttl = speculative_ttl
         self.hooks = hooks or KVEventHooks()
+        self.tier_weights = {m: w for m, w in (tier_weights or {}).items() if w > 0}
         self._owners: dict[int, set[str]] = {}
         self._endpoints: dict[str, _EndpointState] = {}
         self.gaps = 0
@@ -128,7 +180,7 @@ class PreciseIndex:
         self, address: str, seq: int, events: Iterable[object], rank: int | None = None
     ) -> None:
         """Apply one event batch from ``address`` (raw events, as ``kv_events.decode_event``
-        reads them; unknown ones, and blocks of tiers other than the GPU's, are skipped).
+        reads them; unknown ones, and blocks of tiers without a weight, are skipped).
         Sequence numbers are counted per data-parallel ``rank``."""
         self._changes += 1
         state = self._endpoints.setdefault(address, _EndpointState())
@@ -148,20 +200,30 @@ class PreciseIndex:
             if isinstance(event, BlockStored):
                 if event.medium in (None, GPU):
                     self._stored(address, state, event)
+                elif event.medium in self.tier_weights:
+                    tier = state.lower.setdefault(event.medium, _Tier())
+                    self._stored(address, state, event, tier)
             elif isinstance(event, BlockRemoved):
                 if event.medium in (None, GPU):
                     self._removed(address, state, event.group_idx, event.block_hashes)
+                elif event.medium in state.lower:
+                    lower = state.lower[event.medium]
+                    for engine_hash in event.block_hashes:
+                        lower.remove((event.group_idx, engine_hash))
             elif isinstance(event, AllBlocksCleared):
                 if self.hooks.reset is not None:
                     self.hooks.reset(address, "cleared")
                 self.clear(address, keep_seq=True)
 
-    def _stored(self, address: str, state: _EndpointState, event: BlockStored) -> None:
+    def _stored(
+        self, address: str, state: _EndpointState, event: BlockStored, lower: _Tier | None = None
+    ) -> None:
+        """Key and count ``event``'s blocks in the device tier, or in ``lower``."""
         group = event.group_idx
         if event.parent_block_hash is None:
             parent_key = group_root(group)
         else:
-            known = state.keys_by_engine_hash.get((group, event.parent_block_hash))
+            known = state.parent_key((group, event.parent_block_hash))
             if known is None:  # its parent was never seen: the chain cannot be keyed
                 if self.hooks.unusable is not None:
                     self.hooks.unusable(address, "unkeyed")
@@ -169,25 +231,17 @@ class PreciseIndex:
             parent_key = known
         keys = stored_keys(event, parent_key)
         for engine_hash, key in zip(event.block_hashes, keys, strict=False):
-            block = (group, engine_hash)
-            if state.keys_by_engine_hash.get(block) == key:
-                continue  # stored again (vLLM reports reused blocks too)
-            state.keys_by_engine_hash[block] = key
-            state.key_counts[key] = state.key_counts.get(key, 0) + 1
-            self._owners.setdefault(key, set()).add(address)
+            if lower is not None:
+                lower.add((group, engine_hash), key)
+            elif state.add((group, engine_hash), key):
+                self._owners.setdefault(key, set()).add(address)
 
     def _removed(
         self, address: str, state: _EndpointState, group: int, hashes: Iterable[int]
     ) -> None:
         for engine_hash in hashes:
-            key = state.keys_by_engine_hash.pop((group, engine_hash), None)
-            if key is None:
-                continue
-            remaining = state.key_counts.get(key, 1) - 1
-            if remaining > 0:
-                state.key_counts[key] = remaining
-            else:
-                state.key_counts.pop(key, None)
+            key = state.remove((group, engine_hash))
+            if key is not None:
                 self._drop(key, address)
 
     def clear(self, address: str, keep_seq: bool = False) -> None:
@@ -229,10 +283,11 @@ class PreciseIndex:
             for key in keys:
                 state.speculative.pop(key, None)
 
-    def match(self, keys: list[int], addresses: Iterable[str]) -> dict[str, int]:
-        """Per address, how many leading blocks it holds (or was just sent). The scorers of one
-        pick ask about the same keys in turn: each address is walked once while the index is
-        unchanged and no speculative block it counted has expired."""
+    def match(self, keys: list[int], addresses: Iterable[str]) -> dict[str, float]:
+        """Per address, how many leading blocks it holds (or was just sent), a block held only
+        in a lower tier counted at its tier's weight. The scorers of one pick ask about the
+        same keys in turn: each address is walked once while the index is unchanged and no
+        speculative block it counted has expired."""
         now = time.monotonic()
         memo = self._matched
         if (
@@ -242,19 +297,19 @@ class PreciseIndex:
             or now >= memo.until
         ):
             memo = self._matched = _Matched(keys, self._changes)
-        result: dict[str, int] = {}
+        result: dict[str, float] = {}
         for address in addresses:
-            depth = memo.depths.get(address)
-            if depth is None:
-                depth, until = self._depth(keys, address, now)
-                memo.depths[address] = depth
+            known = memo.depths.get(address)
+            if known is None:
+                known, until = self._depth(keys, address, now)
+                memo.depths[address] = known
                 memo.until = min(memo.until, until)
-            result[address] = depth
+            result[address] = known
         return result
 
-    def _depth(self, keys: list[int], address: str, now: float) -> tuple[int, float]:
-        """How many leading ``keys`` ``address`` holds, and until when that stays true (the
-        first expiry among the speculative blocks counted)."""
+    def _depth(self, keys: list[int], address: str, now: float) -> tuple[float, float]:
+        """How many leading ``keys`` ``address`` holds (lower tiers' at their weights), and
+        until when that stays true (the first expiry among the speculative blocks counted)."""
         state = self._endpoints.get(address)
         speculative = state.speculative if state is not None else {}
         owners_of = self._owners.get
@@ -268,4 +323,19 @@ class PreciseIndex:
                     break
                 until = min(until, expiry)
             depth += 1
-        return depth, until
+        if state is None or not state.lower or depth == len(keys):
+            return depth, until
+        return depth + self._lower_credit(state, keys[depth:]), until
+
+    def _lower_credit(self, state: _EndpointState, keys: list[int]) -> float:
+        """What the lower tiers hold of ``keys`` (the blocks after the device's), leading
+        blocks only, each at the best weight among the tiers that hold it."""
+        weights = self.tier_weights
+        tiers = [(weights[m], t.key_counts) for m, t in state.lower.items() if m in weights]
+        credit = 0.0
+        for key in keys:
+            best = max((w for w, held in tiers if key in held), default=0.0)
+            if not best:
+                break
+            credit += best
+        return credit

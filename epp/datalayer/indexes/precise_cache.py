@@ -31,7 +31,8 @@ class PrecisePrefixCache:
         hooks: KVEventHooks | None = None,
     ) -> None:
         self.params = params
-        self.index = PreciseIndex(params.speculative_ttl, hooks)
+        tiers = {"CPU": params.cpu_tier_weight, "STORAGE": params.storage_tier_weight}
+        self.index = PreciseIndex(params.speculative_ttl, hooks, tiers)
         self.events = KVEventSubscriber(self.index, endpoints)
         self._tokenizer = make_tokenizer(params.tokenizer)
         self._memo: RequestMemo[list[int]] = RequestMemo()
@@ -63,7 +64,7 @@ class PrecisePrefixCache:
             keys = self._memo.put(request, keys)
         return keys
 
-    def match(self, keys: list[int], addresses: Iterable[str]) -> dict[str, int]:
+    def match(self, keys: list[int], addresses: Iterable[str]) -> dict[str, float]:
         return self.index.match(keys, addresses)
 
     def prompt_tokens(self, request: SchedulingRequest) -> int:
@@ -71,7 +72,7 @@ class PrecisePrefixCache:
 
     def uncached_tokens(self, request: SchedulingRequest, endpoint: Endpoint) -> int:
         cached = matched_blocks(self, request, endpoint) * self.params.block_size_tokens
-        return max(0, self.prompt_tokens(request) - cached)
+        return max(0, round(self.prompt_tokens(request) - cached))
 
     def learn(self, request: SchedulingRequest, endpoint: Endpoint) -> Undo:
         return self.learn_keys(self.keys(request), endpoint)

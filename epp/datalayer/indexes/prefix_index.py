@@ -10,7 +10,7 @@ back if the endpoint refused the connection. Two kinds implement it:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,6 +34,10 @@ class PrefixIndexParams:
     tokenizer: str = "byte"  # precise: byte | a model folder (or its tokenizer.json)
     speculative_ttl: float = 2.0  # precise: how long a pick counts before its events arrive
     min_match_blocks: int = 2  # scoring: fewer distinguishing blocks than this score nothing
+    # precise: what a block held only in an engine's host memory (medium CPU) or storage tier
+    # counts for, against one on its device (what a restore saves of computing the block)
+    cpu_tier_weight: float = 0.9
+    storage_tier_weight: float = 0.5
 
 
 class PrefixIndex(Protocol):
@@ -50,8 +54,9 @@ class PrefixIndex(Protocol):
         """The request's chained block keys (computed once per request)."""
         ...
 
-    def match(self, keys: list[int], addresses: Iterable[str]) -> dict[str, int]:
-        """Per address, how many leading blocks of ``keys`` it holds."""
+    def match(self, keys: list[int], addresses: Iterable[str]) -> Mapping[str, float]:
+        """Per address, how many leading blocks of ``keys`` it holds (a block in a lower tier,
+        host memory say, counted at less than one: what restoring it saves of computing it)."""
         ...
 
     def prompt_tokens(self, request: SchedulingRequest) -> int:
@@ -104,7 +109,9 @@ def kv_capacity(endpoint: Endpoint, block_size_tokens: int) -> int:
     return 0
 
 
-def matched_blocks(index: PrefixIndex, request: SchedulingRequest, endpoint: Endpoint) -> int:
+def matched_blocks(
+    index: PrefixIndex, request: SchedulingRequest, endpoint: Endpoint
+) -> float:
     """How many leading blocks of ``request`` the index believes ``endpoint`` holds."""
     keys = index.keys(request)
     return index.match(keys, [endpoint.address])[endpoint.address] if keys else 0

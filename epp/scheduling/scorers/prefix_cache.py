@@ -9,7 +9,8 @@ the other scorers (queue, KV use) decide.
 
 Its parameters choose the prefix index it reads (``PrefixIndexParams``): ``mode: approximate``
 (default, GIE's) learns from the picker's own decisions; ``mode: precise`` reads the engines' KV
-events. The EPP service owns the index (``PluginHandle.prefix_index``) and teaches it each
+events, each engine's lower tiers (host memory, storage) included at their weights
+(``cpu_tier_weight``, ``storage_tier_weight``: 0 ignores a tier). The EPP service owns the index (``PluginHandle.prefix_index``) and teaches it each
 dispatched pick (and takes it back if refused); this scorer only reads it.
 """
 
@@ -44,6 +45,7 @@ class PrefixCacheScorer:
     def parse_config(cls, name: str, raw: Mapping[str, object]) -> PrefixIndexParams:
         checks = {k: (lambda v: v > 0) for k in POSITIVE}
         checks["mode"] = lambda v: v in ("approximate", "precise")
+        checks["cpu_tier_weight"] = checks["storage_tier_weight"] = lambda v: 0 <= v <= 1
         params = parse_params(PrefixIndexParams, name, raw, checks)
         if params.tokenizer != "byte" and not Path(params.tokenizer).exists():
             raise ParamError(f"{name}.tokenizer: no such file or folder: {params.tokenizer!r}")

@@ -88,7 +88,7 @@ class SessionAffinityScorer:
             self._sessions.popitem(last=False)
 
 
-def _told_apart(matched: dict[str, int], home: str, candidates: dict[str, float]) -> bool:
+def _told_apart(matched: dict[str, float], home: str, candidates: dict[str, float]) -> bool:
     """Whether the prefix index (what it matched, filled by the prefix scorer) credits ``home``
     with more of the prompt than some other candidate: then it already pulls there."""
     held = matched.get(home, 0)

@@ -139,16 +139,18 @@ async def test_lora_requests_prefer_the_backend_running_the_adapter(
 
 
 async def precise_gateway(
-    stack: ExitStack, start_gateway: Callable[..., tuple[str, KvgateProcess]], count: int
+    stack: ExitStack,
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+    count: int,
+    *backend_args: str,
 ) -> tuple[str, list[str]]:
     """``count`` zero-cost backends publishing KV events, behind a gateway whose picker runs
     precise prefix mode (prefix x3, queue x1); returns its URL and the backends' addresses."""
     addresses = []
     for _ in range(count):
         port, events = free_port(), free_port()
-        stack.enter_context(
-            backend_process(port, "--cost", "zero", "--kv-events-port", str(events))
-        )
+        args = ("--cost", "zero", "--kv-events-port", str(events), *backend_args)
+        stack.enter_context(backend_process(port, *args))
         addresses.append(f"{{address: 127.0.0.1:{port}, kv_events_port: {events}}}")
     url, _ = start_gateway(f"""
 pools: {{p: {{endpoints: [{", ".join(addresses)}]}}}}
@@ -184,6 +186,32 @@ async def test_precise_mode_learns_from_kv_events(
             gained = [hits([b]) - h for b, h in zip(backends, before, strict=True)]
     prefix_tokens = (len(f"0 {PREFIX}") - 1) // 16 * 16
     assert gained == [2 * prefix_tokens] * 3, gained
+
+
+async def test_precise_mode_routes_to_a_prefix_held_in_host_memory(
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+) -> None:
+    """Prefixes pushed out of each backend's device cache into its host tier are found there:
+    each goes back to the backend whose host memory holds it, and is restored, not computed."""
+    with ExitStack() as stack:
+        tiny = ("--num-blocks", "24", "--max-model-len", "256", "--cpu-offload-blocks", "128")
+        url, backends = await precise_gateway(stack, start_gateway, 2, *tiny)
+        prompts = {b: [f"{k}:{b[::-1]} " + "abcdefgh " * 10 for k in range(3)] for b in backends}
+        async with aiohttp.ClientSession() as session:
+            for backend, own in prompts.items():  # directly: cached there, then pushed out
+                for prompt in own + [f"other {k} {backend} " + "z" * 100 for k in range(5)]:
+                    await complete(session, f"http://{backend}", prompt)
+            await asyncio.sleep(0.3)
+            before = [value(f"http://{b}", "kvgate:host_cache_hits_total") for b in backends]
+            for k in range(3):
+                for own in prompts.values():
+                    await complete(session, url, own[k])
+        restored = [
+            value(f"http://{b}", "kvgate:host_cache_hits_total") - n
+            for b, n in zip(backends, before, strict=True)
+        ]
+    per_prompt = (len(prompts[backends[0]][0]) - 1) // 16 * 16
+    assert restored == [3 * per_prompt] * 2, restored
 
 
 async def test_precise_mode_spreads_distinct_chats_that_share_only_the_template(
