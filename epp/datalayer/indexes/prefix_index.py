@@ -109,9 +109,7 @@ def kv_capacity(endpoint: Endpoint, block_size_tokens: int) -> int:
     return 0
 
 
-def matched_blocks(
-    index: PrefixIndex, request: SchedulingRequest, endpoint: Endpoint
-) -> float:
+def matched_blocks(index: PrefixIndex, request: SchedulingRequest, endpoint: Endpoint) -> float:
     """How many leading blocks of ``request`` the index believes ``endpoint`` holds."""
     keys = index.keys(request)
     return index.match(keys, [endpoint.address])[endpoint.address] if keys else 0

@@ -10,8 +10,9 @@ the other scorers (queue, KV use) decide.
 Its parameters choose the prefix index it reads (``PrefixIndexParams``): ``mode: approximate``
 (default, GIE's) learns from the picker's own decisions; ``mode: precise`` reads the engines' KV
 events, each engine's lower tiers (host memory, storage) included at their weights
-(``cpu_tier_weight``, ``storage_tier_weight``: 0 ignores a tier). The EPP service owns the index (``PluginHandle.prefix_index``) and teaches it each
-dispatched pick (and takes it back if refused); this scorer only reads it.
+(``cpu_tier_weight``, ``storage_tier_weight``: 0 ignores a tier). The EPP service owns the
+index (``PluginHandle.prefix_index``) and teaches it each dispatched pick (and takes it back if
+refused); this scorer only reads it.
 """
 
 from __future__ import annotations
