@@ -110,6 +110,18 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
         help="a host tier of this many blocks: evicted blocks' KV is kept there and restored "
         "on a prefix hit (published as KV events with medium CPU)",
     )
+    p.add_argument(
+        "--kv-retention-fraction",
+        type=float,
+        default=0.5,
+        help="the share of KV blocks requests' kv.retain hints may keep cached at once (0: none)",
+    )
+    p.add_argument(
+        "--kv-retention-owner-fraction",
+        type=float,
+        default=0.25,
+        help="the share one owner (a tenant, as the gateway names it) may keep",
+    )
     host.add_argument(
         "--kv-offloading-size",
         type=float,
@@ -192,6 +204,10 @@ def build_state(args: argparse.Namespace) -> ServerState:
         record_events=kv_events,
         host_blocks=args.cpu_offload_blocks,
         host_bytes=int(args.kv_offloading_size * 2**30),
+        retention_fraction=_fraction(args.kv_retention_fraction, "--kv-retention-fraction"),
+        retention_owner_fraction=_fraction(
+            args.kv_retention_owner_fraction, "--kv-retention-owner-fraction"
+        ),
     )
     model_name = args.model or parts.model_name
     sink = None
@@ -233,6 +249,12 @@ def build_state(args: argparse.Namespace) -> ServerState:
         parts.load_lora(name, path)
         state.lora_adapters[name] = path
     return state
+
+
+def _fraction(value: float, flag: str) -> float:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{flag} must be between 0 and 1; got {value}")
+    return value
 
 
 def _default_replay(events_port: int | None) -> int | None:

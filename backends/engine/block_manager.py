@@ -10,6 +10,9 @@ sequence's blocks are freed tail first, so the tail of a prefix is evicted befor
 With a host tier (``host_blocks``), an evicted block's KV is offloaded to host memory first and
 a prefix hit there restores it (``backends.engine.host_tier``); the moves are handed to the
 runner with the next step (``take_transfers``).
+
+Blocks retained for a session in a pause (``retain``, ``backends.engine.retention``) wait in
+their own LRU while free, taken only when no other free block is left.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 
 from backends.engine.errors import EngineError
 from backends.engine.host_tier import CPU, HostTier, KVTransfer
+from backends.engine.retention import Retention
 from backends.engine.sequence import Sequence
 from kvgate.wire.block_hash import ROOT, extra_key, token_bytes
 from kvgate.wire.block_hash import hash_block as chained_hash
@@ -63,7 +67,12 @@ class BlockManager:
         hash_seed: int = 0,
         record_events: bool = False,
         host_blocks: int = 0,
+        max_retained: int = 0,
+        max_retained_per_owner: int = 0,
     ) -> None:
+        """``host_blocks``: the host tier's size (0: none); ``max_retained``: how many blocks
+        may be retained at once (0: no retention), ``max_retained_per_owner`` for one owner
+        (default: all of them)."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
@@ -81,10 +90,15 @@ class BlockManager:
         self._transfers: list[KVTransfer] = []
         self.restored_tokens = 0  # prompt tokens the host tier served, restored not computed
         self.offloaded_blocks = 0  # blocks copied to the host tier
+        self.retention: Retention | None = None
+        if max_retained > 0 and enable_prefix_caching:
+            self.retention = Retention(max_retained, max_retained_per_owner or max_retained)
+        self._free_retained: OrderedDict[int, None] = OrderedDict()
+        self.retained_hit_tokens = 0  # prompt tokens found in blocks retained at the time
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free_uncached) + len(self._free_cached)
+        return len(self._free_uncached) + len(self._free_cached) + len(self._free_retained)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -118,6 +132,8 @@ class BlockManager:
             if block_id is None:
                 break
             hits.append(block_id)
+            if block_id in self._free_retained:
+                self.retained_hit_tokens += self.block_size
         if self.host is not None and len(hits) < max_blocks:
             hits += self._restore(seq, hits, max_blocks)
         return hits, len(hits) * self.block_size
@@ -135,7 +151,8 @@ class BlockManager:
         for block_id in cached_blocks:
             block = self.blocks[block_id]
             if block.ref_count == 0:
-                self._free_cached.pop(block_id)
+                free = self._free_cached if block_id in self._free_cached else self._free_retained
+                del free[block_id]
             block.ref_count += 1
         seq.block_table = list(cached_blocks)
         seq.num_computed_tokens = len(cached_blocks) * self.block_size
@@ -188,6 +205,8 @@ class BlockManager:
             if block.ref_count == 0:
                 if block.block_hash is None:
                     self._free_uncached.append(block_id)
+                elif self.retention is not None and self.retention.holds(block.block_hash):
+                    self._free_retained[block_id] = None
                 else:
                     self._free_cached[block_id] = None
         seq.block_table = []
@@ -197,11 +216,14 @@ class BlockManager:
         """Drop every cached block; refused (False) while any block is in use."""
         if self.num_free_blocks != self.num_blocks:
             return False
-        for block_id in self._free_cached:
+        for block_id in [*self._free_cached, *self._free_retained]:
             self.blocks[block_id].block_hash = None
             self._free_uncached.append(block_id)
         self._free_cached.clear()
+        self._free_retained.clear()
         self._cached.clear()
+        if self.retention is not None:
+            self.retention.clear()
         if self.host is not None:
             self.host.clear()
         if self.record_events:
@@ -229,8 +251,9 @@ class BlockManager:
                 break
             wanted.append(block_hash)
         for block_id in hits:  # the hits are not taken to hold the restored blocks
-            if block_id in self._free_cached:
-                self._free_cached.move_to_end(block_id)
+            for free in (self._free_cached, self._free_retained):
+                if block_id in free:
+                    free.move_to_end(block_id)
         spare = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         restored: list[int] = []
         for block_hash in wanted[: max(0, self.num_free_blocks - spare - 1)]:
@@ -265,18 +288,47 @@ class BlockManager:
             parent, lora, size = block.parent_hash, block.lora_name, self.block_size
             self._events.append(BlockStored([block_hash], parent, tokens, size, lora, CPU))
 
+    def retain(self, hashes: list[int], ttl: float, owner: str) -> int:
+        """Keep the cached blocks of ``hashes`` (a sequence's, leading first) through a pause
+        of up to ``ttl`` seconds, as the bounds allow; how many are pinned."""
+        if self.retention is None:
+            return 0
+        pinned = self.retention.pin(hashes, ttl, owner)
+        for block_hash in pinned:
+            block_id = self._cached.get(block_hash)
+            if block_id is not None and block_id in self._free_cached:
+                del self._free_cached[block_id]
+                self._free_retained[block_id] = None
+        return len(pinned)
+
     def _take_free_block(self) -> int:
         if self._free_uncached:
             block_id = self._free_uncached.pop()
         else:
-            block_id, _ = self._free_cached.popitem(last=False)
+            if self._free_retained:
+                self.release_expired()
+            free = self._free_cached or self._free_retained  # retained only as a last resort
+            block_id, _ = free.popitem(last=False)
             self._evict(self.blocks[block_id])
         self.blocks[block_id].ref_count = 1
         return block_id
 
+    def release_expired(self) -> None:
+        """Blocks whose pins expired become the least recently used of the free cached."""
+        if self.retention is None:
+            return
+        for block_hash in self.retention.expire():
+            block_id = self._cached.get(block_hash)
+            if block_id is not None and block_id in self._free_retained:
+                del self._free_retained[block_id]
+                self._free_cached[block_id] = None
+                self._free_cached.move_to_end(block_id, last=False)
+
     def _evict(self, block: Block) -> None:
         if block.block_hash is None:
             return
+        if self.retention is not None:
+            self.retention.drop(block.block_hash)
         if self._cached.get(block.block_hash) == block.block_id:
             del self._cached[block.block_hash]
             self._offload(block)

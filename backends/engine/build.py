@@ -26,6 +26,9 @@ class EngineConfig:
     record_events: bool = False  # keep KV events for an event sink
     host_blocks: int = 0  # the host tier's size in blocks (0: none) ...
     host_bytes: int = 0  # ... or in bytes of the runner's KV (vLLM's --kv-offloading-size)
+    # the share of the blocks requests' kv.retain hints may keep at once, and one owner's
+    retention_fraction: float = 0.5
+    retention_owner_fraction: float = 0.25
 
 
 def build_engine(
@@ -52,6 +55,8 @@ def build_engine(
         hash_seed=config.hash_seed,
         record_events=config.record_events,
         host_blocks=host_blocks,
+        max_retained=int(num_blocks * config.retention_fraction),
+        max_retained_per_owner=int(num_blocks * config.retention_owner_fraction),
     )
     return AsyncEngine(
         config.scheduler,

@@ -180,6 +180,11 @@ class AsyncEngine:
         """Have the loop schedule again now (a KV connector's load finished)."""
         self._wake.set()
 
+    def retain(self, stream: RequestStream, ttl: float, owner: str) -> int:
+        """Keep ``stream``'s blocks cached through a pause of up to ``ttl`` seconds (a
+        session's next call will resend them), within ``owner``'s bound; how many."""
+        return self.block_manager.retain(stream.seq.block_hashes, ttl, owner)
+
     def abort(self, stream: RequestStream) -> None:
         """Stop a request now (client gone); its blocks are freed at once."""
         seq = stream.seq

@@ -131,6 +131,12 @@ class EngineCollector(Collector):
                 "Blocks the host tier holds (KV offloaded from the device).",
                 len(blocks.host),
             )
+        if blocks.retention is not None:
+            blocks.release_expired()
+            gauges["kvgate:kv_retained_blocks"] = (
+                "Blocks kept cached for sessions in a pause (kv.retain hints).",
+                len(blocks.retention),
+            )
         for name, (doc, value) in gauges.items():
             gauge = GaugeMetricFamily(name, doc, labels=names)
             gauge.add_metric(values, float(value))
@@ -156,6 +162,11 @@ class EngineCollector(Collector):
         }
         if blocks.host is not None:
             counters.update(self._host_tier_counters())
+        if blocks.retention is not None:
+            counters["kvgate:kv_retained_hits"] = (
+                "Prompt tokens found in blocks a kv.retain hint was keeping.",
+                blocks.retained_hit_tokens,
+            )
         speculative = scheduler.config.speculative
         if speculative is not None:
             counters.update(self._speculation_counters())

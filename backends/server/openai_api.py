@@ -24,12 +24,14 @@ from backends.server.choice_details import (
     token_id_fields,
 )
 from backends.server.errors import error_response
+from backends.server.kv_hints import RetainHint, retain_hint
 from backends.server.prefill_hop import prefillers, run_prefill_hop
 from backends.server.protocol import GenerationRequest, RequestError, parse_request
 from backends.server.request_body import BodyError, read_object
 from backends.server.sse import DONE, ChunkFormatter
 from backends.server.state import STATE, ServerState
 from backends.server.text_stream import TextStream
+from backends.server.tool_calls import TOOL_CALLS, call_id, forced_tool, tool_message
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,10 @@ def parse_generation(
         default_max_tokens=state.default_max_tokens(is_chat),
         vocab_size=state.vocab_size,
     )
+    assert isinstance(body, dict)  # parse_request checked it
+    tool, retain = forced_tool(body) if is_chat else None, retain_hint(body)
+    if tool is not None or retain is not None:
+        req = dataclasses.replace(req, tool_call=tool, retain=retain)
     return req, state.resolve_model(req.model)
 
 
@@ -119,13 +125,29 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
         return error_response(400, str(exc), "max_tokens")
     try:
         if req.stream:
-            return await _stream(request, state, req, streams, request_id)
-        return await _complete(state, req, streams, request_id)
+            response = await _stream(request, state, req, streams, request_id)
+        else:
+            response = await _complete(state, req, streams, request_id)
+        if req.retain is not None:
+            _retain(state, req, streams, req.retain)
+        return response
     finally:
         for stream in streams:
             state.engine.abort(stream)
             if state.tracer is not None:
                 state.tracer.record(request.headers, stream, req.model)
+
+
+def _retain(
+    state: ServerState, req: GenerationRequest, streams: list[RequestStream], hint: RetainHint
+) -> None:
+    """Keep the blocks of each finished prompt whose reason the hint names."""
+    for stream in streams[:: req.n]:
+        reason = stream.finish_reason
+        if not stream.seq.is_finished or reason in (None, FinishReason.ABORT):
+            continue
+        if (TOOL_CALLS if req.tool_call else reason.value) in hint.on:
+            state.engine.retain(stream, hint.ttl, hint.owner)
 
 
 def _sampling_of(sampling: SamplingParams, sample: int) -> SamplingParams:
@@ -238,12 +260,17 @@ async def _complete(
         return error_response(500, str(exc))
     created = int(time.time())
     if req.is_chat:
+        tool = req.tool_call
         choices: list[dict[str, object]] = [
             {
                 "index": i,
-                "message": {"role": "assistant", "content": t},
+                "message": (
+                    tool_message(tool, t, call_id(request_id, i))
+                    if tool
+                    else {"role": "assistant", "content": t}
+                ),
                 "logprobs": logprobs_field(req, state.tokenizer, streams[i]),
-                "finish_reason": reasons[i],
+                "finish_reason": TOOL_CALLS if tool else reasons[i],
                 **token_id_fields(req, streams[i]),
             }
             for i, t in enumerate(texts)

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from backends.engine.kv_transfer_params import KVTransferParams, KVTransferParamsError
 from backends.engine.sequence import MAX_LOGPROBS, SamplingParams
 from kvgate.wire.request_tokenizer import RequestTokenizer
 from kvgate.wire.tokenizer import ChatTemplateError
+
+if TYPE_CHECKING:
+    from backends.server.kv_hints import RetainHint
 
 MAX_STOP_STRINGS = 16
 
@@ -48,6 +52,8 @@ class GenerationRequest:
     n: int = 1  # samples of each prompt: choice prompt_index * n + sample
     # vLLM's stream_options.continuous_usage_stats: each chunk says the tokens so far
     continuous_usage: bool = False
+    tool_call: str | None = None  # the function a chat answer must call (a forced tool_choice)
+    retain: RetainHint | None = None  # keep the blocks after the request (``kv_hints``)
 
 
 def _get_int(body: Mapping[str, object], key: str, default: int | None) -> int | None:
