@@ -27,13 +27,8 @@ def run(bm: BlockManager, seq: Sequence) -> int:
     return num_cached
 
 
-def manager(clock: Clock, blocks: int = 6, **bounds: int) -> BlockManager:
-    bm = BlockManager(
-        blocks,
-        4,
-        max_retained=bounds.get("total", blocks),
-        **{k: v for k, v in bounds.items() if k != "total"},
-    )
+def manager(clock: Clock, blocks: int = 6, total: int = 0, per_owner: int = 0) -> BlockManager:
+    bm = BlockManager(blocks, 4, max_retained=total or blocks, max_retained_per_owner=per_owner)
     assert bm.retention is not None
     bm.retention.clock = clock
     return bm
@@ -74,7 +69,7 @@ def test_a_pin_never_fails_an_allocation() -> None:
 
 
 def test_pins_are_bounded_per_owner_and_in_all() -> None:
-    bm = manager(Clock(), blocks=16, total=5, max_retained_per_owner=3)
+    bm = manager(Clock(), blocks=16, total=5, per_owner=3)
     first, second = make_seq(17, start=0), make_seq(17, start=100)  # four full blocks each
     run(bm, first)
     run(bm, second)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import openai
 import pytest
@@ -91,16 +92,15 @@ def _session_survives(url: str, hint: dict[str, object]) -> int:
     """A session's call ending in a tool call, then other traffic filling the cache, then the
     session's next call: the tokens of its first call's prompt found cached."""
     api = close_after_test(openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0))
-    history = [{"role": "user", "content": "session task: " + "read the module " * 8}]
+    history: list[Any] = [{"role": "user", "content": "session task: " + "read the module " * 8}]
     api.chat.completions.create(
         model="kvgate-sim", messages=history, max_tokens=4, tools=TOOLS, tool_choice="required",
         extra_body=hint,
     )  # type: ignore[call-overload]  # fmt: skip
     for k in range(6):  # unhinted traffic: more than the cache holds besides
         api.completions.create(model="kvgate-sim", prompt=f"{k} other " * 20, max_tokens=1)
-    again = api.chat.completions.create(
-        model="kvgate-sim", messages=[*history, {"role": "tool", "content": "ok"}], max_tokens=1
-    )  # type: ignore[call-overload]
+    follow: list[Any] = [*history, {"role": "tool", "tool_call_id": "c", "content": "ok"}]
+    again = api.chat.completions.create(model="kvgate-sim", messages=follow, max_tokens=1)
     details = again.usage.prompt_tokens_details if again.usage else None
     return details.cached_tokens or 0 if details else 0
 
