@@ -11,6 +11,7 @@ from policies.schema import ENGINES, METRIC_OVERRIDES, ROLES, EndpointSpec, Pool
 from policies.tls_section import load_client_tls
 
 CAPACITY = ("configured", "measured")  # a pool's capacity: each endpoint's, or measured
+MAX_RETENTION = 300.0  # seconds: what the reference engine caps a pin at
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$|^\[[0-9a-fA-F:]+\]:[0-9]{1,5}$")
 
 
@@ -29,6 +30,7 @@ POOL_KEYS = {
     "tls",
     "token_ids",
     "capacity",
+    "kv_retention",
 }
 
 
@@ -63,8 +65,16 @@ def load_pools(top: Fields, base_dir: Path) -> dict[str, Pool]:
             tls=load_client_tls(f, base_dir),
             metric_names=metric_names,
             token_ids=f.flag("token_ids", False) if f.has("token_ids") else None,
+            kv_retention=_kv_retention(f),
         )
     return pools
+
+
+def _kv_retention(f: Fields) -> float:
+    seconds = f.duration("kv_retention", 0.0)
+    if seconds > MAX_RETENTION:
+        f.error(f"{f.path}.kv_retention", f"must be at most {MAX_RETENTION:.0f}s (engines cap it)")
+    return seconds
 
 
 def _adapter_names(f: Fields) -> tuple[str, ...]:

@@ -167,6 +167,9 @@ class Pool:
     # whether the engines answer vLLM's return_token_ids (then a broken stream is continued
     # from the exact tokens; else from its text); None: by ``engine`` (vllm, kvgate: yes)
     token_ids: bool | None = None
+    # seconds the engines keep an agent's blocks after an answer that calls a tool (a kv.retain
+    # hint on requests that offer tools); 0: no hints
+    kv_retention: float = 0.0
 
     @property
     def returns_token_ids(self) -> bool:

@@ -41,7 +41,7 @@ from gateway.request.stored_responses import created, led_by_previous
 from gateway.request.stream_resume import StreamResume, asks_token_ids, may_resume
 from gateway.request.tracing import decision_attributes, span
 from gateway.request.upstream import UpstreamCall, client_request_headers, open_upstream
-from gateway.request.upstream_payload import KV_TRANSFER, payload_for
+from gateway.request.upstream_payload import has_engine_fields, payload_for, retention_hint
 from gateway.response_cache.cache import HEADER as CACHE_HEADER
 from gateway.response_cache.cache import replayed
 from gateway.routing.endpoint_picker import Ranking
@@ -427,11 +427,13 @@ def _upstream_payload(
     add_usage = ctx.stream and not forward.client_wants_usage and forward.api.usage_on_request
     add_ids = resumes and asks_token_ids(pool, body)
     add_counts = resumes and not pool.returns_token_ids
+    hints = retention_hint(pool, body, ctx.tenant)
     if (
         pool.model
         or add_usage
         or params is not None
-        or KV_TRANSFER in body
+        or hints is not None
+        or has_engine_fields(body)
         or add_ids
         or add_counts
         or forward.rewritten
@@ -445,6 +447,7 @@ def _upstream_payload(
             counts=add_counts,
             kv_transfer_params=params,
             token_ids=add_ids,
+            kv_hints=hints,
         )
     return forward.raw
 

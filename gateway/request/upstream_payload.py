@@ -1,6 +1,10 @@
 """The body sent upstream: the client's own bytes unless the pool's model name, the usage the
-gateway needs from a stream, a prefill hop's KV-transfer parameters or a resumable stream's
-token ids change it."""
+gateway needs from a stream, a prefill hop's KV-transfer parameters, a retention hint or a
+resumable stream's token ids change it.
+
+Fields that steer an engine's KV (``kv_transfer_params``, ``kv_hints``) are the gateway's to
+set: a client's own are dropped (they could have a worker pull KV from wherever they name, or
+pin blocks in another tenant's name)."""
 
 from __future__ import annotations
 
@@ -11,6 +15,28 @@ import orjson
 from policies.schema import Pool
 
 KV_TRANSFER = "kv_transfer_params"
+KV_HINTS = "kv_hints"
+ENGINE_FIELDS = (KV_TRANSFER, KV_HINTS)
+MAX_OWNER = 64  # characters of the tenant name a hint carries
+
+
+def retention_hint(pool: Pool, body: Mapping[str, object], owner: str) -> dict[str, object] | None:
+    """vLLM's ``kv_hints`` envelope with a ``kv.retain`` action, for a request to ``pool``
+    (whose ``kv_retention`` is set) that offers ``tools``: if its answer is a tool call, the
+    engine keeps its blocks until the agent is back with the result (``owner``'s bound)."""
+    if not pool.kv_retention or not body.get("tools"):
+        return None
+    action = {
+        "action_id": "retain",
+        "action_type": "kv.retain",
+        "action_version": "1.0",
+        "payload": {"ttl_s": pool.kv_retention, "owner": owner[:MAX_OWNER], "on": ["tool_calls"]},
+    }
+    return {"protocol_version": "1", "message_id": "kvgate", "actions": [action]}
+
+
+def has_engine_fields(body: Mapping[str, object]) -> bool:
+    return any(name in body for name in ENGINE_FIELDS)
 
 
 def pool_body(body: dict[str, object], pool: Pool, model: str) -> dict[str, object]:
@@ -18,8 +44,8 @@ def pool_body(body: dict[str, object], pool: Pool, model: str) -> dict[str, obje
     parameters."""
     if pool.model and pool.model != model:
         body = {**body, "model": pool.model}
-    if KV_TRANSFER in body:
-        body = {k: v for k, v in body.items() if k != KV_TRANSFER}
+    if has_engine_fields(body):
+        body = {k: v for k, v in body.items() if k not in ENGINE_FIELDS}
     return body
 
 
@@ -33,6 +59,7 @@ def payload_for(
     counts: bool = False,
     kv_transfer_params: dict[str, object] | None = None,
     token_ids: bool = False,
+    kv_hints: dict[str, object] | None = None,
 ) -> bytes:
     """The body for ``pool``: ``raw`` (the client's bytes; None when ``body`` was changed)
     unless the pool's model differs, or a stream needs ``stream_options`` the client did not
@@ -40,7 +67,8 @@ def payload_for(
     each chunk's count of tokens so far, for a stream the gateway may continue from its text),
     or ``kv_transfer_params`` are the gateway's (a decode hop carries its prefill's; a
     client's own are dropped: they would have a worker pull KV from wherever they name);
-    ``token_ids``: ask for vLLM's ``return_token_ids`` (a stream the gateway may resume)."""
+    ``token_ids``: ask for vLLM's ``return_token_ids`` (a stream the gateway may resume);
+    ``kv_hints``: the gateway's retention hint (a client's own are dropped)."""
     changes: dict[str, object] = {}
     if token_ids:
         changes["return_token_ids"] = True
@@ -55,8 +83,11 @@ def payload_for(
         }
     if kv_transfer_params is not None:
         changes[KV_TRANSFER] = kv_transfer_params
-    elif KV_TRANSFER in body:
-        return orjson.dumps({k: v for k, v in {**body, **changes}.items() if k != KV_TRANSFER})
+    if kv_hints is not None:
+        changes[KV_HINTS] = kv_hints
+    dropped = [name for name in ENGINE_FIELDS if name in body and name not in changes]
+    if dropped:
+        return orjson.dumps({k: v for k, v in {**body, **changes}.items() if k not in dropped})
     if not changes and raw is not None:
         return raw
     return orjson.dumps({**body, **changes})

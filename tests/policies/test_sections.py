@@ -274,3 +274,14 @@ def test_a_pool_names_the_adapters_the_gateway_loads_and_how_many_fit() -> None:
         "pools.a.adapters.sql (line 2): must be the path the engines load it from",
         "pools.a.max_adapters (line 2): must be at least 1; got 0",
     ]
+
+
+def test_a_pool_asks_its_engines_to_keep_agents_blocks_through_tool_pauses() -> None:
+    policy = load_policy_text(
+        "pools:\n  a: {endpoints: [127.0.0.1:8001], kv_retention: 45s}\n" + ROUTES
+    )
+    assert policy.pools["a"].kv_retention == 45.0
+    assert load_policy_text(POOLS + ROUTES).pools["a"].kv_retention == 0.0  # off by default
+    assert errors_of(
+        "pools:\n  a: {endpoints: [127.0.0.1:8001], kv_retention: 10m}\n" + ROUTES
+    ) == ["pools.a.kv_retention (line 2): must be at most 300s (engines cap it)"]
