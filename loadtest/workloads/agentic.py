@@ -3,11 +3,13 @@ appending a tool result to a growing context, with a pause while the tool runs.
 
 A session belongs to one of ``agents`` agents; every session of an agent starts with that
 agent's system prompt and tool schemas (several thousand tokens, shared as an agent's users
-share them), then a task of its own. It makes between ``min_calls`` and ``max_calls`` calls;
-each call after the first appends the previous answer (fixed text, so the prompts are known
-before the run) and a tool result whose size is drawn from a log-normal distribution around
-``tool_chars`` (from a short listing to a long file), and waits first for the tool: a pause
-drawn from an exponential distribution of mean ``pause`` seconds. A session is a chain (the
+share them), then a task of its own. It makes between ``min_calls`` and ``max_calls`` calls,
+each offering the agent's ``tools`` and, but for the last, requiring a call of one
+(``tool_choice: "required"``; the last answers in text); each call after the first appends the
+previous answer (an assistant message calling a tool, its text fixed so the prompts are known
+before the run) and the tool's result, whose size is drawn from a log-normal distribution
+around ``tool_chars`` (from a short listing to a long file), and waits first for the tool: a
+pause drawn from an exponential distribution of mean ``pause`` seconds. A session is a chain (the
 load tester records each request's call index: its position in the chain).
 
 How a session identifies itself (``session_via``): a header (``x-session-id``, Claude Code's
@@ -21,6 +23,7 @@ import json
 import math
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from loadtest.workloads.chats import Chain, ChatRequest, text
 
@@ -54,16 +57,16 @@ class AgentShape:
         return (self.min_calls + self.max_calls) / 2
 
 
+PARAMETERS = {"type": "object", "properties": {"path": {"type": "string"}}}
+FIELD_TOOLS = [
+    {"type": "function", "function": {"name": n, "parameters": PARAMETERS}} for n in TOOLS
+]
+
+
 def agent_prompt(rng: random.Random, agent: int, chars: int) -> str:
-    """An agent's system prompt: instructions, then its tools' schemas as JSON."""
-    tools = [
-        {
-            "name": name,
-            "description": text(rng, 120),
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
-        }
-        for name in TOOLS
-    ]
+    """An agent's system prompt: instructions, then its tools' schemas as JSON (as a chat
+    template renders the request's ``tools``)."""
+    tools = [{"name": n, "description": text(rng, 120), "parameters": PARAMETERS} for n in TOOLS]
     schemas = json.dumps(tools)
     return f"agent {agent}: " + text(rng, max(0, chars - len(schemas))) + "\ntools: " + schemas
 
@@ -84,21 +87,31 @@ def agentic(sessions: int, shape: AgentShape, seed: int) -> list[Chain]:
     for s in range(sessions):
         name = f"agent-session-{seed}-{s}"
         headers, fields = identity(name, shape.session_via)
-        history = [
+        history: list[dict[str, Any]] = [
             {"role": "system", "content": rng.choice(prompts)},
             {"role": "user", "content": f"task {s}: " + text(rng, 2 * shape.answer_chars)},
         ]
         chain: Chain = []
-        for call in range(rng.randint(shape.min_calls, shape.max_calls)):
+        calls = rng.randint(shape.min_calls, shape.max_calls)
+        for call in range(calls):
             pause = 0.0
             if call:
-                size = round(shape.tool_chars * math.exp(rng.gauss(0.0, 0.8)))
-                history = [
-                    *history,
-                    {"role": "assistant", "content": text(rng, shape.answer_chars)},
-                    {"role": "tool", "content": f"{rng.choice(TOOLS)}: " + text(rng, size)},
-                ]
+                history = [*history, *_tool_turn(rng, shape, f"call_{seed}_{s}_{call}")]
                 pause = rng.expovariate(1 / shape.pause) if shape.pause else 0.0
-            chain.append(ChatRequest(history, headers, group=name, pause=pause, fields=fields))
+            choice = "required" if call < calls - 1 else "none"
+            offered = {**fields, "tools": FIELD_TOOLS, "tool_choice": choice}
+            chain.append(ChatRequest(history, headers, group=name, pause=pause, fields=offered))
         chains.append(chain)
     return chains
+
+
+def _tool_turn(rng: random.Random, shape: AgentShape, ident: str) -> list[dict[str, Any]]:
+    """The previous answer, a call of a tool, and the tool's result."""
+    tool = rng.choice(TOOLS)
+    arguments = json.dumps({"path": text(rng, 24)})
+    size = round(shape.tool_chars * math.exp(rng.gauss(0.0, 0.8)))
+    call = {"id": ident, "type": "function", "function": {"name": tool, "arguments": arguments}}
+    return [
+        {"role": "assistant", "content": text(rng, shape.answer_chars), "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": ident, "content": f"{tool}: " + text(rng, size)},
+    ]

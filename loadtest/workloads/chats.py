@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 SYLLABLES = ("ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "de", "va", "zu", "he", "ko", "ba")
 
@@ -31,7 +32,7 @@ class ChatRequest:
     """One chat request of a workload. ``max_tokens`` and ``model`` (a LoRA adapter, say)
     override the run's defaults for this request only."""
 
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]  # role, content (and a tool call's fields)
     headers: dict[str, str] = field(default_factory=dict)
     group: str = ""  # what shares its prefix: the system prompt's or the session's name
     max_tokens: int | None = None

@@ -225,6 +225,11 @@ def test_agent_sessions_append_tool_results_after_a_pause() -> None:
                 "assistant",
                 "tool",
             ]
+        choices = [r.fields["tool_choice"] for r in chain]
+        assert choices == ["required"] * (len(chain) - 1) + ["none"]  # the last answers in text
+        assert all(r.fields["tools"] for r in chain)
+        call = chain[-1].messages[-2]["tool_calls"][0]
+        assert chain[-1].messages[-1]["tool_call_id"] == call["id"]
         assert chain[0].headers == {"x-session-id": chain[0].group}
         assert chain[0].body("m", 8)["user"] == chain[0].group
     tools = [len(c[-1].messages[-1]["content"]) for c in chains]
