@@ -48,6 +48,13 @@ from pathlib import Path
 
 from bench.dynamo_peer import dynamo_python
 from bench.pd_transfer import metric_sum
+from bench.routing_agents import (
+    AGENT_WORKLOADS,
+    agent_chains,
+    agent_row,
+    agent_stages,
+    host_blocks,
+)
 from bench.routing_peers import (
     PEERS,
     Backend,
@@ -82,6 +89,7 @@ WORKLOADS = (
     "tight-shared-prefix",
     "lora-mix",
     "trace",
+    *AGENT_WORKLOADS,
 )
 # per round (the seed picks one): the shared sessions' (system prompts, turns, prompt chars),
 # the tight ramp's system prompt chars
@@ -103,6 +111,8 @@ def workload(name: str, backends: int, requests: int, seed: int) -> list[Chain]:
         return trace_chains(window(load_trace(TRACE), replay), replay)
     if name == "multi-turn":
         return multi_turn(math.ceil(requests / 6), 6, 600, 120, seed)
+    if name in AGENT_WORKLOADS:
+        return agent_chains(seed)
     if name == "shared-sessions":
         systems, turns, chars = SESSION_SIZES[seed % len(SESSION_SIZES)]
         return multi_turn(math.ceil(requests / turns), turns, chars, 120, seed, systems)
@@ -135,14 +145,18 @@ def backend_args(adapters: tuple[str, ...]) -> tuple[str, ...]:
 
 @contextmanager
 def fresh_backends(
-    count: int, adapters: tuple[str, ...] = (), num_blocks: int = NUM_BLOCKS
+    count: int, adapters: tuple[str, ...] = (), num_blocks: int = NUM_BLOCKS, host: int = 0
 ) -> Iterator[list[Backend]]:
+    """``count`` fresh simulated backends of ``num_blocks`` each (and a host tier of ``host``
+    blocks)."""
     backends = [Backend(free_port(), free_port()) for _ in range(count)]
     longest = str(min(num_blocks * 16, 32_768))  # the trace's longest prompts take 12k tokens
     with ExitStack() as stack:
         for b in backends:
             args = ["--cost", "default", "--num-blocks", str(num_blocks), "--max-model-len"]
             args += [longest, *backend_args(adapters)]
+            args += ["--cpu-offload-blocks", str(host)] if host else []
+            args += ["--kv-retention-owner-fraction", "0.5"]  # one tenant: all the bound
             stack.enter_context(
                 backend_process(b.port, *args, "--kv-events-port", str(b.kv_events_port))
             )
@@ -156,12 +170,16 @@ def one_run(
     args: argparse.Namespace,
     bin_dir: Path | None,
     adapters: tuple[str, ...] = (),
-    num_blocks: int = NUM_BLOCKS,
+    name: str = "",
 ) -> dict[str, float]:
+    num_blocks = blocks_of(name)
     stages = [Stage(rate=r, duration=s) for r, s in parse_stages(args.stages)]
+    if name in AGENT_WORKLOADS:
+        stages = agent_stages()
+    host = host_blocks(name, num_blocks)
     with (
         tempfile.TemporaryDirectory() as tmp,
-        fresh_backends(args.backends, adapters, num_blocks) as backends,
+        fresh_backends(args.backends, adapters, num_blocks, host) as backends,
         running_peer(peer, backends, MODEL, Path(tmp), bin_dir, adapters) as (url, pid, relays),
     ):
         time.sleep(0.5)  # subscriptions and health checks settle
@@ -202,6 +220,8 @@ def one_run(
     for number, stage in enumerate(per_stage):
         latency = stage["successes"]["latency"]  # type: ignore[index]
         row[f"stage_{number}_ttft_p90_ms"] = latency["time_to_first_token"]["p90"] * 1000
+    if name in AGENT_WORKLOADS:
+        row.update(agent_row(run.records, args.backends * num_blocks * 16))
     return row
 
 
@@ -265,7 +285,7 @@ def main() -> int:
             for peer in order:
                 if adapters and peer.router == "dynamo":
                     continue  # each adapter would need a model card in Dynamo's discovery
-                row = one_run(peer, chains, tokens, args, bin_dir, adapters, blocks_of(name))
+                row = one_run(peer, chains, tokens, args, bin_dir, adapters, name)
                 results.setdefault(name, {}).setdefault(peer.name, []).append(row)
                 print(
                     f"round {number} {name} {peer.name}: TTFT p90 {row['ttft_p90_ms']:.0f} ms, "

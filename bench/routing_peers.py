@@ -2,7 +2,8 @@
 
 kvgate's gateway with its embedded picker (the default profile: approximate prefix, sticky
 until the backlog outweighs a miss; the same with precise prefix from the backends' KV events,
-as the shipped ``policies/examples/precise.yaml`` configures it;
+as the shipped ``policies/examples/precise.yaml`` configures it; either with the pool's
+``kv_retention``, the engines told to keep an agent call's blocks through its tool pause;
 least-in-flight, blind to caches; ``candidate``: the profile in ``KVGATE_BENCH_EPP``, an
 ``epp:`` section to try against the rest, the default when unset), and the real peer
 packages, installed into a venv of their own (``~/.cache/kvgate/router-peers``):
@@ -52,11 +53,14 @@ class Peer:
     policy: str  # kvgate: default | precise | least-in-flight; a peer's --policy otherwise
     workers: int = 1  # kvgate: gateway worker processes on one port
     compiled: bool = False  # kvgate: run the mypyc build (`make compiled`), as production does
+    retention: bool = False  # kvgate: the pool's kv_retention (agents' blocks kept 30 s)
 
 
 PEERS = (
     Peer("kvgate (default profile)", "kvgate", "default"),
     Peer("kvgate (precise, KV events)", "kvgate", "precise"),
+    Peer("kvgate (default, retention)", "kvgate", "default", retention=True),
+    Peer("kvgate (precise, retention)", "kvgate", "precise", retention=True),
     Peer("kvgate compiled (default profile)", "kvgate", "default", compiled=True),
     Peer("kvgate --workers 2", "kvgate", "default", workers=2),
     Peer("kvgate least-in-flight", "kvgate", "least-in-flight"),
@@ -130,9 +134,10 @@ def kvgate_policy(
     else:
         endpoints = ", ".join(f"127.0.0.1:{b.port}" for b in backends)
     routes = ", ".join(f"{{model: {m}, pool: p}}" for m in (model, *adapters))
+    retention = ", kv_retention: 30s" if peer.retention else ""
     return f"""
 listen: {{host: 127.0.0.1}}
-pools: {{p: {{endpoints: [{endpoints}], adapters: [{", ".join(adapters)}]}}}}
+pools: {{p: {{endpoints: [{endpoints}], adapters: [{", ".join(adapters)}]{retention}}}}}
 routes: [{routes}]
 observability: {{access_log: "off"}}
 timeouts: {{first_byte: 120s}}

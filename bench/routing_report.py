@@ -25,6 +25,10 @@ COLUMNS = (
     ("errors", "errors", "{:.0f}"),
     ("cold misses", "cold_misses", "{:.1%}"),  # kvgate only: warm endpoint passed over
     ("scrapes/req", "scrapes_per_request", "{:.1f}"),  # kvgate only: its /metrics polls
+    # agentic workloads only
+    ("2nd call TTFT p90 ms", "ttft_p90_second_call_ms", "{:.0f}"),
+    ("later calls TTFT p90 ms", "ttft_p90_later_calls_ms", "{:.0f}"),
+    ("live KV ÷ device", "live_kv_ratio", "{:.1f}"),
 )
 
 Results = dict[str, dict[str, list[dict[str, float]]]]

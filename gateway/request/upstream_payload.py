@@ -18,6 +18,7 @@ KV_TRANSFER = "kv_transfer_params"
 KV_HINTS = "kv_hints"
 ENGINE_FIELDS = (KV_TRANSFER, KV_HINTS)
 MAX_OWNER = 64  # characters of the tenant name a hint carries
+ON = ("tool_calls", "tool_use")  # an answer that calls a tool: OpenAI's and Anthropic's reasons
 
 
 def retention_hint(pool: Pool, body: Mapping[str, object], owner: str) -> dict[str, object] | None:
@@ -30,7 +31,7 @@ def retention_hint(pool: Pool, body: Mapping[str, object], owner: str) -> dict[s
         "action_id": "retain",
         "action_type": "kv.retain",
         "action_version": "1.0",
-        "payload": {"ttl_s": pool.kv_retention, "owner": owner[:MAX_OWNER], "on": ["tool_calls"]},
+        "payload": {"ttl_s": pool.kv_retention, "owner": owner[:MAX_OWNER], "on": list(ON)},
     }
     return {"protocol_version": "1", "message_id": "kvgate", "actions": [action]}
 

@@ -77,9 +77,12 @@ async def stream_request(
             for choice in chunk.get("choices") or []:
                 result.token_ids += choice.get("token_ids") or ()
                 piece = choice.get("text")
+                calls: list[dict[str, object]] = []
                 if piece is None:
-                    piece = (choice.get("delta") or {}).get("content") or ""
-                if piece:
+                    delta = choice.get("delta") or {}
+                    calls = delta.get("tool_calls") or []
+                    piece = delta.get("content") or "".join(map(_arguments, calls))
+                if piece or calls:  # a tool call's first delta may carry only its name
                     result.chunk_times.append(time.perf_counter() - start)
                     if not result.chunks:
                         result.ttft = result.chunk_times[0]
@@ -87,6 +90,13 @@ async def stream_request(
                 result.text += piece
         result.latency = time.perf_counter() - start
         return result
+
+
+def _arguments(call: dict[str, object]) -> str:
+    """The piece of a streamed tool call's arguments a delta carries."""
+    function = call.get("function")
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    return arguments if isinstance(arguments, str) else ""
 
 
 DRAIN_TIMEOUT = 1.0  # seconds to wait for the body's end after [DONE]

@@ -8,7 +8,8 @@ each offering the agent's ``tools`` and, but for the last, requiring a call of o
 (``tool_choice: "required"``; the last answers in text); each call after the first appends the
 previous answer (an assistant message calling a tool, its text fixed so the prompts are known
 before the run) and the tool's result, whose size is drawn from a log-normal distribution
-around ``tool_chars`` (from a short listing to a long file), and waits first for the tool: a
+around ``tool_chars`` (from a short listing to a long file, at most four times the median, as
+agents cut what they read), and waits first for the tool: a
 pause drawn from an exponential distribution of mean ``pause`` seconds. A session is a chain (the
 load tester records each request's call index: its position in the chain).
 
@@ -109,7 +110,7 @@ def _tool_turn(rng: random.Random, shape: AgentShape, ident: str) -> list[dict[s
     """The previous answer, a call of a tool, and the tool's result."""
     tool = rng.choice(TOOLS)
     arguments = json.dumps({"path": text(rng, 24)})
-    size = round(shape.tool_chars * math.exp(rng.gauss(0.0, 0.8)))
+    size = round(shape.tool_chars * min(4.0, math.exp(rng.gauss(0.0, 0.8))))  # a long file, cut
     call = {"id": ident, "type": "function", "function": {"name": tool, "arguments": arguments}}
     return [
         {"role": "assistant", "content": text(rng, shape.answer_chars), "tool_calls": [call]},

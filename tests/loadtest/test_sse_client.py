@@ -37,3 +37,22 @@ async def test_a_body_that_never_ends_is_given_up_on(monkeypatch: pytest.MonkeyP
         url = f"http://127.0.0.1:{port}/v1/completions"
         result = await asyncio.wait_for(sse.stream_request(session, url, {}), 10)
     assert result.done and result.text == "a" and result.latency < 1
+
+
+CALLS = (
+    b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c","type":"function",'
+    b'"function":{"name":"read_file","arguments":""}}]}}]}\n\n'
+    b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,'
+    b'"function":{"arguments":"{\\"path\\": 1}"}}]}}]}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+async def test_a_streamed_tool_call_counts_as_the_answer() -> None:
+    """An agent's answer that calls a tool has no content: its first delta (the call's name)
+    is its first token, and the arguments are its text."""
+    async with serving(sse_app(CALLS, 0.05)) as port, aiohttp.ClientSession() as session:
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        result = await sse.stream_request(session, url, {})
+    assert result.done and result.chunks == 2 and 0 < result.ttft < result.chunk_times[1]
+    assert result.text == '{"path": 1}'

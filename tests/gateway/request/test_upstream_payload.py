@@ -41,7 +41,11 @@ def test_a_call_offering_tools_carries_a_retention_hint_where_the_pool_asks() ->
     hint: Any = retention_hint(pool, agent, "tenant-a")
     (action,) = hint["actions"]
     assert action["action_type"] == "kv.retain"
-    assert action["payload"] == {"ttl_s": 30.0, "owner": "tenant-a", "on": ["tool_calls"]}
+    assert action["payload"] == {
+        "ttl_s": 30.0,
+        "owner": "tenant-a",
+        "on": ["tool_calls", "tool_use"],
+    }
     sent = orjson.loads(payload_for(agent, pool, "m", raw=None, kv_hints=hint))
     assert sent["kv_hints"] == hint and sent["tools"] == TOOLS
     assert retention_hint(POOL, agent, "t") is None  # the pool does not ask
