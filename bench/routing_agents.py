@@ -1,7 +1,7 @@
 """The agentic workloads of ``make bench-routing``: coding-agent sessions
 (``loadtest.workloads.agentic``) of 8-14 calls over two agents' shared system prompts (1,500
 tokens with their tool schemas), each call appending a tool result of about 150 tokens after a
-tool pause of 1 s on average, 48 sessions arriving 2 a second, every call streamed to its end
+tool pause of 1 s on average, 80 sessions arriving 4 a second, every call streamed to its end
 (the run lasts until the last session's last call). The sessions' live KV peaks at about twice
 the engines' device tier (reported per run: ``live_kv_ratio``). ``agentic-host`` gives every
 engine a host tier twice its device's (``kvgate backend --cpu-offload-blocks``).
@@ -22,8 +22,8 @@ from loadtest.workloads.agentic import AgentShape, agentic
 from loadtest.workloads.chats import Chain
 
 AGENT_WORKLOADS = ("agentic", "agentic-host")
-SESSIONS = 48
-SESSION_RATE = 2.0  # sessions arriving per second
+SESSIONS = 80
+SESSION_RATE = 4.0  # sessions arriving per second
 SHAPE = AgentShape(
     agents=2, system_chars=1500, min_calls=8, max_calls=14, tool_chars=150, answer_chars=32,
     pause=1.0,

@@ -67,9 +67,15 @@ def report(results: Results) -> None:
             print(f"| {name} | " + " | ".join(cells) + f" | {ratio} | {throughput} |")
 
 
+def _first_row(peers: dict[str, list[dict[str, float]]]) -> dict[str, float]:
+    return next(iter(peers.values()))[0] if peers else {}
+
+
 def plot_stages(results: Results, rates: list[float], path: Path) -> Path | None:
-    """TTFT p90 against each stage's offered rate, one line per router, a panel per workload."""
-    if not plots.available():
+    """TTFT p90 against each stage's offered rate, one line per router, a panel per workload
+    that ran the ramp (the agentic ones run their own arrivals)."""
+    results = {w: p for w, p in results.items() if "stage_1_ttft_p90_ms" in _first_row(p)}
+    if not plots.available() or not results:
         return None
     plt = plots.pyplot()
     figure, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)

@@ -151,8 +151,11 @@ class BlockManager:
         for block_id in cached_blocks:
             block = self.blocks[block_id]
             if block.ref_count == 0:
-                free = self._free_cached if block_id in self._free_cached else self._free_retained
-                del free[block_id]
+                if block_id in self._free_cached:
+                    del self._free_cached[block_id]
+                else:  # the session it was kept for is back: its pin is spent
+                    del self._free_retained[block_id]
+                    self._spend_pin(block)
             block.ref_count += 1
         seq.block_table = list(cached_blocks)
         seq.num_computed_tokens = len(cached_blocks) * self.block_size
@@ -312,6 +315,22 @@ class BlockManager:
             self._evict(self.blocks[block_id])
         self.blocks[block_id].ref_count = 1
         return block_id
+
+    def release(self, hashes: list[int]) -> None:
+        """Pins on ``hashes`` end now (their session is over); their free blocks become the
+        most recently used of the free cached."""
+        for block_hash in hashes:
+            block_id = self._cached.get(block_hash)
+            if block_id is not None:
+                self._spend_pin(self.blocks[block_id])
+
+    def _spend_pin(self, block: Block) -> None:
+        if self.retention is None or block.block_hash is None:
+            return
+        self.retention.drop(block.block_hash)
+        if block.block_id in self._free_retained:
+            del self._free_retained[block.block_id]
+            self._free_cached[block.block_id] = None
 
     def release_expired(self) -> None:
         """Blocks whose pins expired become the least recently used of the free cached."""

@@ -185,6 +185,10 @@ class AsyncEngine:
         session's next call will resend them), within ``owner``'s bound; how many."""
         return self.block_manager.retain(stream.seq.block_hashes, ttl, owner)
 
+    def release(self, stream: RequestStream) -> None:
+        """End the pins on ``stream``'s blocks: its session will not be back for them."""
+        self.block_manager.release(stream.seq.block_hashes)
+
     def abort(self, stream: RequestStream) -> None:
         """Stop a request now (client gone); its blocks are freed at once."""
         seq = stream.seq

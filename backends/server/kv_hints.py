@@ -5,7 +5,8 @@
 This engine implements one action, ``kv.retain`` (version ``1.0``): when the request finishes
 for one of the reasons in ``on`` (default ``["tool_calls"]``: the caller will be back with the
 tool's result), keep its blocks cached for ``ttl_s`` seconds, counted against ``owner``'s
-bound (``backends.engine.retention``). Actions of other types are ignored, as a component
+bound (``backends.engine.retention``); when it finishes for another reason (the session's final
+answer), end the pins its blocks still hold. Actions of other types are ignored, as a component
 ignores actions it does not implement.
 """
 

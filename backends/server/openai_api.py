@@ -141,13 +141,16 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
 def _retain(
     state: ServerState, req: GenerationRequest, streams: list[RequestStream], hint: RetainHint
 ) -> None:
-    """Keep the blocks of each finished prompt whose reason the hint names."""
+    """Keep the blocks of each finished prompt whose reason the hint names; release those of
+    one that ended otherwise (its session will not be back for them)."""
     for stream in streams[:: req.n]:
         reason = stream.finish_reason
         if not stream.seq.is_finished or reason in (None, FinishReason.ABORT):
             continue
         if (TOOL_CALLS if req.tool_call else reason.value) in hint.on:
             state.engine.retain(stream, hint.ttl, hint.owner)
+        else:
+            state.engine.release(stream)
 
 
 def _sampling_of(sampling: SamplingParams, sample: int) -> SamplingParams:

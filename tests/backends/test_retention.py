@@ -43,7 +43,8 @@ def test_a_retained_session_outlives_newer_traffic_until_its_pin_expires() -> No
     run(bm, make_seq(9, start=50))
     run(bm, make_seq(13, start=100))  # needs four blocks: the other prompt's are taken
     assert run(bm, make_seq(9, start=0)) == 8 and bm.retained_hit_tokens == 8
-    clock.now += 31  # expired: the session's blocks are the first to go now
+    bm.retain(session.block_hashes, 30.0, "tenant-a")  # the session pauses again
+    clock.now += 31  # and never comes back in time: its blocks are the first to go now
     run(bm, make_seq(13, start=150))
     assert run(bm, make_seq(9, start=0)) == 0
 
@@ -88,3 +89,19 @@ def test_pins_last_at_most_the_cap_and_expire_in_order() -> None:
     clock.now += 2
     assert sorted(pins.expire()) == [1, 2] and len(pins) == 0
     assert not BlockManager(4, 4).retain([1], 5.0, "a")  # no retention configured
+
+
+def test_a_pin_is_spent_when_its_session_is_back_and_released_when_it_ends() -> None:
+    bm = manager(Clock())
+    session = make_seq(9, start=0)
+    run(bm, session)
+    bm.retain(session.block_hashes, 30.0, "a")
+    assert bm.retention is not None and len(bm.retention) == 2
+    run(bm, make_seq(9, start=0))  # back: the pins are spent, the blocks are plain cached ones
+    assert len(bm.retention) == 0
+    bm.retain(session.block_hashes, 30.0, "a")
+    bm.release(session.block_hashes)  # its final answer: nothing to keep
+    assert len(bm.retention) == 0
+    run(bm, make_seq(9, start=50))
+    run(bm, make_seq(13, start=100))
+    assert run(bm, make_seq(9, start=0)) == 0  # an ordinary LRU victim again
