@@ -10,7 +10,9 @@ on K hosts), Envoy in front, and a redis-server when the replicas share their pi
 16 system prompts of 1,600 tokens, many short questions each), ``multi-turn`` (six-turn
 conversations resending their history) or ``trace`` (a window of a Mooncake-format production
 trace, ``--trace``, at its own times sped up ``--speedup`` times, blocks of 512 tokens replayed
-as 32: ``loadtest.workloads.mooncake``; 4,096 KV blocks per backend for its longer prompts).
+as 32: ``loadtest.workloads.mooncake``; 4,096 KV blocks per backend for its longer prompts) or
+``agentic`` (``make bench-routing``'s coding-agent sessions, ``bench.routing_agents``: 80
+sessions, their calls at ``--rate`` on average).
 
 Setups: K=1 and K=3 with the default (approximate) picker, K=3 sharing picks through Redis, the
 same three in precise mode (the backends' KV events), and K=3 blind to caches (least-in-flight).
@@ -43,6 +45,7 @@ from pathlib import Path
 from bench.engine_failover import failover
 from bench.engine_failover import report as report_failover
 from bench.replica_stack import MODEL, Setup, Stack, running_stack
+from bench.routing_agents import agent_chains
 from loadtest.harness.envoy import envoy_binary
 from loadtest.harness.processes import backend_process, free_port
 from loadtest.reports.records import RequestRecord
@@ -66,7 +69,7 @@ SETUPS = (
 )
 FAULTS = ("replica", "redis", "engine")
 FAULT_AT = 0.4  # of the run's planned length
-WORKLOADS = ("shared-prefix", "multi-turn", "trace")
+WORKLOADS = ("shared-prefix", "multi-turn", "trace", "agentic")
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "synthetic_trace.jsonl"
 TRACE_START = 2000  # the trace's first request replayed (its busiest reuse)
 TRACE_BLOCK_TOKENS = 32  # a trace block (512 tokens) becomes this many
@@ -78,6 +81,8 @@ def workload(name: str, args: argparse.Namespace, seed: int) -> list[Chain]:
     requests = args.requests
     if name == "multi-turn":
         return multi_turn(math.ceil(requests / 6), 6, 600, 120, seed)
+    if name == "agentic":  # its own size: 80 sessions (``bench.routing_agents``), at --rate
+        return agent_chains(seed)
     if name == "trace":
         replay = Replay(TRACE_BLOCK_TOKENS, 1 / args.speedup, max_output=args.output_tokens)
         replay = replace(replay, skip=TRACE_START + seed * requests, limit=requests)

@@ -3,9 +3,10 @@ the next call of the session finds its history cached.
 
 A retained block is evicted only when no other free block is left, and only until its pin
 expires, its session's next call uses it (the pin is spent: that call's own end pins again if
-the session pauses again), or the session's call ends without another pause (released). Pins are bounded: at most ``max_blocks`` at once, at most ``max_per_owner`` for one
-owner (a tenant), each for at most ``max_ttl`` seconds; a pin past a bound is not taken (the
-leading blocks of a sequence are pinned first: a prefix hit needs them). A pin never makes an
+the session pauses again), or the session's call ends without another pause (released). Pins
+are bounded: at most ``max_blocks`` at once, at most ``max_per_owner`` for one owner (a
+tenant), each for at most ``max_ttl`` seconds; a pin past a bound is not taken (the leading
+blocks of a sequence are pinned first: a prefix hit needs them). A pin never makes an
 allocation fail: it only orders eviction.
 """
 
