@@ -94,6 +94,9 @@ E2E_BUCKETS = (
 LORA_HISTORY = 32  # label sets of vllm:lora_requests_info kept, newest wins for readers
 
 
+Metered = tuple[str, float]  # a metric's help text and value
+
+
 class EngineCollector(Collector):
     """Reads the engine's state at scrape time under vLLM's metric names."""
 
@@ -112,7 +115,7 @@ class EngineCollector(Collector):
         stats = scheduler.stats
         blocks = self.engine.block_manager
         names, values = list(self.labels), list(self.labels.values())
-        gauges = {
+        gauges: dict[str, Metered] = {
             "vllm:num_requests_running": (
                 "Number of requests in model execution batches.",
                 scheduler.num_running,
@@ -126,22 +129,13 @@ class EngineCollector(Collector):
                 blocks.usage,
             ),
         }
-        if blocks.host is not None:
-            gauges["kvgate:host_cache_blocks"] = (
-                "Blocks the host tier holds (KV offloaded from the device).",
-                len(blocks.host),
-            )
-        if blocks.retention is not None:
-            blocks.release_expired()
-            gauges["kvgate:kv_retained_blocks"] = (
-                "Blocks kept cached for sessions in a pause (kv.retain hints).",
-                len(blocks.retention),
-            )
+        tier_gauges, tier_counters = self._cache_tier_metrics()
+        gauges.update(tier_gauges)
         for name, (doc, value) in gauges.items():
             gauge = GaugeMetricFamily(name, doc, labels=names)
             gauge.add_metric(values, float(value))
             yield gauge
-        counters = {
+        counters: dict[str, Metered] = {
             "vllm:prefix_cache_queries": (
                 "Prefix cache queries, in terms of number of queried tokens.",
                 stats.prefix_cache_queries,
@@ -160,13 +154,7 @@ class EngineCollector(Collector):
                 stats.generation_tokens,
             ),
         }
-        if blocks.host is not None:
-            counters.update(self._host_tier_counters())
-        if blocks.retention is not None:
-            counters["kvgate:kv_retained_hits"] = (
-                "Prompt tokens found in blocks a kv.retain hint was keeping.",
-                blocks.retained_hit_tokens,
-            )
+        counters.update(tier_counters)
         speculative = scheduler.config.speculative
         if speculative is not None:
             counters.update(self._speculation_counters())
@@ -179,20 +167,37 @@ class EngineCollector(Collector):
         yield self._cache_config_info()
         yield self._lora_info()
 
-    def _host_tier_counters(self) -> dict[str, tuple[str, int]]:
-        """The host tier's work (with ``--cpu-offload-blocks``): ``vllm:prefix_cache_hits``
-        counts the tokens both tiers served; these say which were the host tier's."""
+    def _cache_tier_metrics(self) -> tuple[dict[str, Metered], dict[str, Metered]]:
+        """The host tier's and retention's gauges and counters, where the engine has them
+        (``vllm:prefix_cache_hits`` counts the tokens both tiers served; these say which were
+        the host tier's)."""
         blocks = self.engine.block_manager
-        return {
-            "kvgate:host_cache_hits": (
+        gauges: dict[str, Metered] = {}
+        counters: dict[str, Metered] = {}
+        if blocks.host is not None:
+            gauges["kvgate:host_cache_blocks"] = (
+                "Blocks the host tier holds (KV offloaded from the device).",
+                len(blocks.host),
+            )
+            counters["kvgate:host_cache_hits"] = (
                 "Prompt tokens restored from the host tier instead of computed.",
                 blocks.restored_tokens,
-            ),
-            "kvgate:host_cache_offloads": (
+            )
+            counters["kvgate:host_cache_offloads"] = (
                 "Blocks copied from the device to the host tier.",
                 blocks.offloaded_blocks,
-            ),
-        }
+            )
+        if blocks.retention is not None:
+            blocks.release_expired()
+            gauges["kvgate:kv_retained_blocks"] = (
+                "Blocks kept cached for sessions in a pause (kv.retain hints).",
+                len(blocks.retention),
+            )
+            counters["kvgate:kv_retained_hits"] = (
+                "Prompt tokens found in blocks a kv.retain hint was keeping.",
+                blocks.retained_hit_tokens,
+            )
+        return gauges, counters
 
     def _speculation_counters(self) -> dict[str, tuple[str, int]]:
         """vLLM's ``vllm:spec_decode_*`` counters (with ``--speculative-config``)."""
