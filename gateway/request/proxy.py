@@ -427,7 +427,7 @@ def _upstream_payload(
     add_usage = ctx.stream and not forward.client_wants_usage and forward.api.usage_on_request
     add_ids = resumes and asks_token_ids(pool, body)
     add_counts = resumes and not pool.returns_token_ids
-    hints = retention_hint(pool, body, ctx.tenant)
+    hints = retention_hint(pool, body, ctx.tenant) if pool.kv_retention else None
     if (
         pool.model
         or add_usage

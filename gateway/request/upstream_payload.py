@@ -37,7 +37,7 @@ def retention_hint(pool: Pool, body: Mapping[str, object], owner: str) -> dict[s
 
 
 def has_engine_fields(body: Mapping[str, object]) -> bool:
-    return any(name in body for name in ENGINE_FIELDS)
+    return KV_TRANSFER in body or KV_HINTS in body
 
 
 def pool_body(body: dict[str, object], pool: Pool, model: str) -> dict[str, object]:
