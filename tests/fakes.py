@@ -31,6 +31,15 @@ def make_seq(
     return seq
 
 
+def run_and_free(bm: BlockManager, seq: Sequence) -> int:
+    """Admit ``seq`` whole, then free it (its full blocks stay cached); its cached tokens."""
+    cached, num_cached = bm.get_computed_blocks(seq)
+    assert bm.can_allocate(seq, cached, seq.num_tokens - num_cached)
+    bm.allocate(seq, cached, seq.num_tokens - num_cached)
+    bm.free(seq)
+    return num_cached
+
+
 def make_scheduler(
     num_blocks: int = 16,
     block_size: int = 4,

@@ -31,7 +31,7 @@ from backends.server.request_body import BodyError, read_object
 from backends.server.sse import DONE, ChunkFormatter
 from backends.server.state import STATE, ServerState
 from backends.server.text_stream import TextStream
-from backends.server.tool_calls import TOOL_CALLS, call_id, forced_tool, tool_message
+from backends.server.tool_calls import call_id, finish_reason, forced_tool, tool_message
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def _retain(
         reason = stream.finish_reason
         if not stream.seq.is_finished or reason in (None, FinishReason.ABORT):
             continue
-        if (TOOL_CALLS if req.tool_call else reason.value) in hint.on:
+        if finish_reason(req.tool_call, reason.value) in hint.on:
             state.engine.retain(stream, hint.ttl, hint.owner)
         else:
             state.engine.release(stream)
@@ -273,7 +273,7 @@ async def _complete(
                     else {"role": "assistant", "content": t}
                 ),
                 "logprobs": logprobs_field(req, state.tokenizer, streams[i]),
-                "finish_reason": TOOL_CALLS if tool else reasons[i],
+                "finish_reason": finish_reason(tool, reasons[i]),
                 **token_id_fields(req, streams[i]),
             }
             for i, t in enumerate(texts)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from backends.server.protocol import GenerationRequest
-from backends.server.tool_calls import TOOL_CALLS, arguments_delta, call_id
+from backends.server.tool_calls import arguments_delta, call_id
+from backends.server.tool_calls import finish_reason as answer_reason
 from kvgate.wire.openai_errors import sse_error_event
 
 DONE = "data: [DONE]\n\n"
@@ -57,8 +58,7 @@ class ChunkFormatter:
         """One choice's chunk; ``logprobs`` and vLLM's ``token_ids`` of the delta when asked
         (and, on a completion choice's first chunk, its ``prompt_token_ids``); ``usage``: the
         tokens so far (vLLM's ``continuous_usage_stats``)."""
-        if finish_reason and self.tool:
-            finish_reason = TOOL_CALLS
+        finish_reason = answer_reason(self.tool, finish_reason)
         finish = f'"{finish_reason}"' if finish_reason else "null"
         content = json.dumps(text)
         if self.is_chat and self.tool:

@@ -53,6 +53,11 @@ def _tool_names(tools: object) -> list[str]:
     return names
 
 
+def finish_reason(tool: str | None, reason: str | None) -> str | None:
+    """An answer's finish reason: ``tool_calls`` for a forced call, whatever stopped it."""
+    return TOOL_CALLS if tool and reason else reason
+
+
 def call_id(request_id: str, index: int) -> str:
     return f"call_{request_id[:24]}_{index}"
 

@@ -135,14 +135,6 @@ class _Sender:
             return False
         return self.now() < self.deadline
 
-    def failed(
-        self, start: float, kind: str, error: str, request: ChatRequest, call: int
-    ) -> RequestRecord:
-        """The record of a request that got no answer."""
-        stage = stage_of(start, self.spans)
-        index = self.index_of.get(id(request), -1)
-        return RequestRecord(start, stage, kind, error, group=request.group, index=index, call=call)
-
     async def chain(self, chain: Chain) -> None:
         for call, request in enumerate(chain):
             if request.pause:
@@ -162,10 +154,15 @@ class _Sender:
                 )
                 record = record_of(result, start, stage, request.group, index, call)
             except TimeoutError:
-                record = self.failed(start, "timeout", "no answer in time", request, call)
+                record = RequestRecord(
+                    start, stage, "timeout", "no answer in time", group=request.group,
+                    index=index, call=call,
+                )  # fmt: skip
             except (aiohttp.ClientError, OSError) as exc:
                 error = f"{type(exc).__name__}: {exc}"
-                record = self.failed(start, "connection", error, request, call)
+                record = RequestRecord(
+                    start, stage, "connection", error, group=request.group, index=index, call=call
+                )
             self.records.append(record)
             self.on_done()
             if not record.ok and record.error_kind in ("connection", "timeout"):

@@ -5,26 +5,18 @@ from __future__ import annotations
 
 from backends.engine.block_manager import BlockManager
 from backends.engine.host_tier import CPU, HostTier, KVTransfer
-from backends.engine.sequence import Sequence
 from kvgate.wire.kv_events import GPU, BlockRemoved, BlockStored
-from tests.fakes import make_seq
-
-
-def run(bm: BlockManager, seq: Sequence) -> int:
-    """Admit ``seq`` whole, then free it (its full blocks stay cached); its cached tokens."""
-    cached, num_cached = bm.get_computed_blocks(seq)
-    assert bm.can_allocate(seq, cached, seq.num_tokens - num_cached)
-    bm.allocate(seq, cached, seq.num_tokens - num_cached)
-    bm.free(seq)
-    return num_cached
+from tests.fakes import make_seq, run_and_free
 
 
 def test_an_evicted_prefix_is_offloaded_then_restored_not_recomputed() -> None:
     bm = BlockManager(4, 4, host_blocks=8, record_events=True)
     first = make_seq(13, start=0)
-    assert run(bm, first) == 0
+    assert run_and_free(bm, first) == 0
     bm.take_events(), bm.take_transfers()
-    assert run(bm, make_seq(13, start=100)) == 0  # needs every block: the first's are evicted
+    assert (
+        run_and_free(bm, make_seq(13, start=100)) == 0
+    )  # needs every block: the first's are evicted
     offloads = bm.take_transfers()
     assert [t.restore for t in offloads] == [False] * 3 and len(bm.host or []) == 3
     stored_on_host = [e for e in bm.take_events() if isinstance(e, BlockStored)]
@@ -34,7 +26,7 @@ def test_an_evicted_prefix_is_offloaded_then_restored_not_recomputed() -> None:
     assert cpu[1].parent_block_hash == first.block_hashes[0] and cpu[1].token_ids == [4, 5, 6, 7]
 
     again = make_seq(13, start=0)
-    assert run(bm, again) == 12  # three blocks restored: only the last token is computed
+    assert run_and_free(bm, again) == 12  # three blocks restored: only the last token is computed
     moves = bm.take_transfers()
     restores = [t for t in moves if t.restore]
     assert [t.host_slot for t in restores] == [t.host_slot for t in reversed(offloads)]
@@ -46,31 +38,35 @@ def test_an_evicted_prefix_is_offloaded_then_restored_not_recomputed() -> None:
 
 def test_the_tier_is_inclusive() -> None:
     bm = BlockManager(3, 4, host_blocks=4)
-    run(bm, make_seq(9, start=0))  # two full blocks cached
-    run(bm, make_seq(9, start=50))  # evicts them: both offloaded
+    run_and_free(bm, make_seq(9, start=0))  # two full blocks cached
+    run_and_free(bm, make_seq(9, start=50))  # evicts them: both offloaded
     assert [t.restore for t in bm.take_transfers()] == [False, False]
-    run(bm, make_seq(9, start=0))  # restored; the other prompt's blocks are offloaded
+    run_and_free(bm, make_seq(9, start=0))  # restored; the other prompt's blocks are offloaded
     assert sorted(t.restore for t in bm.take_transfers()) == [False, False, True, True]
-    run(bm, make_seq(9, start=50))  # restored; the first prompt's blocks are evicted again,
+    run_and_free(
+        bm, make_seq(9, start=50)
+    )  # restored; the first prompt's blocks are evicted again,
     assert [t.restore for t in bm.take_transfers()] == [True, True]  # their copies still held
 
 
 def test_a_full_tier_drops_its_least_recently_used() -> None:
     bm = BlockManager(3, 4, host_blocks=2, record_events=True)
     first = make_seq(9, start=0)
-    run(bm, first)
-    run(bm, make_seq(9, start=50))
-    run(bm, make_seq(9, start=90))  # offloads the second prompt's blocks: the first's dropped
+    run_and_free(bm, first)
+    run_and_free(bm, make_seq(9, start=50))
+    run_and_free(
+        bm, make_seq(9, start=90)
+    )  # offloads the second prompt's blocks: the first's dropped
     dropped = [e for e in bm.take_events() if isinstance(e, BlockRemoved) and e.medium == CPU]
     assert sorted(h for e in dropped for h in e.block_hashes) == sorted(first.block_hashes[:2])
-    assert run(bm, make_seq(9, start=0)) == 0  # gone from both tiers: computed again
+    assert run_and_free(bm, make_seq(9, start=0)) == 0  # gone from both tiers: computed again
 
 
 def test_restores_never_take_the_device_hits() -> None:
     bm = BlockManager(6, 4, host_blocks=8)
     prompt = list(range(17))  # four full blocks and a token
-    run(bm, make_seq(tokens=prompt))
-    run(bm, make_seq(13, start=100))  # evicts the prompt's last two blocks (tail first)
+    run_and_free(bm, make_seq(tokens=prompt))
+    run_and_free(bm, make_seq(13, start=100))  # evicts the prompt's last two blocks (tail first)
     bm.take_transfers()
     seq = make_seq(tokens=prompt)
     cached, num_cached = bm.get_computed_blocks(seq)
@@ -84,7 +80,7 @@ def test_restores_never_take_the_device_hits() -> None:
 def test_restores_leave_a_free_block_for_the_new_tokens() -> None:
     bm = BlockManager(5, 4, host_blocks=8)
     prompt = list(range(13))
-    run(bm, make_seq(tokens=prompt))
+    run_and_free(bm, make_seq(tokens=prompt))
     other = make_seq(9, start=100)
     bm.allocate(other, [], 9)  # still running: holds three blocks, one of them the prompt's
     seq = make_seq(tokens=prompt)
@@ -96,8 +92,8 @@ def test_restores_leave_a_free_block_for_the_new_tokens() -> None:
 def test_no_tier_without_prefix_caching_and_the_reset_clears_it() -> None:
     assert BlockManager(4, 4, host_blocks=8, enable_prefix_caching=False).host is None
     bm = BlockManager(2, 4, host_blocks=4)
-    run(bm, make_seq(5))
-    run(bm, make_seq(5, start=40))
+    run_and_free(bm, make_seq(5))
+    run_and_free(bm, make_seq(5, start=40))
     assert bm.host is not None and len(bm.host) == 1
     assert bm.reset_prefix_cache() and len(bm.host) == 0
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from backends.engine.block_manager import BlockManager
 from backends.engine.retention import Retention
-from backends.engine.sequence import Sequence
-from tests.fakes import make_seq
+from tests.fakes import make_seq, run_and_free
 
 
 class Clock:
@@ -16,15 +15,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def run(bm: BlockManager, seq: Sequence) -> int:
-    """Admit ``seq`` whole, then free it; its cached tokens."""
-    cached, num_cached = bm.get_computed_blocks(seq)
-    assert bm.can_allocate(seq, cached, seq.num_tokens - num_cached)
-    bm.allocate(seq, cached, seq.num_tokens - num_cached)
-    bm.free(seq)
-    return num_cached
 
 
 def manager(clock: Clock, blocks: int = 6, total: int = 0, per_owner: int = 0) -> BlockManager:
@@ -38,29 +28,29 @@ def test_a_retained_session_outlives_newer_traffic_until_its_pin_expires() -> No
     clock = Clock()
     bm = manager(clock)
     session = make_seq(9, start=0)  # two full blocks
-    run(bm, session)
+    run_and_free(bm, session)
     assert bm.retain(session.block_hashes, 30.0, "tenant-a") == 2
-    run(bm, make_seq(9, start=50))
-    run(bm, make_seq(13, start=100))  # needs four blocks: the other prompt's are taken
-    assert run(bm, make_seq(9, start=0)) == 8 and bm.retained_hit_tokens == 8
+    run_and_free(bm, make_seq(9, start=50))
+    run_and_free(bm, make_seq(13, start=100))  # needs four blocks: the other prompt's are taken
+    assert run_and_free(bm, make_seq(9, start=0)) == 8 and bm.retained_hit_tokens == 8
     bm.retain(session.block_hashes, 30.0, "tenant-a")  # the session pauses again
     clock.now += 31  # and never comes back in time: its blocks are the first to go now
-    run(bm, make_seq(13, start=150))
-    assert run(bm, make_seq(9, start=0)) == 0
+    run_and_free(bm, make_seq(13, start=150))
+    assert run_and_free(bm, make_seq(9, start=0)) == 0
 
 
 def test_without_a_pin_the_session_is_evicted_first() -> None:
     bm = manager(Clock())
-    run(bm, make_seq(9, start=0))
-    run(bm, make_seq(9, start=50))
-    run(bm, make_seq(13, start=100))
-    assert run(bm, make_seq(9, start=0)) == 0
+    run_and_free(bm, make_seq(9, start=0))
+    run_and_free(bm, make_seq(9, start=50))
+    run_and_free(bm, make_seq(13, start=100))
+    assert run_and_free(bm, make_seq(9, start=0)) == 0
 
 
 def test_a_pin_never_fails_an_allocation() -> None:
     bm = manager(Clock(), blocks=4)
     session = make_seq(13, start=0)  # three full blocks and a token: all four blocks
-    run(bm, session)
+    run_and_free(bm, session)
     assert bm.retain(session.block_hashes, 30.0, "t") == 3
     other = make_seq(16, start=50)  # needs all four blocks: the retained ones are taken
     cached, _ = bm.get_computed_blocks(other)
@@ -72,8 +62,8 @@ def test_a_pin_never_fails_an_allocation() -> None:
 def test_pins_are_bounded_per_owner_and_in_all() -> None:
     bm = manager(Clock(), blocks=16, total=5, per_owner=3)
     first, second = make_seq(17, start=0), make_seq(17, start=100)  # four full blocks each
-    run(bm, first)
-    run(bm, second)
+    run_and_free(bm, first)
+    run_and_free(bm, second)
     assert bm.retain(first.block_hashes, 30.0, "a") == 3  # the leading three: the owner's bound
     assert bm.retain(second.block_hashes, 30.0, "b") == 2  # the rest of the total
     assert bm.retain(first.block_hashes[:2], 60.0, "a") == 2  # extended, not counted again
@@ -94,14 +84,16 @@ def test_pins_last_at_most_the_cap_and_expire_in_order() -> None:
 def test_a_pin_is_spent_when_its_session_is_back_and_released_when_it_ends() -> None:
     bm = manager(Clock())
     session = make_seq(9, start=0)
-    run(bm, session)
+    run_and_free(bm, session)
     bm.retain(session.block_hashes, 30.0, "a")
     assert bm.retention is not None and len(bm.retention) == 2
-    run(bm, make_seq(9, start=0))  # back: the pins are spent, the blocks are plain cached ones
+    run_and_free(
+        bm, make_seq(9, start=0)
+    )  # back: the pins are spent, the blocks are plain cached ones
     assert len(bm.retention) == 0
     bm.retain(session.block_hashes, 30.0, "a")
     bm.release(session.block_hashes)  # its final answer: nothing to keep
     assert len(bm.retention) == 0
-    run(bm, make_seq(9, start=50))
-    run(bm, make_seq(13, start=100))
-    assert run(bm, make_seq(9, start=0)) == 0  # an ordinary LRU victim again
+    run_and_free(bm, make_seq(9, start=50))
+    run_and_free(bm, make_seq(13, start=100))
+    assert run_and_free(bm, make_seq(9, start=0)) == 0  # an ordinary LRU victim again

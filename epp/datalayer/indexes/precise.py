@@ -136,12 +136,11 @@ class _EndpointState(_Tier):
 
     def parent_key(self, block: EngineBlock) -> int | None:
         """The key of a stored block's parent, in whichever tier holds it."""
-        key = self.key_of(block)
-        for tier in self.lower.values():
-            if key is not None:
-                break
+        for tier in (self, *self.lower.values()):
             key = tier.key_of(block)
-        return key
+            if key is not None:
+                return key
+        return None
 
 
 class PreciseIndex:
@@ -331,7 +330,7 @@ class PreciseIndex:
         """What the lower tiers hold of ``keys`` (the blocks after the device's), leading
         blocks only, each at the best weight among the tiers that hold it."""
         weights = self.tier_weights
-        tiers = [(weights[m], t.key_counts) for m, t in state.lower.items() if m in weights]
+        tiers = [(weights[m], t.key_counts) for m, t in state.lower.items()]  # all weighted
         credit = 0.0
         for key in keys:
             best = max((w for w, held in tiers if key in held), default=0.0)
