@@ -96,15 +96,22 @@ def _issuer(parent: Fields, path: str, item: object, base_dir: Path) -> JwtIssue
     )
 
 
+PAUSES = 2  # a configured class's streams may be paused twice each, unless it says otherwise
+
+
 def load_classes(top: Fields) -> dict[str, PriorityClass]:
     if not top.has("classes"):
         return dict(DEFAULT_CLASSES)
     classes: dict[str, PriorityClass] = {}
     for path, name, value in top.entries("classes"):
-        f = Fields(top.source, value, path, {"weight", "max_queue", "max_wait"})
+        f = Fields(top.source, value, path, {"weight", "max_queue", "max_wait", "max_pauses"})
         weight = f.number("weight", low=0.001)
         classes[name] = PriorityClass(
-            name, weight, f.integer("max_queue", 1000, low=1), f.duration("max_wait", 30.0)
+            name,
+            weight,
+            f.integer("max_queue", 1000, low=1),
+            f.duration("max_wait", 30.0),
+            f.integer("max_pauses", PAUSES, low=0),
         )
     if DEFAULT_CLASS not in classes and classes:
         top.error("classes", f"must define the default class {DEFAULT_CLASS!r}")

@@ -344,12 +344,14 @@ class Limits:
 
 @dataclass(frozen=True)
 class PriorityClass:
-    """A class of the admission queue: served in proportion to ``weight`` under saturation."""
+    """A class of the admission queue: served in proportion to ``weight`` under saturation;
+    its streams may be paused up to ``max_pauses`` times each for a heavier class's requests."""
 
     name: str
     weight: float
     max_queue: int = 1000  # queued requests beyond this are refused (429)
     max_wait: float = 30.0  # seconds a request may wait before it is given up (503)
+    max_pauses: int = 0  # times one stream may be paused for heavier classes (0: never)
 
 
 DEFAULT_CLASSES = {

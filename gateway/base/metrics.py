@@ -148,6 +148,19 @@ class GatewayMetrics:
         self.retries = Counter(
             "kvgate_retries", "Upstream attempts retried on another endpoint.", ["pool"], registry=r
         )
+        self.stream_pauses = Counter(
+            "kvgate_stream_pauses",
+            "Streams paused for a heavier class's requests, by class and outcome: resumed "
+            "(went on once admitted again), failed (no endpoint could continue it).",
+            ["pool", "class", "outcome"],
+            registry=r,
+        )
+        self.paused_seconds = Counter(
+            "kvgate_stream_paused_seconds",
+            "Seconds paused streams waited to be admitted again, by class.",
+            ["pool", "class"],
+            registry=r,
+        )
         self.stream_resumes = Counter(
             "kvgate_stream_resumes",
             "Streams whose engine failed mid-answer, by outcome: resumed (continued on another "

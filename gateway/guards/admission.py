@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from gateway.base.errors import Expired, QueueFull
 from gateway.guards.admission_gate import AdmissionGate
+from gateway.guards.pauses import PausableStreams
 from policies.schema import DEFAULT_CLASS, PriorityClass
 
 POLL_INTERVAL = 0.02  # re-check gates that change without a release (metrics, saturation)
@@ -43,8 +44,13 @@ class _ClassQueue:
     size: int = 0
     finish: float = 0.0
 
-    def push(self, ticket: Ticket) -> None:
-        self.tenants.setdefault(ticket.tenant, deque()).append(ticket)
+    def push(self, ticket: Ticket, first: bool = False) -> None:
+        """Queue ``ticket`` behind its tenant's others, or ahead of them (``first``)."""
+        queue = self.tenants.setdefault(ticket.tenant, deque())
+        if first:
+            queue.appendleft(ticket)
+        else:
+            queue.append(ticket)
         self.size += 1
 
     def pop(self) -> Ticket:
@@ -104,6 +110,7 @@ class AdmissionQueue:
         self.classes = classes
         self.gate = gate
         self.pools: dict[str, PoolQueue] = {}
+        self.streams = PausableStreams()
         self._pollers: dict[str, asyncio.Task[None]] = {}
 
     def update(self, classes: dict[str, PriorityClass], gate: AdmissionGate) -> None:
@@ -156,9 +163,12 @@ class AdmissionQueue:
             return Admitted(self, pool, 0.0)
         return None
 
-    async def enter(self, pool: str, cls_name: str | None, tenant: str) -> Admitted:
-        """A slot in ``pool``, waiting in ``cls_name``'s queue (tenants taking turns) while
-        there is none."""
+    async def enter(
+        self, pool: str, cls_name: str | None, tenant: str, first: bool = False
+    ) -> Admitted:
+        """A slot in ``pool``, waiting in ``cls_name``'s queue (tenants taking turns; ahead of
+        the tenant's other requests if ``first``) while there is none; a lighter class's stream
+        may be paused for it."""
         spec = self.class_of(cls_name)
         admitted = self.try_enter(pool)
         if admitted is not None:
@@ -172,7 +182,9 @@ class AdmissionQueue:
                 f"The {spec.name} queue is full; retry later.", headers={"retry-after": "1"}
             )
         ticket = Ticket(pool, spec.name, tenant, asyncio.get_running_loop().create_future())
-        class_queue.push(ticket)
+        class_queue.push(ticket, first)
+        if self.streams.pools.get(pool):
+            self.streams.pause_for(pool, ticket, spec.weight)
         self._ensure_poller(pool)
         try:
             async with asyncio.timeout(spec.max_wait):
@@ -194,6 +206,18 @@ class AdmissionQueue:
         queue = self.pools.get(pool)
         if queue is not None and not queue.empty:
             self._dispatch(pool)
+
+    def hand_over(self, pool: str, ticket: Ticket | None) -> None:
+        """A slot of ``pool`` goes straight to ``ticket`` if it still waits (the gates keep
+        their counts), else back to the pool (``done``)."""
+        queue = self.pools.get(pool)
+        if ticket is None or ticket.future.done() or queue is None:
+            self.done(pool)
+            return
+        class_queue = queue.classes.get(ticket.cls)
+        if class_queue is not None:
+            class_queue.remove(ticket)
+        ticket.future.set_result(None)
 
     def _dispatch(self, pool: str) -> None:
         queue = self.pools.get(pool)
@@ -236,6 +260,23 @@ class Admitted:
         if queue is not None:
             self._queue = None
             queue.done(self.pool)
+
+    def hand_over(self, ticket: Ticket | None) -> AdmissionQueue:
+        """Give the slot to ``ticket`` if it still waits, else back (``requeue`` gets one
+        again); the queue it came from."""
+        queue = self._queue
+        assert queue is not None, "a released slot cannot be handed over"
+        self._queue = None
+        queue.hand_over(self.pool, ticket)
+        return queue
+
+    async def requeue(self, queue: AdmissionQueue, cls: str, tenant: str) -> None:
+        """Wait in ``cls``'s queue of ``queue``, ahead of the tenant's other requests, for a
+        slot that this one then holds."""
+        again = await queue.enter(self.pool, cls, tenant, first=True)
+        again._queue = None  # this one holds it now
+        self._queue = queue
+        self.waited += again.waited
 
 
 class QueueCollector(Collector):

@@ -29,6 +29,7 @@ from gateway.base.errors import (
 from gateway.guards.admission import Admitted
 from gateway.guards.limits.budgets import most_cost
 from gateway.guards.limits.limiter import Reservation
+from gateway.guards.pauses import PausableStream
 from gateway.guards.spend import served, settled_cost
 from gateway.request.attempt import Attempt
 from gateway.request.disaggregation import run_prefill
@@ -270,7 +271,7 @@ async def _serve_pool(forward: Forward, pool: Pool) -> AnyResponse:
             ctx.attempts = len(tried)
         _dispatched(forward, attempt)
         try:
-            return await _relayed(forward, pool, attempt, payload, headers, resumes)
+            return await _relayed(forward, pool, attempt, payload, headers, resumes, admitted)
         finally:
             attempt.close(ctx.prompt_tokens if ctx.usage_known else None)
     finally:
@@ -331,7 +332,13 @@ async def _prefill(
 
 
 async def _relayed(
-    forward: Forward, pool: Pool, attempt: Attempt, payload: bytes, headers: bytes, resumes: bool
+    forward: Forward,
+    pool: Pool,
+    attempt: Attempt,
+    payload: bytes,
+    headers: bytes,
+    resumes: bool,
+    admitted: Admitted,
 ) -> AnyResponse:
     """The upstream's answer relayed: a stream event by event, a JSON body read whole,
     anything else as it comes."""
@@ -339,7 +346,7 @@ async def _relayed(
     upstream = attempt.response
     assert upstream is not None  # an open attempt has its response head
     if upstream.content_type == "text/event-stream":
-        return await _streamed(forward, pool, attempt, payload, headers, resumes)
+        return await _streamed(forward, pool, attempt, payload, headers, resumes, admitted)
     idle = forward.runtime.policy.timeouts.idle
     data = upstream.read_now()  # a whole JSON body usually comes with the headers
     if data is None:
@@ -393,10 +400,17 @@ def _dispatched(forward: Forward, attempt: Attempt) -> None:
 
 
 async def _streamed(
-    forward: Forward, pool: Pool, attempt: Attempt, payload: bytes, headers: bytes, resumes: bool
+    forward: Forward,
+    pool: Pool,
+    attempt: Attempt,
+    payload: bytes,
+    headers: bytes,
+    resumes: bool,
+    admitted: Admitted,
 ) -> StreamResponse:
     """The upstream's stream relayed event by event (kept by the response cache, when it
-    missed and the stream ends whole)."""
+    missed and the stream ends whole); one that can go on elsewhere may be paused while it
+    runs, where its class allows."""
     request, ctx, keep = forward.request, forward.ctx, forward.keep
     upstream = attempt.response
     assert upstream is not None
@@ -404,9 +418,19 @@ async def _streamed(
     idle, restore = forward.runtime.policy.timeouts.idle, model_restorer(pool.model, ctx.model)
     copy = None if keep is None else keep.copy
     copy_limit = forward.state.response_cache.settings.max_entry
-    streamed = await relay_stream(
-        request, ctx, attempt, upstream, idle, relay, resume, restore, copy, copy_limit
-    )
+    streams = forward.state.admission.streams
+    spec = forward.state.admission.class_of(ctx.priority_class)
+    pause = None
+    if resume is not None and spec.max_pauses:
+        pause = PausableStream(admitted, spec, ctx.tenant)
+        streams.add(pool.name, pause)
+    try:
+        streamed = await relay_stream(
+            request, ctx, attempt, upstream, idle, relay, resume, restore, copy, copy_limit, pause
+        )
+    finally:
+        if pause is not None:
+            streams.discard(pool.name, pause)
     if forward.api.stored:
         created(request, ctx, relay.response_id)
     elif keep is not None:

@@ -7,7 +7,8 @@ runs only at the stream's end, while the client's connection is backed up, and o
 
 An upstream that dies or stalls (``idle`` seconds between chunks) mid-stream is continued on another
 endpoint where the request allows (``gateway.request.stream_resume``); otherwise, or when that fails
-too, the client's stream ends with an SSE error event and no ``[DONE]``.
+too, the client's stream ends with an SSE error event and no ``[DONE]``. A stream paused for a
+heavier class's request stops at its next turn and goes on the same way once admitted again.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 from gateway.base.context import RequestContext
 from gateway.base.errors import UpstreamError, UpstreamTimeout
 from gateway.base.finished_requests import STREAM_BROKEN
+from gateway.guards.pauses import PausableStream
 from gateway.request.attempt import Attempt
 from gateway.request.stream_resume import StreamResume
 from gateway.request.upstream import response_headers
@@ -37,6 +39,7 @@ from kvgate.wire.token_usage import token_counts
 MID_STREAM_ERRORS = (UpstreamConnectionError, asyncio.TimeoutError)
 AFTER_DONE = 1.0  # seconds the upstream has to end its body after [DONE] (else it is closed)
 CUT_BY_SHUTDOWN = "cut_by_shutdown"  # the error of a stream still running when the grace ended
+PAUSED = "paused for a request of a heavier class"  # why a stream stopped: it goes on later
 
 
 async def read_upstream_body(
@@ -77,26 +80,34 @@ async def relay_stream(
     restore: Restore | None = None,
     copy: list[bytes] | None = None,
     copy_limit: int = 0,
+    pause: PausableStream | None = None,
 ) -> StreamResponse:
     """Relay the upstream's events as they complete (``relay``: how this API's stream is read
     and ended; ``restore`` puts the public model name back in them; ``copy`` gets what the
     client is sent, up to ``copy_limit`` bytes: past it, the copy is dropped and the
     response's ``copy`` is None); a stream that breaks off goes on from another endpoint
-    where ``resume`` can (its attempts are closed here), else ends with an error event."""
+    where ``resume`` can (its attempts are closed here), else ends with an error event;
+    ``pause``: the stream's way to be paused (registered while it runs)."""
     ctx.stream = True  # what the client gets, whatever it asked
     response = await _prepared(request, ctx, upstream, None)
     response.copy, response.copy_limit = copy, copy_limit
     current = attempt
     try:
-        failure = await _relay_events(ctx, current, upstream, idle, relay, response, restore)
+        failure = await _relay_events(ctx, current, upstream, idle, relay, response, restore, pause)
         while failure and resume is not None:
-            current.break_off()
+            paused = failure is PAUSED
+            if not paused:
+                current.break_off()
             tail = resume.ending(relay)
             if tail is not None:  # the answer was whole: only its end was lost
                 await response.write(tail if restore is None else restore(tail))
                 failure = ""
                 break
-            following = await resume.reopen(relay, current.endpoint, failure)
+            if paused and pause is not None:
+                current.close()  # the engine frees the request's slot and blocks
+                following = await resume.after_pause(relay, pause)
+            else:
+                following = await resume.reopen(relay, current.endpoint, failure)
             if following is None:
                 break
             if current is not attempt:
@@ -105,7 +116,9 @@ async def relay_stream(
             ctx.endpoint = current.endpoint.address
             assert current.response is not None
             upstream = current.response
-            failure = await _relay_events(ctx, current, upstream, idle, relay, response, restore)
+            failure = await _relay_events(
+                ctx, current, upstream, idle, relay, response, restore, pause
+            )
     finally:  # the client may have gone: what the engine sent is metered all the same
         _record_usage(ctx, relay.usage or _relayed_usage(upstream, relay, resume))
         if resume is not None:
@@ -128,9 +141,15 @@ async def _relay_events(
     relay: SSERelay,
     response: StreamResponse,
     restore: Restore | None,
+    pause: PausableStream | None = None,
 ) -> str:
-    """Relay one upstream's events until its last; why it broke off ("" when it did not)."""
+    """Relay one upstream's events until its last; why it broke off ("" when it did not;
+    ``PAUSED`` when ``pause`` was asked for)."""
     forward = _Forward(ctx, attempt, relay, response, restore)
+    if pause is not None:
+        pause.interrupt = upstream.interrupt
+        if pause.wanted:  # asked before it could be woken
+            return PAUSED
     try:
         while not await upstream.push(forward.take, idle):
             if relay.failed:
@@ -141,6 +160,8 @@ async def _relay_events(
                 response.write_last(forward.last)
                 upstream.discard_rest(AFTER_DONE)
                 return ""
+            if pause is not None and pause.wanted:
+                return PAUSED
             await response.drain()  # the client reads slower than the upstream writes
     except asyncio.CancelledError as cancel:
         if cancel.args and cancel.args[0] == SHUTDOWN_CUT:

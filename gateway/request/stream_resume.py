@@ -7,6 +7,9 @@ with ``resume: false``. Each resume is counted (``kvgate_stream_resumes_total{po
 traced (a ``resume stream`` span around the continuation's attempts).
 
 A stream that broke before any event reached the client is simply sent again, elsewhere.
+
+A stream paused for a heavier class's request (``gateway.guards.pauses``) goes on the same way
+once it is admitted again (``after_pause``), on any endpoint: a pause uses up none of its resumes.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import orjson
 
 from gateway.base.errors import GatewayError
+from gateway.guards.pauses import PausableStream
 from gateway.request.attempt import Attempt
 from gateway.request.continuation import (
     ContinuationRelay,
@@ -109,14 +113,7 @@ class StreamResume:
             self._count("gave_up")
             return None
         self.left -= 1
-        if progress.started:
-            path, body = continuation(self.body, progress, self.token_ids)
-            payload = orjson.dumps(body)
-            following: SSERelay = ContinuationRelay(
-                progress, client_wants_usage=self.client_wants_usage, client_ids=self.client_ids
-            )
-        else:  # nothing reached the client: the same request, elsewhere
-            path, payload, following = self.api.path, self.payload, self.relay()
+        path, payload, following = self._following(progress)
         tracer = self.call.tracer
         if tracer is None:
             attempt = await self._open(path, payload)
@@ -133,6 +130,42 @@ class StreamResume:
             return None
         self._count("resumed")
         return attempt, following
+
+    async def after_pause(
+        self, relay: SSERelay, stream: PausableStream
+    ) -> tuple[Attempt, SSERelay] | None:
+        """Pause ``relay``'s stream (its upstream closed already): wait for a slot again
+        (``PausableStream.take_turn``), then the attempt and relay that go on from where it
+        stopped; None when no endpoint can."""
+        progress = self._progress(relay)
+        path, payload, following = self._following(progress)
+        metrics, cls = self.call.metrics, stream.spec.name
+        tracer = self.call.tracer
+        if tracer is None:
+            waited = await stream.take_turn()
+            attempt = await self._open(path, payload)
+        else:
+            attributes: dict[str, str | int] = {
+                "kvgate.pause.class": cls,
+                "kvgate.pause.generated_tokens": progress.generated,
+            }
+            with tracer.start_as_current_span("pause stream", attributes=attributes):
+                waited = await stream.take_turn()
+                attempt = await self._open(path, payload)
+        metrics.child(metrics.paused_seconds, self.pool.name, cls).inc(waited)
+        outcome = "failed" if attempt is None else "resumed"
+        metrics.child(metrics.stream_pauses, self.pool.name, cls, outcome).inc()
+        return None if attempt is None else (attempt, following)
+
+    def _following(self, progress: Progress) -> tuple[str, bytes, SSERelay]:
+        """The path, payload and relay of the request that goes on from ``progress``."""
+        if not progress.started:  # nothing reached the client: the same request, elsewhere
+            return self.api.path, self.payload, self.relay()
+        path, body = continuation(self.body, progress, self.token_ids)
+        following = ContinuationRelay(
+            progress, client_wants_usage=self.client_wants_usage, client_ids=self.client_ids
+        )
+        return path, orjson.dumps(body), following
 
     async def _open(self, path: str, payload: bytes) -> Attempt | None:
         tried = set(self.failed)

@@ -105,6 +105,11 @@ class UpstreamResponse:
         ``sink`` raises is raised here."""
         return await self._conn.push(sink, idle)
 
+    def interrupt(self) -> None:
+        """Make a ``push`` waiting for the next chunk return False now (the connection and
+        what arrives stay as they are: read on with ``push``)."""
+        self._conn.interrupt()
+
     def buffered(self) -> bytes:
         """The body bytes that arrived and were not read yet (taken: read on after them)."""
         return self._conn.take_all()
@@ -346,6 +351,12 @@ class UpstreamConnection(asyncio.Protocol):
             if stopped:
                 return False
         return True
+
+    def interrupt(self) -> None:
+        """``UpstreamResponse.interrupt``."""
+        if self._sink is not None and self._discarding is None:
+            self._sink = None
+            self._wake()
 
     def _pop(self) -> bytes:
         chunk = self._chunks.popleft()
