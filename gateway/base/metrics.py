@@ -54,6 +54,7 @@ class GatewayMetrics:
         r = self.registry
         self._declare_traffic(r)
         self._declare_upstream(r)
+        self._declare_admission(r)
         self._declare_policy(r)
         self._children: dict[tuple[object, ...], Any] = {}
         # the per-request updates: each finished request is added up at once (FinishedRequests)
@@ -148,19 +149,6 @@ class GatewayMetrics:
         self.retries = Counter(
             "kvgate_retries", "Upstream attempts retried on another endpoint.", ["pool"], registry=r
         )
-        self.stream_pauses = Counter(
-            "kvgate_stream_pauses",
-            "Streams paused for a heavier class's requests, by class and outcome: resumed "
-            "(went on once admitted again), failed (no endpoint could continue it).",
-            ["pool", "class", "outcome"],
-            registry=r,
-        )
-        self.paused_seconds = Counter(
-            "kvgate_stream_paused_seconds",
-            "Seconds paused streams waited to be admitted again, by class.",
-            ["pool", "class"],
-            registry=r,
-        )
         self.stream_resumes = Counter(
             "kvgate_stream_resumes",
             "Streams whose engine failed mid-answer, by outcome: resumed (continued on another "
@@ -203,6 +191,28 @@ class GatewayMetrics:
             registry=r,
         )
 
+    def _declare_admission(self, r: CollectorRegistry) -> None:
+        """Who waited, was refused or paused for whom."""
+        self.stream_pauses = Counter(
+            "kvgate_stream_pauses",
+            "Streams paused for a heavier class's requests, by class and outcome: resumed "
+            "(went on once admitted again), failed (no endpoint could continue it).",
+            ["pool", "class", "outcome"],
+            registry=r,
+        )
+        self.paused_seconds = Counter(
+            "kvgate_stream_paused_seconds",
+            "Seconds paused streams waited to be admitted again, by class.",
+            ["pool", "class"],
+            registry=r,
+        )
+        self.queue_rejections = Counter(
+            "kvgate_queue_rejections",
+            "Requests refused (full) or given up (expired) by class.",
+            ["class", "reason"],
+            registry=r,
+        )
+
     def _declare_policy(self, r: CollectorRegistry) -> None:
         """What the policy decides: admission queues, A/B tests, shadows, fallbacks, reloads."""
         self.queue_wait = Histogram(
@@ -210,12 +220,6 @@ class GatewayMetrics:
             "Time requests waited in the admission queue.",
             ["class"],
             buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.queue_rejections = Counter(
-            "kvgate_queue_rejections",
-            "Requests refused (full) or given up (expired) by class.",
-            ["class", "reason"],
             registry=r,
         )
         self.ab_requests = Counter(

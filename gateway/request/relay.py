@@ -22,7 +22,7 @@ from gateway.base.errors import UpstreamError, UpstreamTimeout
 from gateway.base.finished_requests import STREAM_BROKEN
 from gateway.guards.pauses import PausableStream
 from gateway.request.attempt import Attempt
-from gateway.request.stream_resume import StreamResume
+from gateway.request.stream_resume import PAUSED, StreamResume
 from gateway.request.upstream import response_headers
 from kvgate.wire.http.client import (
     MAX_UPSTREAM_BODY,
@@ -39,7 +39,6 @@ from kvgate.wire.token_usage import token_counts
 MID_STREAM_ERRORS = (UpstreamConnectionError, asyncio.TimeoutError)
 AFTER_DONE = 1.0  # seconds the upstream has to end its body after [DONE] (else it is closed)
 CUT_BY_SHUTDOWN = "cut_by_shutdown"  # the error of a stream still running when the grace ended
-PAUSED = "paused for a request of a heavier class"  # why a stream stopped: it goes on later
 
 
 async def read_upstream_body(
@@ -95,19 +94,14 @@ async def relay_stream(
     try:
         failure = await _relay_events(ctx, current, upstream, idle, relay, response, restore, pause)
         while failure and resume is not None:
-            paused = failure is PAUSED
-            if not paused:
+            if failure is not PAUSED:
                 current.break_off()
             tail = resume.ending(relay)
             if tail is not None:  # the answer was whole: only its end was lost
                 await response.write(tail if restore is None else restore(tail))
                 failure = ""
                 break
-            if paused and pause is not None:
-                current.close()  # the engine frees the request's slot and blocks
-                following = await resume.after_pause(relay, pause)
-            else:
-                following = await resume.reopen(relay, current.endpoint, failure)
+            following = await resume.go_on(relay, current, failure, pause)
             if following is None:
                 break
             if current is not attempt:

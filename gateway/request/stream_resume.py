@@ -35,6 +35,7 @@ from kvgate.wire.sse import SSERelay
 from policies.schema import Pool
 
 EVENT_STREAM = "text/event-stream"
+PAUSED = "paused for a request of a heavier class"  # why a stream stopped: it goes on later
 
 
 class StreamResume:
@@ -130,6 +131,16 @@ class StreamResume:
             return None
         self._count("resumed")
         return attempt, following
+
+    async def go_on(
+        self, relay: SSERelay, current: Attempt, failure: str, pause: PausableStream | None
+    ) -> tuple[Attempt, SSERelay] | None:
+        """The attempt and relay that go on from where ``relay``'s stream on ``current``
+        stopped: after a pause (``failure`` is ``PAUSED``), or on another endpoint."""
+        if failure is PAUSED and pause is not None:
+            current.close()  # the engine frees the request's slot and blocks
+            return await self.after_pause(relay, pause)
+        return await self.reopen(relay, current.endpoint, failure)
 
     async def after_pause(
         self, relay: SSERelay, stream: PausableStream
