@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from policies.fields import Fields
+from policies.fields import Fields, child
 from policies.schema import (
     DEFAULT_CLASS,
     DEFAULT_CLASSES,
@@ -104,14 +104,21 @@ def load_classes(top: Fields) -> dict[str, PriorityClass]:
         return dict(DEFAULT_CLASSES)
     classes: dict[str, PriorityClass] = {}
     for path, name, value in top.entries("classes"):
-        f = Fields(top.source, value, path, {"weight", "max_queue", "max_wait", "max_pauses"})
+        keys = {"weight", "max_queue", "max_wait", "max_pauses", "deadline"}
+        f = Fields(top.source, value, path, keys)
         weight = f.number("weight", low=0.001)
+        objective = f.raw("deadline") == "objective"
+        deadline = f.duration("deadline") if f.has("deadline") and not objective else None
+        if deadline is not None and deadline <= 0:
+            f.error(child(path, "deadline"), "must be a positive duration, or 'objective'")
         classes[name] = PriorityClass(
             name,
             weight,
             f.integer("max_queue", 1000, low=1),
             f.duration("max_wait", 30.0),
             f.integer("max_pauses", PAUSES, low=0),
+            deadline,
+            objective,
         )
     if DEFAULT_CLASS not in classes and classes:
         top.error("classes", f"must define the default class {DEFAULT_CLASS!r}")

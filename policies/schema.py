@@ -22,21 +22,7 @@ DEFAULT_CLASS = "standard"
 ROLES = ("both", "prefill", "decode")
 ENGINES = ("vllm", "sglang", "kvgate")
 METRIC_OVERRIDES = ("waiting", "running", "kv_usage", "lora_info")  # pools.<name>.metrics keys
-JWT_ALGORITHMS = (
-    "HS256",
-    "HS384",
-    "HS512",
-    "RS256",
-    "RS384",
-    "RS512",
-    "ES256",
-    "ES384",
-    "ES512",
-    "PS256",
-    "PS384",
-    "PS512",
-    "EdDSA",
-)
+JWT_ALGORITHMS = (*[f"{k}{b}" for k in ("HS", "RS", "ES", "PS") for b in (256, 384, 512)], "EdDSA")
 
 
 @dataclass(frozen=True)
@@ -345,13 +331,17 @@ class Limits:
 @dataclass(frozen=True)
 class PriorityClass:
     """A class of the admission queue: served in proportion to ``weight`` under saturation;
-    its streams may be paused up to ``max_pauses`` times each for a heavier class's requests."""
+    its streams may be paused up to ``max_pauses`` times each for a heavier class's requests;
+    a queued request must start within ``deadline`` seconds of its arrival (or the route's TTFT
+    objective for the class: ``deadline_objective``), else it is refused."""
 
     name: str
     weight: float
     max_queue: int = 1000  # queued requests beyond this are refused (429)
     max_wait: float = 30.0  # seconds a request may wait before it is given up (503)
-    max_pauses: int = 0  # times one stream may be paused for heavier classes (0: never)
+    max_pauses: int = 0  # 0: never paused
+    deadline: float | None = None  # None: none, unless the client sends one
+    deadline_objective: bool = False
 
 
 DEFAULT_CLASSES = {

@@ -66,6 +66,19 @@ class Slos:
     shed_when_exhausted: bool = False
 
 
+def ttft_target(slos: Slos, route: str, priority_class: str) -> float | None:
+    """The tightest TTFT threshold the objectives of ``route`` (or of every route) set for
+    ``priority_class`` (or for every class); None if none sets one."""
+    thresholds = [
+        objective.threshold
+        for slo in slos.slos
+        if slo.route in (route, "*") and slo.priority_class in (priority_class, None)
+        for objective in slo.objectives
+        if objective.sli == "ttft"
+    ]
+    return min(thresholds, default=None)
+
+
 def _latency(name: str, threshold: float) -> SloObjective:
     match = _LATENCY_KEY.match(name)
     assert match is not None

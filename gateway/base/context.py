@@ -17,6 +17,7 @@ class RequestContext:
         "canary_arm",
         "completion_tokens",
         "cors",
+        "deadline",
         "elapsed",
         "endpoint",
         "error",
@@ -58,6 +59,7 @@ class RequestContext:
         self.usage_known = False  # the upstream reported usage (prompt and completion tokens)
         self.priority_class = ""  # the admission class, once queued
         self.queue_wait: float | None = None  # seconds waited for capacity, once admitted
+        self.deadline: float | None = None  # seconds from arrival the client gave it to start in
         self.extra_headers: dict[str, str] | None = None  # added to the client's response
         self.cors = b""  # the response's CORS header lines (policy cors:, allowed origins)
         self.canary_arm = ""  # the pool an automatic canary's route chose

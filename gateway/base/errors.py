@@ -98,6 +98,13 @@ class QueueFull(Rejected):
     pass
 
 
+class DeadlineUnmet(Rejected):
+    """Refused because it cannot start by its deadline (``gateway.guards.deadlines``): as it
+    arrived, from the queue's expected wait, or when the deadline came while it waited."""
+
+    code = "deadline_unmet"
+
+
 class SloShed(Rejected):
     """Refused because a budget of the route's SLOs is spent and the caller's class is among
     those shed first (``slos.shed_when_exhausted``)."""

@@ -208,7 +208,8 @@ class GatewayMetrics:
         )
         self.queue_rejections = Counter(
             "kvgate_queue_rejections",
-            "Requests refused (full) or given up (expired) by class.",
+            "Requests refused (full; deadline: it could not start in time) or given up "
+            "(expired) by class.",
             ["class", "reason"],
             registry=r,
         )

@@ -7,11 +7,16 @@ cannot bank credit. Inside a class, tenants take turns (round robin over tenants
 queued requests), so a tenant sending ten times more gets the same share as the others.
 A full class queue refuses at once (``QueueFull``, 429); a request that waits longer than its
 class's ``max_wait`` is given up (``Expired``, 503); a client that goes away leaves the queue.
+A request that queues may pause a lighter class's stream and take its slot
+(``gateway.guards.pauses``). A request with a deadline (``gateway.guards.deadlines``) goes ahead
+of its tenant's requests with later ones, and is refused (``DeadlineUnmet``, 429) as it arrives
+when the class's expected wait runs past it, or when the deadline comes while it waits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator
@@ -20,12 +25,13 @@ from dataclasses import dataclass, field
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.base.errors import Expired, QueueFull
+from gateway.base.errors import DeadlineUnmet, Expired, QueueFull
 from gateway.guards.admission_gate import AdmissionGate
 from gateway.guards.pauses import PausableStreams
 from policies.schema import DEFAULT_CLASS, PriorityClass
 
 POLL_INTERVAL = 0.02  # re-check gates that change without a release (metrics, saturation)
+WAIT_SAMPLES = 8  # dispatches a pool's queue needs before its expected wait is trusted
 
 
 @dataclass(eq=False)
@@ -34,6 +40,7 @@ class Ticket:
     cls: str
     tenant: str
     future: asyncio.Future[None]
+    deadline: float = math.inf  # time.monotonic() by which it must start
     queued_at: float = field(default_factory=time.monotonic)
 
 
@@ -45,12 +52,18 @@ class _ClassQueue:
     finish: float = 0.0
 
     def push(self, ticket: Ticket, first: bool = False) -> None:
-        """Queue ``ticket`` behind its tenant's others, or ahead of them (``first``)."""
+        """Queue ``ticket`` ahead of its tenant's requests with later deadlines (or of all of
+        them: ``first``)."""
         queue = self.tenants.setdefault(ticket.tenant, deque())
         if first:
             queue.appendleft(ticket)
-        else:
+        elif not queue or queue[-1].deadline <= ticket.deadline:
             queue.append(ticket)
+        else:
+            at = len(queue) - 1
+            while at > 0 and queue[at - 1].deadline > ticket.deadline:
+                at -= 1
+            queue.insert(at, ticket)
         self.size += 1
 
     def pop(self) -> Ticket:
@@ -78,6 +91,24 @@ class PoolQueue:
         self.pool = pool
         self.classes = {name: _ClassQueue(spec) for name, spec in classes.items()}
         self.virtual = 0.0
+        self.interval = 0.0  # seconds between dispatches while requests wait (moving average)
+        self.samples = 0
+        self.last_dispatch = 0.0  # when the last one left, or requests began to wait
+
+    def dispatched(self, now: float) -> None:
+        """A waiting request left the queue at ``now``: the interval since the last one."""
+        interval = now - self.last_dispatch
+        self.interval = interval if not self.samples else 0.8 * self.interval + 0.2 * interval
+        self.samples += 1
+        self.last_dispatch = now
+
+    def expected_wait(self, queue: _ClassQueue) -> float | None:
+        """Seconds a request that joins ``queue`` now can expect to wait (its class's share of
+        the dispatches, behind every request queued in it); None before ``WAIT_SAMPLES``."""
+        if self.samples < WAIT_SAMPLES:
+            return None
+        weights = sum([q.spec.weight for q in self.classes.values() if q.size or q is queue])
+        return (queue.size + 1) * self.interval * weights / queue.spec.weight
 
     @property
     def empty(self) -> bool:
@@ -164,11 +195,17 @@ class AdmissionQueue:
         return None
 
     async def enter(
-        self, pool: str, cls_name: str | None, tenant: str, first: bool = False
+        self,
+        pool: str,
+        cls_name: str | None,
+        tenant: str,
+        first: bool = False,
+        deadline: float = math.inf,
     ) -> Admitted:
         """A slot in ``pool``, waiting in ``cls_name``'s queue (tenants taking turns; ahead of
-        the tenant's other requests if ``first``) while there is none; a lighter class's stream
-        may be paused for it."""
+        the tenant's other requests if ``first``, else of those with later deadlines) while
+        there is none, until ``deadline`` (``time.monotonic()``) at the latest; a lighter
+        class's stream may be paused for it."""
         spec = self.class_of(cls_name)
         admitted = self.try_enter(pool)
         if admitted is not None:
@@ -176,21 +213,26 @@ class AdmissionQueue:
         queue = self.pools.get(pool)
         if queue is None:
             queue = self.pools[pool] = PoolQueue(pool, self.classes)
-        class_queue = queue.classes[spec.name]
-        if class_queue.size >= spec.max_queue:
-            raise QueueFull(
-                f"The {spec.name} queue is full; retry later.", headers={"retry-after": "1"}
-            )
+        if queue.empty:
+            queue.last_dispatch = time.monotonic()  # requests begin to wait
+        class_queue = self._room_in(queue, spec, deadline)
         ticket = Ticket(pool, spec.name, tenant, asyncio.get_running_loop().create_future())
+        ticket.deadline = deadline
         class_queue.push(ticket, first)
         if self.streams.pools.get(pool):
             self.streams.pause_for(pool, ticket, spec.weight)
         self._ensure_poller(pool)
+        patience = min(spec.max_wait, deadline - ticket.queued_at)
         try:
-            async with asyncio.timeout(spec.max_wait):
+            async with asyncio.timeout(patience):
                 await ticket.future
         except TimeoutError as exc:
             class_queue.remove(ticket)
+            if patience < spec.max_wait:
+                raise DeadlineUnmet(
+                    f"Not started by its deadline ({patience:.3g}s) in the {spec.name} queue.",
+                    headers={"retry-after": "1"},
+                ) from exc
             raise Expired(
                 f"Waited {spec.max_wait:g}s in the {spec.name} queue; the pool is saturated."
             ) from exc
@@ -199,6 +241,25 @@ class AdmissionQueue:
                 self.done(pool)  # dispatched just as the client left: give the slot back
             raise
         return Admitted(self, pool, time.monotonic() - ticket.queued_at)
+
+    @staticmethod
+    def _room_in(queue: PoolQueue, spec: PriorityClass, deadline: float) -> _ClassQueue:
+        """``spec``'s queue of ``queue``, if a request may join it: QueueFull when it is full,
+        DeadlineUnmet when the expected wait runs past ``deadline``."""
+        class_queue = queue.classes[spec.name]
+        if class_queue.size >= spec.max_queue:
+            raise QueueFull(
+                f"The {spec.name} queue is full; retry later.", headers={"retry-after": "1"}
+            )
+        if deadline != math.inf:
+            wait = queue.expected_wait(class_queue)
+            if wait is not None and time.monotonic() + wait > deadline:
+                raise DeadlineUnmet(
+                    f"The {spec.name} queue's expected wait ({wait:.3g}s) runs past the "
+                    "request's deadline; retry later.",
+                    headers={"retry-after": str(max(1, math.ceil(wait)))},
+                )
+        return class_queue
 
     def done(self, pool: str) -> None:
         """A slot of ``pool`` came back (``Admitted.release``): it may go to the next in line."""
@@ -228,6 +289,7 @@ class AdmissionQueue:
             if ticket.future.done():  # cancelled meanwhile
                 continue
             self.gate.acquire(pool)
+            queue.dispatched(time.monotonic())
             ticket.future.set_result(None)
 
     def _ensure_poller(self, pool: str) -> None:

@@ -20,6 +20,7 @@ from gateway.base.api import Api
 from gateway.base.context import RequestContext
 from gateway.base.errors import (
     BadRequest,
+    DeadlineUnmet,
     Evicted,
     NoEndpoint,
     Rejected,
@@ -27,6 +28,7 @@ from gateway.base.errors import (
     UpstreamTimeout,
 )
 from gateway.guards.admission import Admitted
+from gateway.guards.deadlines import deadline, requested_deadline
 from gateway.guards.limits.budgets import most_cost
 from gateway.guards.limits.limiter import Reservation
 from gateway.guards.pauses import PausableStream
@@ -291,6 +293,7 @@ def _admitted(forward: Forward, pool: Pool) -> Admitted | None:
         forward.runtime.policy.epp.class_of(objective) if objective else None,
     )
     ctx.priority_class = cls.name
+    ctx.deadline = requested_deadline(request.headers)
     slos = state.slos
     if slos.shedding:
         slos.shed(ctx.model, cls.name)
@@ -298,9 +301,12 @@ def _admitted(forward: Forward, pool: Pool) -> Admitted | None:
 
 
 async def _queued(forward: Forward, pool: Pool) -> Admitted:
-    """Wait in the admission queue for capacity in ``pool``."""
+    """Wait in the admission queue for capacity in ``pool``, until the request's deadline at
+    the latest."""
     ctx = forward.ctx
     admission = forward.state.admission
+    spec = admission.class_of(ctx.priority_class)
+    due = deadline(ctx.deadline, spec, forward.runtime.policy.slos, ctx.model, ctx.start)
     tracer = forward.runtime.calls[pool.name].tracer
     attributes: dict[str, str | int] | None = None
     if tracer is not None:
@@ -310,9 +316,11 @@ async def _queued(forward: Forward, pool: Pool) -> Admitted:
         }
     try:
         with span(tracer, "admission", attributes):
-            return await admission.enter(pool.name, ctx.priority_class, ctx.tenant)
+            return await admission.enter(pool.name, spec.name, ctx.tenant, deadline=due)
     except (Rejected, Evicted) as exc:
-        reason = "full" if isinstance(exc, Rejected) else "expired"
+        reason = "expired" if isinstance(exc, Evicted) else "full"
+        if isinstance(exc, DeadlineUnmet):
+            reason = "deadline"
         metrics = forward.state.parts.metrics
         metrics.child(metrics.queue_rejections, ctx.priority_class, reason).inc()
         raise
