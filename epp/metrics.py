@@ -31,6 +31,14 @@ class EppMetrics:
             buckets=PICK_BUCKETS,
             registry=r,
         )
+        self.ttft_prediction_error = Histogram(
+            "kvgate_epp_ttft_prediction_error",
+            "How far the latency model's predicted TTFT was from the actual one, as a share of "
+            "the actual: |predicted - actual| / actual (a latency-scorer's model).",
+            ["pool"],
+            buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0),
+            registry=r,
+        )
         self.decisions = Counter(
             "kvgate_epp_decisions",
             "Picks by the scorer that decided them.",

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from epp.datalayer.datastore import Datastore
 from epp.datalayer.indexes.prefix_index import PrefixIndex
+from epp.datalayer.latency_model import Features
 from epp.datalayer.placement import add_placed
 from epp.datalayer.routing_text import routing_text
 from epp.datalayer.scraper import MetricsScraper
@@ -65,6 +66,9 @@ class Dispatch:
     # when the endpoint's metrics were scraped as it was sent: while no scrape has come since,
     # the request is counted in the endpoint's ``dispatched`` until it is over
     scraped_at: float = 0.0
+    # what the TTFT model read as it was sent, and when (None: no model, or learnt already)
+    features: Features | None = None
+    sent: float = 0.0
 
 
 class EppService:
@@ -278,6 +282,8 @@ class EppService:
         # before the indexes learn this pick: what the endpoint does not hold yet
         prefill = self.prefix.uncached_tokens(request, endpoint) if self.prefix else 0
         decode = requested_output_tokens(request.body) or DEFAULT_OUTPUT_TOKENS
+        model = self.handle.latency
+        features = None if model is None else model.features(endpoint, prefill)
         load.prefill_tokens += prefill
         load.decode_tokens += decode
         add_placed(endpoint, prefill, request.lora)
@@ -305,11 +311,23 @@ class EppService:
             prefill,
             decode,
             scraped_at=endpoint.metrics.scraped_at,
+            features=features,
+            sent=time.perf_counter(),
         )
 
     def prefilled(self, dispatch: Dispatch) -> None:
         """The endpoint sent the request's first token: its prompt is no longer waiting to be
-        computed there. Idempotent."""
+        computed there, and the TTFT model learns how long it took. Idempotent."""
+        features, model = dispatch.features, self.handle.latency
+        if features is not None and model is not None:
+            dispatch.features = None
+            pool = dispatch.endpoint.pool
+            error = model.learn(pool, features, time.perf_counter() - dispatch.sent)
+            self.metrics.child(self.metrics.ttft_prediction_error, pool).observe(error)
+        self._computed(dispatch)
+
+    def _computed(self, dispatch: Dispatch) -> None:
+        """The request's prompt no longer waits to be computed at its endpoint. Idempotent."""
         dispatch.endpoint.load.prefill_tokens -= dispatch.prefill_tokens
         dispatch.prefill_tokens = 0
 
@@ -324,7 +342,8 @@ class EppService:
                 endpoint.in_flight -= 1
             if endpoint.metrics.scraped_at == dispatch.scraped_at and endpoint.load.dispatched > 0:
                 endpoint.load.dispatched -= 1  # over before a scrape showed it: not queued there
-            self.prefilled(dispatch)
+            dispatch.features = None  # no first token: nothing to learn
+            self._computed(dispatch)
             endpoint.load.decode_tokens -= dispatch.decode_tokens
             dispatch.decode_tokens = 0
             if prompt_tokens:

@@ -4,7 +4,8 @@ Plugins get a ``PluginHandle`` when they are built and keep only what they need 
 prefix index (one per distinct parameters, owned by the service, which starts it, feeds it and
 teaches it each dispatched pick) and the pool's saturation detector (the same thresholds the
 gateway's admission gate and ext_proc's shedding use), and where the picker runs (its zone and
-region, ``epp.zone`` and ``epp.region``).
+region, ``epp.zone`` and ``epp.region``), and the TTFT model (built for a ``latency-scorer``;
+the service then trains it with every first token).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from epp.datalayer.indexes.approximate import ApproximatePrefixCache
 from epp.datalayer.indexes.precise import KVEventHooks
 from epp.datalayer.indexes.precise_cache import PrecisePrefixCache
 from epp.datalayer.indexes.prefix_index import PrefixIndex, PrefixIndexParams
+from epp.datalayer.latency_model import LatencyModel
 from epp.framework import Endpoint
 from epp.scheduling.saturation import SaturationDetector
 
@@ -29,6 +31,13 @@ class PluginHandle:
     indexes: dict[PrefixIndexParams, PrefixIndex] = field(default_factory=dict)
     zone: str = ""  # where this picker runs ("": unknown)
     region: str = ""
+    latency: LatencyModel | None = None  # None: no plugin predicts latency
+
+    def latency_model(self) -> LatencyModel:
+        """The shared TTFT model (built the first time it is asked for)."""
+        if self.latency is None:
+            self.latency = LatencyModel()
+        return self.latency
 
     def prefix_index(self, params: PrefixIndexParams) -> PrefixIndex:
         """The shared index for ``params`` (built the first time it is asked for).

@@ -23,6 +23,7 @@ from epp.scheduling.pickers.random_picker import RandomPicker
 from epp.scheduling.scorers.active_requests import ActiveRequestScorer
 from epp.scheduling.scorers.cold_spread import ColdSpreadScorer
 from epp.scheduling.scorers.kv_cache_utilization import KVCacheUtilizationScorer
+from epp.scheduling.scorers.latency import LatencyScorer
 from epp.scheduling.scorers.lora_affinity import LoraAffinityScorer
 from epp.scheduling.scorers.prefix_cache import PrefixCacheScorer
 from epp.scheduling.scorers.queue import QueueScorer
@@ -112,6 +113,7 @@ BUILTINS: dict[str, PluginType] = {
     "load-balance-filter": _plugin("filter", LoadBalanceFilter),
     "running-requests-size-scorer": _plugin("scorer", RunningRequestsScorer),
     "kv-cache-utilization-scorer": _plugin("scorer", KVCacheUtilizationScorer),
+    "latency-scorer": _shared("scorer", LatencyScorer),
     "prefix-cache-scorer": _shared("scorer", PrefixCacheScorer),
     "lora-affinity-scorer": _plugin("scorer", LoraAffinityScorer),
     "session-affinity-scorer": _shared("scorer", SessionAffinityScorer),
@@ -133,7 +135,13 @@ BUILTINS: dict[str, PluginType] = {
 # plugins that read what every tenant's requests taught the picker (the shared prefix index,
 # the sessions' homes): what they say of a request tells whether others sent the same prompt
 SHARED_KNOWLEDGE = frozenset(
-    {"prefix-cache-scorer", "cold-spread-scorer", "token-backlog-scorer", "session-affinity-scorer"}
+    {
+        "prefix-cache-scorer",
+        "cold-spread-scorer",
+        "token-backlog-scorer",
+        "session-affinity-scorer",
+        "latency-scorer",
+    }
 )
 for _type_name, _plugin_type in BUILTINS.items():
     register(_type_name, _plugin_type)

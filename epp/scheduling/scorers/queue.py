@@ -19,7 +19,7 @@ class QueueScorer(Parameterless):
         return min_max_low_is_best({e.address: e.metrics.waiting / e.capacity for e in endpoints})
 
 
-def min_max_low_is_best(values: Mapping[str, float], significant: int = 0) -> dict[str, float]:
+def min_max_low_is_best(values: Mapping[str, float], significant: float = 0) -> dict[str, float]:
     """Scale so the lowest value scores 1 and the highest 0; with ``significant``, a spread
     smaller than that scores in proportion to it instead (the lowest gets less than 1)."""
     if not values:
