@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test constraints test-vllm test-compiled compiled lint format prometheus kubectl envoy check-images bench bench-engine bench-proxy bench-routing bench-replicas bench-pd bench-crosscheck bench-epp bench-extproc bench-kv-events bench-policy bench-limiter bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
+.PHONY: demo test constraints test-vllm test-compiled compiled lint format prometheus kubectl envoy check-images bench bench-engine bench-proxy bench-routing bench-overload bench-replicas bench-pd bench-crosscheck bench-epp bench-extproc bench-kv-events bench-policy bench-limiter bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
 
 # Every install takes its versions from constraints.txt: the set the project is tested with
 # (`make constraints` writes it anew from the newest releases; review its diff, then test).
@@ -147,6 +147,11 @@ bench-engine: $(STAMP)
 # use) on simulated backends: docs/benchmarks.md, "Routing".
 bench-routing: $(STAMP) compiled
 	$(BIN)/python -m bench.routing
+
+# a ramp to twice the fleet's knee, three priority classes: kvgate's classes and latency scorer
+# against its default and the peers (bench/overload.py)
+bench-overload: $(STAMP)
+	$(BIN)/python -m bench.overload
 
 # K gateway replicas as separate processes behind a real Envoy doing round-robin (Envoy in a venv
 # of its own, made on first use), against one replica, then under faults: docs/benchmarks.md,

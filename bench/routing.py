@@ -145,15 +145,19 @@ def backend_args(adapters: tuple[str, ...]) -> tuple[str, ...]:
 
 @contextmanager
 def fresh_backends(
-    count: int, adapters: tuple[str, ...] = (), num_blocks: int = NUM_BLOCKS, host: int = 0
+    count: int,
+    adapters: tuple[str, ...] = (),
+    num_blocks: int = NUM_BLOCKS,
+    host: int = 0,
+    cost: str = "default",
 ) -> Iterator[list[Backend]]:
     """``count`` fresh simulated backends of ``num_blocks`` each (and a host tier of ``host``
-    blocks)."""
+    blocks), on the ``cost`` model."""
     backends = [Backend(free_port(), free_port()) for _ in range(count)]
     longest = str(min(num_blocks * 16, 32_768))  # the trace's longest prompts take 12k tokens
     with ExitStack() as stack:
         for b in backends:
-            args = ["--cost", "default", "--num-blocks", str(num_blocks), "--max-model-len"]
+            args = ["--cost", cost, "--num-blocks", str(num_blocks), "--max-model-len"]
             args += [longest, *backend_args(adapters)]
             args += ["--cpu-offload-blocks", str(host)] if host else []
             args += ["--kv-retention-owner-fraction", "0.5"]  # one tenant: all the bound

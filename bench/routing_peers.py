@@ -54,6 +54,8 @@ class Peer:
     workers: int = 1  # kvgate: gateway worker processes on one port
     compiled: bool = False  # kvgate: run the mypyc build (`make compiled`), as production does
     retention: bool = False  # kvgate: the pool's kv_retention (agents' blocks kept 30 s)
+    pool: str = ""  # kvgate: more keys of the pool (", max_concurrency: 16")
+    extra: str = ""  # kvgate: more sections of the policy (an ``epp:`` one replaces the profile)
 
 
 PEERS = (
@@ -127,6 +129,8 @@ def kvgate_policy(
         epp = os.environ.get("KVGATE_BENCH_EPP", "")
     else:
         epp = "epp: {picker: least-in-flight}" if peer.policy == "least-in-flight" else ""
+    if "epp:" in peer.extra:
+        epp = ""
     if "precise" in epp:  # the engines' KV events feed its index
         endpoints = ", ".join(
             f"{{address: 127.0.0.1:{b.port}, kv_events_port: {b.kv_events_port}}}" for b in backends
@@ -134,7 +138,7 @@ def kvgate_policy(
     else:
         endpoints = ", ".join(f"127.0.0.1:{b.port}" for b in backends)
     routes = ", ".join(f"{{model: {m}, pool: p}}" for m in (model, *adapters))
-    retention = ", kv_retention: 30s" if peer.retention else ""
+    retention = (", kv_retention: 30s" if peer.retention else "") + peer.pool
     return f"""
 listen: {{host: 127.0.0.1}}
 pools: {{p: {{endpoints: [{endpoints}], adapters: [{", ".join(adapters)}]{retention}}}}}
@@ -142,6 +146,7 @@ routes: [{routes}]
 observability: {{access_log: "off"}}
 timeouts: {{first_byte: 120s}}
 {epp}
+{peer.extra}
 """
 
 

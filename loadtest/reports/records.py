@@ -25,6 +25,7 @@ class RequestRecord:
     group: str = ""  # what shares its prefix (the workload's group or session)
     index: int = -1  # the request's position in the workload (chains flattened in order)
     call: int = 0  # its position in its chain (a session's call index, from 0)
+    digest: str = ""  # of the answer's text (xxh64): equal answers, equal digests
 
     @property
     def ok(self) -> bool:
@@ -53,6 +54,7 @@ class RequestRecord:
             "group": self.group,
             "index": self.index,
             "call": self.call,
+            "digest": self.digest,
         }
 
     @classmethod
@@ -76,4 +78,5 @@ class RequestRecord:
             group=str(data.get("group") or ""),
             index=int(number("index")) if "index" in data else -1,
             call=int(number("call")),
+            digest=str(data.get("digest") or ""),
         )

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
+import xxhash
 
 from loadtest.client.sse import StreamResult, stream_request
 from loadtest.reports.records import RequestRecord
@@ -106,6 +107,7 @@ def record_of(
         group=group,
         index=index,
         call=call,
+        digest=xxhash.xxh64_hexdigest(result.text.encode()),
     )
 
 
