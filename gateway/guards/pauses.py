@@ -63,6 +63,12 @@ class PausableStream:
     def may_pause(self) -> bool:
         return self.pauses < self.spec.max_pauses and not self.taking_turn and not self.wanted
 
+    def decline(self) -> None:
+        """The stream cannot stop here (what it sent cannot be continued): it runs to its end,
+        and the request it was to pause for waits for the next slot."""
+        self.wanted_by = None
+        self.pauses = self.spec.max_pauses
+
     async def take_turn(self) -> float:
         """Pause: hand the slot over, then wait for one in the stream's own class, ahead of its
         tenant's newer requests; the seconds it waited."""

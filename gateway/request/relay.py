@@ -92,7 +92,9 @@ async def relay_stream(
     response.copy, response.copy_limit = copy, copy_limit
     current = attempt
     try:
-        failure = await _relay_events(ctx, current, upstream, idle, relay, response, restore, pause)
+        failure = await _relay_events(
+            ctx, current, upstream, idle, relay, response, restore, pause, resume
+        )
         while failure and resume is not None:
             if failure is not PAUSED:
                 current.break_off()
@@ -111,7 +113,7 @@ async def relay_stream(
             assert current.response is not None
             upstream = current.response
             failure = await _relay_events(
-                ctx, current, upstream, idle, relay, response, restore, pause
+                ctx, current, upstream, idle, relay, response, restore, pause, resume
             )
     finally:  # the client may have gone: what the engine sent is metered all the same
         _record_usage(ctx, relay.usage or _relayed_usage(upstream, relay, resume))
@@ -136,13 +138,14 @@ async def _relay_events(
     response: StreamResponse,
     restore: Restore | None,
     pause: PausableStream | None = None,
+    resume: StreamResume | None = None,
 ) -> str:
     """Relay one upstream's events until its last; why it broke off ("" when it did not;
-    ``PAUSED`` when ``pause`` was asked for)."""
+    ``PAUSED`` when ``pause`` was asked for and ``resume`` can go on from here)."""
     forward = _Forward(ctx, attempt, relay, response, restore)
     if pause is not None:
         pause.interrupt = upstream.interrupt
-        if pause.wanted:  # asked before it could be woken
+        if _pauses_now(pause, resume, relay):  # asked before it could be woken
             return PAUSED
     try:
         while not await upstream.push(forward.take, idle):
@@ -154,7 +157,7 @@ async def _relay_events(
                 response.write_last(forward.last)
                 upstream.discard_rest(AFTER_DONE)
                 return ""
-            if pause is not None and pause.wanted:
+            if pause is not None and _pauses_now(pause, resume, relay):
                 return PAUSED
             await response.drain()  # the client reads slower than the upstream writes
     except asyncio.CancelledError as cancel:
@@ -177,6 +180,17 @@ async def _relay_events(
     if relay.pending:
         return "upstream ended the stream in the middle of an event"
     return "upstream ended the stream without [DONE]"
+
+
+def _pauses_now(pause: PausableStream, resume: StreamResume | None, relay: SSERelay) -> bool:
+    """Whether the stream stops for its pause now: one is asked for and the stream can go on
+    from what it sent (else the pause is declined and the stream runs to its end)."""
+    if not pause.wanted:
+        return False
+    if resume is not None and resume.can_go_on(relay):
+        return True
+    pause.decline()
+    return False
 
 
 async def relay_body(

@@ -132,6 +132,10 @@ class StreamResume:
         self._count("resumed")
         return attempt, following
 
+    def can_go_on(self, relay: SSERelay) -> bool:
+        """Whether the stream ``relay`` forwards could go on elsewhere from what it sent."""
+        return self._progress(relay).resumable
+
     async def go_on(
         self, relay: SSERelay, current: Attempt, failure: str, pause: PausableStream | None
     ) -> tuple[Attempt, SSERelay] | None:

@@ -71,3 +71,18 @@ async def test_a_request_served_before_the_pause_leaves_the_stream_its_slot_back
     (await waiting).release()
     assert not _wanted(stream)  # nobody waits for it any more: it runs on
     assert gate.in_flight["p"] == 1
+
+
+async def test_a_stream_that_cannot_go_on_declines_and_is_not_asked_again() -> None:
+    gate = ConcurrencyGate({"p": 1})
+    q = AdmissionQueue(CLASSES, gate)
+    stream = _running(q, "batch", 1.0)
+    waiting = asyncio.create_task(q.enter("p", "interactive", "u"))
+    await asyncio.sleep(0)
+    assert _wanted(stream)
+    stream.decline()  # what it sent cannot be continued elsewhere: it runs to its end
+    assert not _wanted(stream) and not stream.may_pause
+    assert not waiting.done() and q.depth("p", "interactive") == 1  # waits for the next slot
+    stream.admitted.release()
+    (await asyncio.wait_for(waiting, 1)).release()
+    assert gate.in_flight["p"] == 0
