@@ -38,14 +38,21 @@ import aiohttp
 import xxhash
 
 from bench.overload_report import OBJECTIVES, report, row_of
-from bench.routing import MODEL, TRACE, TRACE_REPLAY, TRACE_START, fresh_backends, workload
-from bench.routing_peers import PEERS, Peer, peer_bin, running_peer
+from bench.routing import (
+    MODEL,
+    TRACE,
+    TRACE_REPLAY,
+    TRACE_START,
+    fresh_backends,
+    metrics_text,
+    workload,
+)
+from bench.routing_peers import PEERS, Peer, default_profile_with, peer_bin, running_peer
 from loadtest.harness.processes import backend_process, free_port
 from loadtest.reports.stage_report import Stage
 from loadtest.run.driver import LoadPlan, run_load
 from loadtest.workloads.chats import Chain, text
 from loadtest.workloads.mooncake import load_trace, trace_chains, window
-from policies.schema import DEFAULT_EPP_PLUGINS, DEFAULT_EPP_PROFILES
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES = (("interactive", 0.2, 32), ("standard", 0.5, 64), ("batch", 0.3, 128))
@@ -130,25 +137,7 @@ auth:
 
 def latency_profile() -> str:
     """The default profile with the ``latency-scorer`` in the token backlog's place."""
-    plugins = [
-        {
-            "name": spec.name,
-            "type": "latency-scorer" if spec.type == "token-backlog-scorer" else spec.type,
-            "params": dict(spec.params),
-        }
-        for spec in DEFAULT_EPP_PLUGINS
-    ]
-    profiles = [
-        {
-            "name": p.name,
-            "plugins": [
-                {"ref": r.ref} if r.weight is None else {"ref": r.ref, "weight": r.weight}
-                for r in p.plugins
-            ],
-        }
-        for p in DEFAULT_EPP_PROFILES
-    ]
-    return "epp: " + json.dumps({"plugins": plugins, "profiles": profiles})
+    return default_profile_with({}, {"token-backlog-scorer": "latency-scorer"})
 
 
 def peers(slots: int, backends: int) -> list[Peer]:
@@ -200,15 +189,8 @@ def one_run(
         time.sleep(0.5)
         plan = LoadPlan(url, MODEL, chains, stages, 64, seed=args.seed, request_timeout=900)
         run = asyncio.run(run_load(plan))
-        metrics = _metrics_text(url) if peer.router == "kvgate" else ""
+        metrics = metrics_text(url) if peer.router == "kvgate" else ""
     return {"records": [r.as_dict() for r in run.records], "metrics": metrics}
-
-
-def _metrics_text(url: str) -> str:
-    import urllib.request
-
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-        return str(response.read().decode())
 
 
 def main() -> int:

@@ -9,6 +9,7 @@ import statistics
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.reports.records import RequestRecord
+from loadtest.reports.stats import percentile
 
 # each class's TTFT objective, seconds: a request that met it counts in the goodput
 OBJECTIVES = {"interactive": 1.0, "standard": 4.0, "batch": 60.0}
@@ -17,13 +18,6 @@ COLUMNS = (
     ("standard TTFT p50 / p99 ms", "standard_ttft_p50_ms", "standard_ttft_p99_ms"),
     ("batch TTFT p50 / p99 ms", "batch_ttft_p50_ms", "batch_ttft_p99_ms"),
 )
-
-
-def _percentile(values: list[float], share: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
 def row_of(
@@ -42,8 +36,8 @@ def row_of(
     for name, objective in OBJECTIVES.items():
         mine = [r for r in records if r.group.startswith(f"{name}|")]
         ttfts = [r.ttft * 1000 for r in mine if r.ok]
-        row[f"{name}_ttft_p50_ms"] = _percentile(ttfts, 0.5)
-        row[f"{name}_ttft_p99_ms"] = _percentile(ttfts, 0.99)
+        row[f"{name}_ttft_p50_ms"] = percentile(ttfts, 50)
+        row[f"{name}_ttft_p99_ms"] = percentile(ttfts, 99)
         row[f"{name}_failed"] = float(sum(1 for r in mine if not r.ok))
         good += sum(1 for r in mine if r.ok and r.ttft <= objective)
     row["goodput_per_s"] = good / seconds

@@ -232,14 +232,19 @@ def one_run(
 def own_counters(url: str) -> dict[str, float]:
     """kvgate's picks, the picks that passed over an endpoint holding more of the prompt which
     the filters had kept (``kvgate_epp_warm_diverted_total``: cold misses), and its scrapes."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-        text = response.read().decode()
+    text = metrics_text(url)
     picks = metric_sum(text, "kvgate_epp_decisions_total", {})
     return {
         "picks": picks or math.nan,
         "warm_diverted": metric_sum(text, "kvgate_epp_warm_diverted_total", {}),
         "scrapes": metric_sum(text, "kvgate_epp_scrapes_total", {}),
     }
+
+
+def metrics_text(url: str) -> str:
+    """The /metrics page of the server at ``url``."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        return str(response.read().decode())
 
 
 async def tokenized(chains: list[Chain], adapters: tuple[str, ...] = ()) -> list[list[int]]:

@@ -91,12 +91,16 @@ def peer_bin() -> tuple[Path | None, str]:
     return venv_bin(PEER_VENV, PEER_PACKAGES)
 
 
-def default_profile_with(prefix_params: dict[str, object]) -> str:
-    """The default profile as an ``epp:`` section, its prefix scorer given ``prefix_params``."""
+def default_profile_with(
+    prefix_params: dict[str, object], types: dict[str, str] | None = None
+) -> str:
+    """The default profile as an ``epp:`` section, its prefix scorer given ``prefix_params``
+    and its plugins of a type in ``types`` of the type it maps them to instead."""
     plugins = []
     for spec in DEFAULT_EPP_PLUGINS:
         params = {**spec.params, **prefix_params} if spec.name == "prefix" else spec.params
-        plugins.append({"name": spec.name, "type": spec.type, "params": dict(params)})
+        kind = (types or {}).get(spec.type, spec.type)
+        plugins.append({"name": spec.name, "type": kind, "params": dict(params)})
     profiles = [
         {
             "name": profile.name,

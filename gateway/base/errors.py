@@ -92,6 +92,7 @@ class Rejected(GatewayError):
     """Refused before queueing."""
 
     status, type, code = 429, "rate_limit_error", "queue_full"
+    reason = "full"  # the queue rejections' label
 
 
 class QueueFull(Rejected):
@@ -103,6 +104,7 @@ class DeadlineUnmet(Rejected):
     arrived, from the queue's expected wait, or when the deadline came while it waited."""
 
     code = "deadline_unmet"
+    reason = "deadline"
 
 
 class SloShed(Rejected):
@@ -116,6 +118,7 @@ class Evicted(GatewayError):
     """Given up after queueing."""
 
     status, type, code = 503, "server_error", "queue_timeout"
+    reason = "expired"
 
 
 class Expired(Evicted):

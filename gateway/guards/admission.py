@@ -216,8 +216,8 @@ class AdmissionQueue:
         if queue.empty:
             queue.last_dispatch = time.monotonic()  # requests begin to wait
         class_queue = self._room_in(queue, spec, deadline)
-        ticket = Ticket(pool, spec.name, tenant, asyncio.get_running_loop().create_future())
-        ticket.deadline = deadline
+        future = asyncio.get_running_loop().create_future()
+        ticket = Ticket(pool, spec.name, tenant, future, deadline)
         class_queue.push(ticket, first)
         if self.streams.pools.get(pool):
             self.streams.pause_for(pool, ticket, spec.weight)

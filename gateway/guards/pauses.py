@@ -16,7 +16,8 @@ streamed is never paused.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from policies.schema import PriorityClass
@@ -99,6 +100,22 @@ class PausableStreams:
         streams = self.pools.get(pool)
         if streams is not None and stream in streams:
             streams.remove(stream)
+
+    @contextmanager
+    def running(
+        self, pool: str, admitted: Admitted, spec: PriorityClass | None, tenant: str
+    ) -> Iterator[PausableStream | None]:
+        """A stream of ``pool`` of class ``spec`` (None: one that cannot be continued
+        elsewhere), pausable while the block runs if its class allows; None if not."""
+        if spec is None or not spec.max_pauses:
+            yield None
+            return
+        stream = PausableStream(admitted, spec, tenant)
+        self.add(pool, stream)
+        try:
+            yield stream
+        finally:
+            self.discard(pool, stream)
 
     def pause_for(self, pool: str, ticket: Ticket, weight: float) -> PausableStream | None:
         """Ask the lightest, most recently started stream of ``pool`` whose class weighs less

@@ -20,7 +20,6 @@ from gateway.base.api import Api
 from gateway.base.context import RequestContext
 from gateway.base.errors import (
     BadRequest,
-    DeadlineUnmet,
     Evicted,
     NoEndpoint,
     Rejected,
@@ -31,7 +30,6 @@ from gateway.guards.admission import Admitted
 from gateway.guards.deadlines import deadline, requested_deadline
 from gateway.guards.limits.budgets import most_cost
 from gateway.guards.limits.limiter import Reservation
-from gateway.guards.pauses import PausableStream
 from gateway.guards.spend import served, settled_cost
 from gateway.request.attempt import Attempt
 from gateway.request.disaggregation import run_prefill
@@ -318,11 +316,8 @@ async def _queued(forward: Forward, pool: Pool) -> Admitted:
         with span(tracer, "admission", attributes):
             return await admission.enter(pool.name, spec.name, ctx.tenant, deadline=due)
     except (Rejected, Evicted) as exc:
-        reason = "expired" if isinstance(exc, Evicted) else "full"
-        if isinstance(exc, DeadlineUnmet):
-            reason = "deadline"
         metrics = forward.state.parts.metrics
-        metrics.child(metrics.queue_rejections, ctx.priority_class, reason).inc()
+        metrics.child(metrics.queue_rejections, ctx.priority_class, exc.reason).inc()
         raise
 
 
@@ -426,19 +421,12 @@ async def _streamed(
     idle, restore = forward.runtime.policy.timeouts.idle, model_restorer(pool.model, ctx.model)
     copy = None if keep is None else keep.copy
     copy_limit = forward.state.response_cache.settings.max_entry
-    streams = forward.state.admission.streams
-    spec = forward.state.admission.class_of(ctx.priority_class)
-    pause = None
-    if resume is not None and spec.max_pauses:
-        pause = PausableStream(admitted, spec, ctx.tenant)
-        streams.add(pool.name, pause)
-    try:
+    admission = forward.state.admission
+    spec = admission.class_of(ctx.priority_class) if resume is not None else None
+    with admission.streams.running(pool.name, admitted, spec, ctx.tenant) as pause:
         streamed = await relay_stream(
             request, ctx, attempt, upstream, idle, relay, resume, restore, copy, copy_limit, pause
         )
-    finally:
-        if pause is not None:
-            streams.discard(pool.name, pause)
     if forward.api.stored:
         created(request, ctx, relay.response_id)
     elif keep is not None:
