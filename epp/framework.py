@@ -205,6 +205,10 @@ class SessionKeeper(Protocol):
 
     def session_of(self, request: SchedulingRequest) -> str: ...
 
+    def session_home(self, request: SchedulingRequest) -> str | None:
+        """Where the request's session last went (None: no session, or not seen)."""
+        ...
+
     def learn_session(self, session: str, address: str) -> None: ...
 
 

@@ -32,6 +32,7 @@ from epp.metrics import EppMetrics
 from epp.requestcontrol.pick_exchange import PickExchange, SiblingPick
 from epp.requestcontrol.shared_picks import SharedPicks
 from epp.requestcontrol.stored_responses import StoredResponses
+from epp.scheduling.candidate_sample import CandidateSample
 from epp.scheduling.config import build_plugins, build_profile
 from epp.scheduling.handle import PluginHandle
 from epp.scheduling.profile_handler import (
@@ -94,6 +95,9 @@ class EppService:
         self._observers = [p for p in plugins.values() if isinstance(p, PickObserver)]
         self._session_keepers = [p for p in plugins.values() if isinstance(p, SessionKeeper)]
         self.prefix: PrefixIndex | None = self.handle.primary_index
+        self.sample = CandidateSample(
+            policy.epp.sample_candidates, self.prefix, self._session_keepers
+        )
         self.handlers = {name: self._handler(name, plugins) for name in policy.pools}
         if self.prefix is not None:
             for pool in policy.pools:  # a zero series from the start: a rate, not a gap
@@ -115,6 +119,10 @@ class EppService:
             for params, index in self.handle.indexes.items()
         }
         self._by_address = {e.address: e for e in self.datastore.all()}
+        self._pool_by_address = {
+            pool: {e.address: e for e in endpoints}
+            for pool, endpoints in self.datastore.pools.items()
+        }
         self.exchange = PickExchange.from_environment(
             self._learn_sibling_pick, self._learn_sibling_scrape
         )
@@ -235,10 +243,16 @@ class EppService:
 
         Nothing is learned: call ``dispatched`` for each endpoint the request is sent to.
         ``subset`` keeps only endpoints whose host (IP) is listed, as GIE's subset hint does.
+        A pool larger than ``epp.sample_candidates`` is scored on a sample of it
+        (``CandidateSample``), and on all of it when nothing in the sample passes the filters.
         """
         started = time.perf_counter()
         self.scraper.metrics_read()
-        decision = self.handlers[pool].decide(request, self.candidates(pool, exclude, subset))
+        candidates = self.candidates(pool, exclude, subset)
+        sample = self.sample.narrow(request, candidates, self._candidate_of(pool, candidates))
+        decision = self.handlers[pool].decide(request, sample)
+        if decision.result.target is None and sample is not candidates:
+            decision = self.handlers[pool].decide(request, candidates)
         result = decision.result
         target = result.target
         if target is not None:
@@ -251,6 +265,14 @@ class EppService:
         elapsed = time.perf_counter() - started
         self.metrics.child(self.metrics.pick_latency, pool).observe(elapsed)
         return decision
+
+    def _candidate_of(
+        self, pool: str, candidates: list[Endpoint]
+    ) -> Callable[[str], Endpoint | None]:
+        """Finds one of ``candidates`` (of ``pool``) by address."""
+        if len(candidates) != len(self.datastore.endpoints(pool)):
+            return {e.address: e for e in candidates}.get
+        return self._pool_by_address[pool].get
 
     def share_in_flight(self, counts: Mapping[tuple[str, str], InFlight]) -> None:
         """Read each endpoint's requests in flight from ``counts`` (by pool and address), which

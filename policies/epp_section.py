@@ -37,6 +37,7 @@ def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
             "replicas",
             "zone",
             "region",
+            "sample_candidates",
         },
     )
     picker = f.text("picker", "epp", choices=("epp", "least-in-flight"))
@@ -79,6 +80,7 @@ def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
         _replicas(f),
         f.opt_str("zone") or "",
         f.opt_str("region") or "",
+        f.integer("sample_candidates", Epp.sample_candidates, low=0),
     )
 
 

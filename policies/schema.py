@@ -287,6 +287,8 @@ class Epp:
     # where this picker runs: endpoints labelled with the same zone (region) are nearest
     zone: str = ""
     region: str = ""
+    # a pool with more endpoints scores this many per pick (``epp.scheduling.candidate_sample``)
+    sample_candidates: int = 64
 
     def priority_of(self, objective: str) -> int:
         """The priority of the named objective (0 when the policy does not list it)."""

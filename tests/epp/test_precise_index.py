@@ -75,9 +75,11 @@ def test_speculative_records_expire() -> None:
     index = PreciseIndex(speculative_ttl=0.05)
     keys = block_keys(list(range(8)), BS)
     index.record_speculative(A, keys)
-    assert index.match(keys, [A, B]) == {A: 2, B: 0}
+    index.apply_batch(B, 0, [stored([5], None, list(range(4)))])
+    assert index.match(keys, [A, B]) == {A: 2, B: 1}
+    assert sorted(index.holders_of(keys[0])) == [A, B]  # sent there, or held
     time.sleep(0.08)
-    assert index.match(keys, [A]) == {A: 0}
+    assert index.match(keys, [A]) == {A: 0} and index.holders_of(keys[0]) == [B]
 
 
 @settings(max_examples=60, deadline=None)

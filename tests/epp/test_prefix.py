@@ -56,6 +56,18 @@ def test_scorer_reads_what_its_index_learned() -> None:
     assert scorer.score(second, [a, b]) == {A: 2 / 3, B: 0.0}
 
 
+def test_the_index_tells_each_endpoints_uncached_tokens_and_the_prompts_holders() -> None:
+    params = {"block_size_tokens": 4, "chars_per_token": 1, "measure_chars_per_token": False}
+    scorer = PrefixCacheScorer.from_config("prefix", params, PluginHandle())
+    a, b, c = make_endpoint(A), make_endpoint(B), make_endpoint("c:1")
+    scorer.index.learn(make_request("abcdefghijkl", request_id="r1"), a)
+    scorer.index.learn(make_request("abcdXXXXXXXX", request_id="r2"), b)
+    second = make_request("abcdefgh----", request_id="r3")
+    assert scorer.index.uncached_tokens_each(second, [a, b, c]) == [4, 8, 12]
+    assert [scorer.index.uncached_tokens(second, e) for e in (a, b, c)] == [4, 8, 12]
+    assert scorer.index.holders(second, 5) == [A, B] and scorer.index.holders(second, 1) == [A]
+
+
 def test_a_reused_request_id_does_not_reuse_the_earlier_prompts_blocks() -> None:
     # over ext_proc the id is the client's x-request-id: any client can send one twice
     params = {"block_size_tokens": 4, "chars_per_token": 1}
@@ -177,3 +189,4 @@ def test_index_agrees_with_a_brute_force_oracle(
             depth += 1
         expected[address] = depth
     assert index.match(chain(query), [A, B, "c:1"]) == expected
+    assert index.held(chain(query)) == {a: depth for a, depth in expected.items() if depth}

@@ -27,7 +27,6 @@ from epp.datalayer.indexes.prefix_index import (
     PrefixIndexParams,
     Undo,
     kv_capacity,
-    matched_blocks,
 )
 from epp.datalayer.routing_text import routing_text
 from epp.framework import Endpoint, RequestMemo, SchedulingRequest
@@ -56,15 +55,19 @@ class ApproximatePrefixIndex:
     def match(self, hashes: list[int], addresses: Iterable[str]) -> dict[str, int]:
         """Per address, how many leading blocks of the chain ``hashes`` it holds."""
         matched = dict.fromkeys(addresses, 0)
-        if not hashes:
-            return matched
-        first = self._owners.get(hashes[0])
+        held = self.held(hashes)
+        matched.update((a, n) for a, n in held.items() if a in matched)
+        return matched
+
+    def held(self, hashes: list[int]) -> dict[str, int]:
+        """How many leading blocks of the chain ``hashes`` each endpoint holding its first
+        block holds (the others hold none): the cost grows with the holders, not the fleet."""
+        matched: dict[str, int] = {}
+        first = self._owners.get(hashes[0]) if hashes else None
         if not first:
             return matched
         owners_of = self._owners.get
         for address in first:
-            if address not in matched:
-                continue
             low, high = 1, len(hashes)  # holds the first `low` blocks; not more than `high`
             while low < high:
                 middle = (low + high + 1) // 2
@@ -164,9 +167,25 @@ class ApproximatePrefixCache:
         return self._prompt_chars(request) // self.params.chars_per_token
 
     def uncached_tokens(self, request: SchedulingRequest, endpoint: Endpoint) -> int:
-        cached = matched_blocks(self, request, endpoint) * self._block_chars
-        ratio = self.chars_per_token.of(endpoint.address) or self.params.chars_per_token
-        return int(max(0, self._prompt_chars(request) - cached) / ratio)
+        return self.uncached_tokens_each(request, [endpoint])[0]
+
+    def holders(self, request: SchedulingRequest, limit: int) -> list[str]:
+        held = self.index.held(self.keys(request))
+        return sorted(held, key=held.__getitem__, reverse=True)[:limit]
+
+    def uncached_tokens_each(
+        self, request: SchedulingRequest, endpoints: list[Endpoint]
+    ) -> list[int]:
+        keys = self.keys(request)
+        matched = self.index.held(keys) if keys else {}
+        chars, block = self._prompt_chars(request), self._block_chars
+        ratio_of, default = self.chars_per_token.of, self.params.chars_per_token
+        return [
+            int(
+                max(0, chars - matched.get(e.address, 0) * block) / (ratio_of(e.address) or default)
+            )
+            for e in endpoints
+        ]
 
     def _prompt_chars(self, request: SchedulingRequest) -> int:
         """The whole request's routing text length (the routing text is cut to what the index

@@ -282,6 +282,16 @@ class PreciseIndex:
             for key in keys:
                 state.speculative.pop(key, None)
 
+    def holders_of(self, key: int) -> list[str]:
+        """The endpoints that hold ``key`` on their device, or were just sent it."""
+        now = time.monotonic()
+        held = set(self._owners.get(key, ()))
+        for address, state in self._endpoints.items():
+            expiry = state.speculative.get(key)
+            if expiry is not None and expiry > now:
+                held.add(address)
+        return list(held)
+
     def match(self, keys: list[int], addresses: Iterable[str]) -> dict[str, float]:
         """Per address, how many leading blocks it holds (or was just sent), a block held only
         in a lower tier counted at its tier's weight. The scorers of one pick ask about the

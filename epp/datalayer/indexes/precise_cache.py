@@ -11,7 +11,6 @@ from epp.datalayer.indexes.prefix_index import (
     PrefixIndexParams,
     Undo,
     kv_capacity,
-    matched_blocks,
 )
 from epp.datalayer.kv_events import KVEventSubscriber
 from epp.datalayer.tokenize import make_tokenizer, request_token_ids
@@ -71,8 +70,22 @@ class PrecisePrefixCache:
         return len(self._token_ids(request))
 
     def uncached_tokens(self, request: SchedulingRequest, endpoint: Endpoint) -> int:
-        cached = matched_blocks(self, request, endpoint) * self.params.block_size_tokens
-        return max(0, round(self.prompt_tokens(request) - cached))
+        return self.uncached_tokens_each(request, [endpoint])[0]
+
+    def holders(self, request: SchedulingRequest, limit: int) -> list[str]:
+        keys = self.keys(request)
+        if not keys:
+            return []
+        held = self.index.match(keys, self.index.holders_of(keys[0]))
+        return sorted(held, key=held.__getitem__, reverse=True)[:limit]
+
+    def uncached_tokens_each(
+        self, request: SchedulingRequest, endpoints: list[Endpoint]
+    ) -> list[int]:
+        keys = self.keys(request)
+        matched = self.index.match(keys, [e.address for e in endpoints]) if keys else {}
+        total, size = self.prompt_tokens(request), self.params.block_size_tokens
+        return [max(0, round(total - matched.get(e.address, 0) * size)) for e in endpoints]
 
     def learn(self, request: SchedulingRequest, endpoint: Endpoint) -> Undo:
         return self.learn_keys(self.keys(request), endpoint)

@@ -68,6 +68,18 @@ class PrefixIndex(Protocol):
         in its own tokens where the index knows them."""
         ...
 
+    def holders(self, request: SchedulingRequest, limit: int) -> list[str]:
+        """The endpoints believed to hold ``request``'s leading block, those holding the most
+        of it first, ``limit`` at most (what a sample of a large pool keeps)."""
+        ...
+
+    def uncached_tokens_each(
+        self, request: SchedulingRequest, endpoints: list[Endpoint]
+    ) -> list[int]:
+        """``uncached_tokens`` of each of ``endpoints``, in order, from one match for them all
+        (what a scorer of every candidate asks: one lookup per endpoint, not one match)."""
+        ...
+
     def learn(self, request: SchedulingRequest, endpoint: Endpoint) -> Undo:
         """``request`` was sent to ``endpoint``: it will hold the request's blocks. Returns
         what takes that back if the endpoint turns out never to have taken the request."""
@@ -107,9 +119,3 @@ def kv_capacity(endpoint: Endpoint, block_size_tokens: int) -> int:
     if m.num_gpu_blocks and m.block_size:
         return max(1, m.num_gpu_blocks * m.block_size // block_size_tokens)
     return 0
-
-
-def matched_blocks(index: PrefixIndex, request: SchedulingRequest, endpoint: Endpoint) -> float:
-    """How many leading blocks of ``request`` the index believes ``endpoint`` holds."""
-    keys = index.keys(request)
-    return index.match(keys, [endpoint.address])[endpoint.address] if keys else 0

@@ -50,11 +50,10 @@ class LatencyScorer:
     ) -> dict[str, float]:
         """Seconds to the first token of ``request`` on each endpoint, by address."""
         index, model = self._handle.primary_index, self.model
+        owns = index.uncached_tokens_each(request, endpoints) if index else [0] * len(endpoints)
         return {
-            e.address: model.predict(
-                e.pool, model.features(e, index.uncached_tokens(request, e) if index else 0)
-            )
-            for e in endpoints
+            e.address: model.predict(e.pool, model.features(e, own))
+            for e, own in zip(endpoints, owns, strict=True)
         }
 
     def score(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> dict[str, float]:

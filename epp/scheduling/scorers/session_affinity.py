@@ -65,9 +65,12 @@ class SessionAffinityScorer:
             session = self._memo.put(request, key or "")
         return session
 
-    def score(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> dict[str, float]:
+    def session_home(self, request: SchedulingRequest) -> str | None:
         session = self.session_of(request)
-        last = self._sessions.get(session) if session else None
+        return self._sessions.get(session) if session else None
+
+    def score(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> dict[str, float]:
+        last = self.session_home(request)
         scores = dict.fromkeys([e.address for e in endpoints], 0.0)
         if last in scores and not _told_apart(request.prefix_match, last, scores):
             home = next(e for e in endpoints if e.address == last)

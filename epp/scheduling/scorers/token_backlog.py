@@ -52,13 +52,12 @@ class TokenBacklogScorer:
     def score(self, request: SchedulingRequest, endpoints: list[Endpoint]) -> dict[str, float]:
         index = self._handle.primary_index
         weight = self.params.decode_weight
-        backlog: dict[str, float] = {}
-        prompt = 1
-        for e in endpoints:
-            own = index.uncached_tokens(request, e) if index is not None else 0
-            prompt = max(prompt, own)
-            sent = e.load.prefill_tokens + weight * e.load.decode_tokens
-            backlog[e.address] = (sent + own) / e.capacity
+        owns = index.uncached_tokens_each(request, endpoints) if index else [0] * len(endpoints)
+        backlog = {
+            e.address: (e.load.prefill_tokens + weight * e.load.decode_tokens + own) / e.capacity
+            for e, own in zip(endpoints, owns, strict=True)
+        }
+        prompt = max(1, max(owns, default=0))
         if index is not None:
             prompt = max(prompt, index.prompt_tokens(request))
         low, high = min(backlog.values(), default=0.0), max(backlog.values(), default=0.0)
