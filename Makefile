@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test constraints test-vllm test-compiled compiled lint format prometheus kubectl envoy check-images bench bench-engine bench-proxy bench-routing bench-overload bench-replicas bench-pd bench-crosscheck bench-epp bench-extproc bench-kv-events bench-policy bench-limiter bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
+.PHONY: demo test constraints test-vllm test-compiled compiled lint format prometheus kubectl envoy check-images bench bench-engine bench-proxy bench-routing bench-overload bench-fleet bench-replicas bench-pd bench-crosscheck bench-epp bench-extproc bench-kv-events bench-policy bench-limiter bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
 
 # Every install takes its versions from constraints.txt: the set the project is tested with
 # (`make constraints` writes it anew from the newest releases; review its diff, then test).
@@ -152,6 +152,14 @@ bench-routing: $(STAMP) compiled
 # against its default and the peers (bench/overload.py)
 bench-overload: $(STAMP)
 	$(BIN)/python -m bench.overload
+
+# the picker in front of simulated fleets in virtual time (the trace scaled x1/x10/x100, 1 and 16
+# replicas), the picker at 100-5,000 endpoints, the shared view with 16 replicas on one Redis:
+# docs/scaling.md
+bench-fleet: $(STAMP) redis
+	$(BIN)/python -m bench.fleet
+	$(BIN)/python -m bench.picker_scale
+	$(BIN)/python -m bench.shared_view
 
 # K gateway replicas as separate processes behind a real Envoy doing round-robin (Envoy in a venv
 # of its own, made on first use), against one replica, then under faults: docs/benchmarks.md,

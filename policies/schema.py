@@ -288,7 +288,7 @@ class Epp:
     zone: str = ""
     region: str = ""
     # a pool with more endpoints scores this many per pick (``epp.scheduling.candidate_sample``)
-    sample_candidates: int = 64
+    sample_candidates: int = 16
 
     def priority_of(self, objective: str) -> int:
         """The priority of the named objective (0 when the policy does not list it)."""

@@ -9,6 +9,15 @@ rest to make up ``size``: the least loaded of a random sample is nearly as good 
 loaded of all (the power of d choices), and where a new prefix goes is chosen among as many
 caches. The cost of a pick then grows with ``size`` and the prefix's holders, not the pool.
 
+A sample also keeps replicas apart. Replicas that share picks learn each other's a moment
+late (the shared view's lag), and each counts only its own requests in flight: scoring a
+whole pool, two replicas picking within that moment both choose the one best endpoint, and
+requests herd there. Among different random samples they choose apart (with stale load
+information a few random choices beat the best of all: Mitzenmacher, "How useful is old
+information?"). Measured in virtual time (``bench.fleet``, the trace scaled x10 on 100 engines,
+a 2 ms lag): 16 replicas scoring every endpoint 1.45x one replica's TTFT p90; sampling 64,
+1.38x; sampling 16, 1.03x, one replica's own p90 unchanged.
+
 A request for a LoRA adapter is scored against every candidate (which endpoints hold it is the
 filters' question). When nothing in the sample survives the filters, the pick runs again over
 every candidate (``EppService.pick``).

@@ -11,6 +11,7 @@ from epp.framework import SchedulingRequest
 from epp.service import EppService
 from policies.errors import PolicyError
 from policies.loader import load_policy_text
+from policies.schema import Epp
 
 PROMPT = "the system prompt of one assistant, shared by many calls " * 20
 
@@ -44,9 +45,12 @@ def scored(service: EppService, request: SchedulingRequest) -> set[str]:
     return set(service.pick("p", request).result.scores)
 
 
+SIZE = Epp.sample_candidates
+
+
 def test_a_pool_no_larger_than_the_sample_is_scored_whole() -> None:
-    service = service_of(policy(64))
-    assert len(scored(service, chat(PROMPT, "a"))) == 64
+    service = service_of(policy(SIZE))
+    assert len(scored(service, chat(PROMPT, "a"))) == SIZE
 
 
 def test_a_large_pool_is_scored_on_a_sample_that_keeps_the_prompts_holder() -> None:
@@ -58,16 +62,16 @@ def test_a_large_pool_is_scored_on_a_sample_that_keeps_the_prompts_holder() -> N
     for n in range(20):  # every sample holds it, and the pick stays there
         again = chat(PROMPT + f"question {n}", f"b{n}")
         candidates = scored(service, again)
-        assert len(candidates) <= 64 + 1 and home.address in candidates
+        assert len(candidates) <= SIZE + 1 and home.address in candidates
         assert service.pick("p", again).result.target is home
 
 
 def test_samples_differ_from_pick_to_pick() -> None:
     service = service_of(policy(1000))
     seen = set().union(
-        *(scored(service, chat(f"cold prompt {n} " * 40, str(n))) for n in range(20))
+        *(scored(service, chat(f"cold prompt {n} " * 40, str(n))) for n in range(40))
     )
-    assert len(seen) > 500
+    assert len(seen) > 10 * SIZE
 
 
 def test_the_sessions_home_is_in_every_sample() -> None:
