@@ -24,6 +24,7 @@ from bench.routing_peers import precise_profile
 from epp.datalayer.indexes.approximate import ApproximatePrefixCache
 from epp.datalayer.indexes.precise_cache import PrecisePrefixCache
 from epp.service import EppService
+from kvgate.wire.kv_events import BlockStored, encode_event
 from loadtest.reports.stats import percentile
 from loadtest.workloads.shared_prefix import chat
 from policies.loader import load_policy_text
@@ -63,14 +64,9 @@ def fill(service: EppService, blocks: int, seed: int) -> None:
             chain = [rng.getrandbits(63) for _ in range(CHAIN)]
             if isinstance(index, ApproximatePrefixCache):
                 index.index.record(endpoint.address, chain, 1 << 30)
-            elif isinstance(index, PrecisePrefixCache):
-                event = {
-                    "type": "BlockStored",
-                    "block_hashes": chain,
-                    "parent_block_hash": None,
-                    "token_ids": [],
-                    "block_size": 16,
-                }
+            elif isinstance(index, PrecisePrefixCache):  # a chain of its own from its first token
+                tokens = [number, *bytes(16 * CHAIN - 1)]
+                event = encode_event(BlockStored(chain, None, tokens, 16, None))
                 seq = index.index.last_seq(endpoint.address) + 1
                 index.index.apply_batch(endpoint.address, seq, [event])
 

@@ -248,8 +248,9 @@ class EppService:
         """
         started = time.perf_counter()
         self.scraper.metrics_read()
-        candidates = self.candidates(pool, exclude, subset)
-        sample = self.sample.narrow(request, candidates, self._candidate_of(pool, candidates))
+        candidates = sample = self.candidates(pool, exclude, subset)
+        if 0 < self.sample.size < len(candidates):
+            sample = self.sample.narrow(request, candidates, self._candidate_of(pool, candidates))
         decision = self.handlers[pool].decide(request, sample)
         if decision.result.target is None and sample is not candidates:
             decision = self.handlers[pool].decide(request, candidates)

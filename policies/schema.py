@@ -256,7 +256,7 @@ class Replicas:
 
     store: str  # redis://host:port/db
     key: str = "kvgate:picks"  # the stream; replicas of one deployment name the same
-    history: int = 20_000  # picks kept for a replica that starts or was away to catch up on
+    history: int = 20_000  # entries (a round trip's picks each) kept for a replica to catch up on
     timeout: float = 1.0  # seconds a call to the store may take before it counts as down
 
 

@@ -3,9 +3,11 @@ so that replicas behind a load balancer route as one: a prefix one replica place
 all, instead of being placed once per replica.
 
 Each pick (``SiblingPick``: the endpoint, its placed tokens and LoRA adapter, the request's
-block keys in each prefix index, its session) is one stream entry, tagged with the replica that
-made it. Every replica reads the stream from its start (``XREAD``): what the stream still holds
-(the last ``history`` picks) is how a replica that starts, restarts or was cut off catches up,
+block keys in each prefix index, its session) goes into the stream with the others made since
+the last round trip: one entry a round trip (up to ``BATCH`` picks; a reader's cost is mostly
+per entry, ``bench.shared_view``), tagged with the replica that made them. Every replica reads
+the stream from its start (``XREAD``): what the stream still holds (the last ``history``
+entries) is how a replica that starts, restarts or was cut off catches up,
 and from there on it follows the others' picks as they come. ``start`` waits for that catch-up,
 briefly (``CATCH_UP``), so a replica's first picks already know where the others placed what.
 
@@ -136,13 +138,13 @@ class SharedPicks:
                 delay = RETRY
 
     async def _append(self, batch: list[bytes]) -> None:
+        """One stream entry for the whole batch: a reader parses one entry, not hundreds."""
         assert self._client is not None
-        pipe = self._client.pipeline(transaction=False)
-        for data in batch:
-            fields: dict[Any, Any] = {"r": self.replica, "p": data}
-            pipe.xadd(self.settings.key, fields, maxlen=self.settings.history, approximate=True)
+        fields: dict[Any, Any] = {"r": self.replica, "b": msgpack.packb(batch)}
         async with asyncio.timeout(self.settings.timeout):
-            await pipe.execute()
+            await self._client.xadd(
+                self.settings.key, fields, maxlen=self.settings.history, approximate=True
+            )
 
     async def _follow(self) -> None:
         """Read the stream from its start, then as it grows; on failure, back off and resume
@@ -175,14 +177,16 @@ class SharedPicks:
         for entry_id, fields in entries:
             if fields.get(b"r") == self.replica:
                 continue
-            try:
-                pick = SiblingPick.unpack(fields[b"p"])
+            try:  # a batch of picks ("b"), or one (a replica of an earlier version: "p")
+                batch = msgpack.unpackb(fields[b"b"]) if b"b" in fields else [fields[b"p"]]
+                picks = [SiblingPick.unpack(data) for data in batch]
             except (KeyError, ValueError, TypeError, msgpack.UnpackException) as exc:
                 log.debug("shared picks: a malformed entry %r (%s)", entry_id, exc)
                 continue
             age = max(0.0, now_ms - int(entry_id.split(b"-", 1)[0])) / 1000
-            self.on_pick(pick, age)
-            self.received += 1
+            for pick in picks:
+                self.on_pick(pick, age)
+            self.received += len(picks)
 
     def _failed(self, exc: BaseException) -> None:
         if self.health.failed(str(exc) or type(exc).__name__):

@@ -78,6 +78,9 @@ def test_speculative_records_expire() -> None:
     index.apply_batch(B, 0, [stored([5], None, list(range(4)))])
     assert index.match(keys, [A, B]) == {A: 2, B: 1}
     assert sorted(index.holders_of(keys[0])) == [A, B]  # sent there, or held
+    index.forget_speculative(A, keys)  # A never got it
+    assert index.holders_of(keys[0]) == [B]
+    index.record_speculative(A, keys)
     time.sleep(0.08)
     assert index.match(keys, [A]) == {A: 0} and index.holders_of(keys[0]) == [B]
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
+import redis.asyncio as redis
 
 from epp.datalayer.placement import placed
 from epp.requestcontrol.pick_exchange import SiblingPick
@@ -225,3 +226,29 @@ async def test_a_store_that_goes_away_mid_run_is_survived(redis_server: RedisSer
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_a_round_trips_picks_share_one_entry_and_single_entries_still_read(
+    redis_server: RedisServer,
+) -> None:
+    """Picks queued together go as one stream entry (readers pay per entry); an entry of one
+    pick, as a replica of an earlier version writes, is still learnt."""
+    got: list[SiblingPick] = []
+    settings = Replicas(redis_server.url, key="test:batch")
+    writer = SharedPicks(settings, lambda pick, age: None)
+    await writer.start()
+    picks = [SiblingPick(f"127.0.1.1:{10000 + n}", n) for n in range(50)]
+    for pick in picks:  # one turn of the loop: one round trip
+        writer.publish(pick)
+    await _until(lambda: writer.sent == 50)
+    await writer.stop()
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        assert await client.xlen("test:batch") == 1
+        await client.xadd("test:batch", {"r": b"earlier!", "p": SiblingPick("old:1", 7).encode()})
+    finally:
+        await client.aclose()
+    reader = SharedPicks(settings, lambda pick, age: got.append(pick))
+    await reader.start()
+    await reader.stop()
+    assert got == [*picks, SiblingPick("old:1", 7)] and reader.received == 51

@@ -161,6 +161,8 @@ class PreciseIndex:
         self.restarts = 0
         self._changes = 0  # batches applied, clears, speculative records and take-backs
         self._matched: _Matched | None = None
+        # the chains' first keys speculated on, by endpoint, and until when (``holders_of``)
+        self._heads: dict[int, dict[str, float]] = {}
 
     def __len__(self) -> int:
         return len(self._owners)
@@ -261,7 +263,7 @@ class PreciseIndex:
                 del self._owners[key]
 
     # -- lookups ----------------------------------------------------------------------------
-    def record_speculative(self, address: str, keys: Iterable[int]) -> list[int]:
+    def record_speculative(self, address: str, keys: list[int]) -> list[int]:
         """Count ``keys`` as held by ``address`` for ``speculative_ttl`` seconds (until its
         events arrive); the keys that were not already speculated."""
         self._changes += 1
@@ -272,6 +274,14 @@ class PreciseIndex:
         added = [key for key in keys if key not in state.speculative]
         for key in keys:
             state.speculative[key] = now + self.speculative_ttl
+        if keys:
+            if len(self._heads) > 100_000:
+                self._heads = {
+                    k: live
+                    for k, by in self._heads.items()
+                    if (live := {a: t for a, t in by.items() if t > now})
+                }
+            self._heads.setdefault(keys[0], {})[address] = now + self.speculative_ttl
         return added
 
     def forget_speculative(self, address: str, keys: Iterable[int]) -> None:
@@ -281,15 +291,15 @@ class PreciseIndex:
         if state is not None:
             for key in keys:
                 state.speculative.pop(key, None)
+                if (heads := self._heads.get(key)) is not None:
+                    heads.pop(address, None)
 
     def holders_of(self, key: int) -> list[str]:
-        """The endpoints that hold ``key`` on their device, or were just sent it."""
+        """The endpoints that hold ``key`` on their device, or were just sent a chain that
+        starts with it (``key`` a chain's first block: what a pick's sample keeps)."""
         now = time.monotonic()
         held = set(self._owners.get(key, ()))
-        for address, state in self._endpoints.items():
-            expiry = state.speculative.get(key)
-            if expiry is not None and expiry > now:
-                held.add(address)
+        held.update(a for a, expiry in self._heads.get(key, {}).items() if expiry > now)
         return list(held)
 
     def match(self, keys: list[int], addresses: Iterable[str]) -> dict[str, float]:
