@@ -16,7 +16,7 @@ requests herd there. Among different random samples they choose apart (with stal
 information a few random choices beat the best of all: Mitzenmacher, "How useful is old
 information?"). Measured in virtual time (``bench.fleet``, the trace scaled x10 on 100 engines,
 a 2 ms lag): 16 replicas scoring every endpoint 1.45x one replica's TTFT p90; sampling 64,
-1.38x; sampling 16, 1.03x, one replica's own p90 unchanged.
+1.20x; sampling 16, 1.05x, one replica's own p90 unchanged (docs/scaling.md).
 
 A request for a LoRA adapter is scored against every candidate (which endpoints hold it is the
 filters' question). When nothing in the sample survives the filters, the pick runs again over
