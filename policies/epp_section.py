@@ -19,27 +19,26 @@ from policies.schema import (
     Saturation,
 )
 
+EPP_KEYS = {
+    "picker",
+    "plugins",
+    "profiles",
+    "scrape_interval",
+    "scrape_idle_interval",
+    "scrape_quiet_interval",
+    "pick_open_timeout",
+    "saturation",
+    "objectives",
+    "config",
+    "replicas",
+    "zone",
+    "region",
+    "sample_candidates",
+}
+
 
 def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
-    f = top.sub(
-        "epp",
-        {
-            "picker",
-            "plugins",
-            "profiles",
-            "scrape_interval",
-            "scrape_idle_interval",
-            "scrape_quiet_interval",
-            "pick_open_timeout",
-            "saturation",
-            "objectives",
-            "config",
-            "replicas",
-            "zone",
-            "region",
-            "sample_candidates",
-        },
-    )
+    f = top.sub("epp", EPP_KEYS)
     picker = f.text("picker", "epp", choices=("epp", "least-in-flight"))
     if f.has("config"):  # a GIE EndpointPickerConfig, in place of plugins, profiles, saturation
         for key in ("plugins", "profiles", "saturation"):
