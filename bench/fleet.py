@@ -34,6 +34,7 @@ import random
 import statistics
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from bench.fleet_sim import Arrival, FleetResult, FleetSim
@@ -63,7 +64,9 @@ class FleetRun:
     num_blocks: int = TRACE_NUM_BLOCKS
     share_lag: float = 0.002
     event_lag: float = 0.002
-    seed: int = 0  # which window: the seed-th after TRACE_START
+    seed: int = 0  # which window: the seed-th after ``first``
+    trace: Path = TRACE  # a Mooncake-format trace
+    first: int = TRACE_START  # its first request replayed
     sample: int | None = None  # epp.sample_candidates (None: the default)
     scrape_interval: float | None = None  # epp.scrape_interval, seconds (None: the default)
 
@@ -88,8 +91,8 @@ def _tagged(messages: list[dict[str, Any]], copy: int) -> list[dict[str, Any]]:
 def arrivals(run: FleetRun) -> list[Arrival]:
     """The trace's window and its copies, in order of arrival."""
     replay = Replay(32, 1 / run.speedup, max_output=run.output_tokens)
-    replay = replace(replay, skip=TRACE_START + run.seed * run.requests, limit=run.requests)
-    chains = trace_chains(window(load_trace(TRACE), replay), replay)
+    replay = replace(replay, skip=run.first + run.seed * run.requests, limit=run.requests)
+    chains = trace_chains(window(load_trace(run.trace), replay), replay)
     base = [chain[0] for chain in chains]
     times = [r.at or 0.0 for r in base]
     span = times[-1] - times[0] + (times[-1] - times[0]) / max(1, len(base) - 1)

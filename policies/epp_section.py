@@ -10,6 +10,7 @@ from policies.schema import (
     DEFAULT_EPP_PLUGINS,
     DEFAULT_EPP_PROFILES,
     PICK_OPEN_TIMEOUT,
+    SAMPLE_CANDIDATES,
     Epp,
     Objective,
     PluginSpec,
@@ -79,7 +80,7 @@ def load_epp(top: Fields, plugin_types: PluginCatalog | None) -> Epp:
         _replicas(f),
         f.opt_str("zone") or "",
         f.opt_str("region") or "",
-        f.integer("sample_candidates", Epp.sample_candidates, low=0),
+        f.integer("sample_candidates", SAMPLE_CANDIDATES, low=0),
     )
 
 

@@ -260,6 +260,9 @@ class Replicas:
     timeout: float = 1.0  # seconds a call to the store may take before it counts as down
 
 
+SAMPLE_CANDIDATES = 16  # the default (a compiled dataclass's class has no field defaults)
+
+
 @dataclass(frozen=True)
 class Epp:
     """The endpoint picker: GIE-like plugins and profiles.
@@ -288,7 +291,7 @@ class Epp:
     zone: str = ""
     region: str = ""
     # a pool with more endpoints scores this many per pick (``epp.scheduling.candidate_sample``)
-    sample_candidates: int = 16
+    sample_candidates: int = SAMPLE_CANDIDATES
 
     def priority_of(self, objective: str) -> int:
         """The priority of the named objective (0 when the policy does not list it)."""

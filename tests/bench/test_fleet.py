@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -63,8 +65,19 @@ def test_precise_replicas_read_the_engines_kv_events() -> None:
         assert index.index.blocks_of(engine.address) >= len(SYSTEM) // 16
 
 
-def test_scaled_copies_share_nothing_but_the_chat_templates_header() -> None:
-    run = FleetRun(20, 1, scale=2, requests=40)
+def test_scaled_copies_share_nothing_but_the_chat_templates_header(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    lines = [  # 8 conversations of 5 calls, each resending the last's blocks and one more
+        {
+            "timestamp": 300 * n,
+            "input_length": 512 * (2 + n // 8),
+            "output_length": 8,
+            "hash_ids": [100 * (n % 8) + b for b in range(2 + n // 8)],
+        }
+        for n in range(40)
+    ]
+    trace.write_text("\n".join(json.dumps(line) for line in lines))
+    run = FleetRun(20, 1, scale=2, requests=40, trace=trace, first=0)
     items = arrivals(run)
     assert len(items) == 80 and all(a.at <= b.at for a, b in itertools.pairwise(items))
     content = {a.messages[-1]["content"]: a for a in items}

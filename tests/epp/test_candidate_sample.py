@@ -11,7 +11,7 @@ from epp.framework import SchedulingRequest
 from epp.service import EppService
 from policies.errors import PolicyError
 from policies.loader import load_policy_text
-from policies.schema import Epp
+from policies.schema import SAMPLE_CANDIDATES
 
 PROMPT = "the system prompt of one assistant, shared by many calls " * 20
 
@@ -45,7 +45,7 @@ def scored(service: EppService, request: SchedulingRequest) -> set[str]:
     return set(service.pick("p", request).result.scores)
 
 
-SIZE = Epp.sample_candidates
+SIZE = SAMPLE_CANDIDATES
 
 
 def test_a_pool_no_larger_than_the_sample_is_scored_whole() -> None:
