@@ -21,7 +21,7 @@ endpoint holding more of the prompt, ``kvgate_epp_warm_diverted_total``), and th
 time per pick (parse, hash, score, pick, learn), mean and p99.
 
 ``--check``: the simulator against reality at the sizes this machine runs, the same windows:
-``bench.routing``'s runs (6 backends, one gateway) and ``bench.replicas``' (4 backends, K = 1 and
+``bench.routing``'s runs (6 backends, one gateway) and ``bench.replicas``' (6 backends, K = 1 and
 3 behind Envoy, sharing through Redis), each beside the simulator's run of the same setup.
 """
 

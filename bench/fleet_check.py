@@ -2,7 +2,7 @@
 sizes this machine runs, on the same trace windows.
 
 Runs ``bench.routing`` (6 backends, one kvgate gateway, default and precise profiles; medians
-of its rounds) and ``bench.replicas`` (4 backends, K = 1 and 3 gateways behind Envoy, sharing
+of its rounds) and ``bench.replicas`` (6 backends, K = 1 and 3 gateways behind Envoy, sharing
 through Redis; rounds pooled) as they run on their own, reads the JSON each writes, then
 simulates each setup on the same windows (the same requests, engines, cache sizes and cost
 model) and prints both side by side with their ratio. The goal is TTFT p90 and captured reuse
@@ -70,11 +70,13 @@ def check(rounds: int) -> int:
             lines.append(_line(f"bench-routing, {name}", figure, real, sim, percent))
     replicas = _run(
         "bench.replicas",
+        "--backends",
+        "6",
         "--rounds",
         str(rounds),
         *(a for name in REPLICAS for a in ("--setup", name)),
     )["trace"]
-    base = FleetRun(4, 1, requests=256, speedup=8.0)
+    base = FleetRun(6, 1, requests=256, speedup=8.0)
     for name, (k, precise) in REPLICAS.items():
         real_row = replicas[name]  # type: ignore[index]
         run = replace(base, replicas=k, precise=precise)
