@@ -30,13 +30,12 @@ BLOCK_SIZE = 16
 
 @dataclass(eq=False, slots=True)
 class Flight:
-    """One request on one engine: when it arrived, its first token and its end (virtual s)."""
+    """One request on one engine: when it arrived and its first token came (virtual s)."""
 
     seq: Sequence
     arrived: float
     replica: int
     first_token: float = 0.0
-    finished: float = 0.0
     number: int = -1  # its place in the run's arrivals
     dispatch: Dispatch | None = None  # the picker's record of it
 
@@ -54,7 +53,6 @@ class SimEngine:
     scheduler: Scheduler = field(init=False)
     flights: dict[int, Flight] = field(default_factory=dict)
     stepping: bool = False  # a step is under way (its end is on the fleet's clock)
-    steps: int = 0
     event_batches: int = 0  # KV-event batches published (their sequence numbers)
     _step: Any = None  # the step under way: the scheduler's output and its samples
 
@@ -88,7 +86,6 @@ class SimEngine:
             return None
         step = build_step(out.scheduled, BLOCK_SIZE, self.blocks.take_transfers())
         self._step = out, [TOKEN if s.do_sample else None for s in step.seqs]
-        self.steps += 1
         return self.cost.step_time(step)
 
     def step_end(self) -> list[Sequence]:

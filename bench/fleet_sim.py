@@ -52,8 +52,6 @@ class FleetResult:
     served: list[int] = field(default_factory=list)  # requests per engine
     pick_seconds: list[float] = field(default_factory=list)  # real time of each pick
     warm_diverted: float = 0.0
-    steps: int = 0
-    virtual_seconds: float = 0.0
 
 
 def policy_text(engines: int, precise: bool, epp: str = "", model: str = MODEL) -> str:
@@ -61,9 +59,8 @@ def policy_text(engines: int, precise: bool, epp: str = "", model: str = MODEL) 
     addresses = [f"'10.{i >> 16}.{(i >> 8) & 255}.{i & 255}:8000'" for i in range(engines)]
     if precise:
         addresses = [f"{{address: {a}, kv_events_port: 5557}}" for a in addresses]
-    items = addresses
     return (
-        f"pools: {{p: {{endpoints: [{', '.join(items)}]}}}}\n"
+        f"pools: {{p: {{endpoints: [{', '.join(addresses)}]}}}}\n"
         f"routes: [{{model: {model}, pool: p}}]\n{epp}\n"
     )
 
@@ -149,8 +146,6 @@ class FleetSim:
                 at, _, action, payload = heapq.heappop(self._heap)
                 self.clock.now = at
                 action(payload)
-        self.result.virtual_seconds = self.clock.now
-        self.result.steps = sum(e.steps for e in self.engines)
         for service in self.services:
             self.result.warm_diverted += service.metrics.warm_diverted.labels("p")._value.get()
         return self.result
@@ -184,13 +179,10 @@ class FleetSim:
         if ran is None:
             engine.stepping = engine.scheduler.has_work
             if engine.stepping:
-                self.schedule(IDLE_RETRY, self.retry_step, engine)
+                self.schedule(IDLE_RETRY, self.start_step, engine)
             return
         engine.stepping = True
         self.schedule(ran, self.end_step, engine)
-
-    def retry_step(self, engine: SimEngine) -> None:
-        self.start_step(engine)
 
     def end_step(self, engine: SimEngine) -> None:
         now = self.clock.now

@@ -18,7 +18,7 @@ import random
 import statistics
 import time
 
-from bench.epp import pick_and_accept
+from bench.epp import timed_picks
 from bench.fleet_sim import policy_text as fleet_policy
 from bench.routing_peers import precise_profile
 from epp.datalayer.indexes.approximate import ApproximatePrefixCache
@@ -26,7 +26,6 @@ from epp.datalayer.indexes.precise_cache import PrecisePrefixCache
 from epp.service import EppService
 from kvgate.wire.kv_events import BlockStored, encode_event
 from loadtest.reports.stats import percentile
-from loadtest.workloads.shared_prefix import chat
 from policies.loader import load_policy_text
 
 CHAIN = 64  # blocks per filler chain
@@ -73,7 +72,6 @@ def fill(service: EppService, blocks: int, seed: int) -> None:
 
 def measure(endpoints: int, blocks: int, picks: int, precise: bool) -> dict[str, float]:
     gc.collect()
-    before = rss_mib()
     service = EppService(load_policy_text(policy_text(endpoints, precise)))
     scraped(service, blocks // endpoints, endpoints)
     empty = rss_mib()
@@ -82,22 +80,13 @@ def measure(endpoints: int, blocks: int, picks: int, precise: bool) -> dict[str,
     filled = time.perf_counter() - started
     gc.collect()
     held = rss_mib()
-    bodies = [chat(1_000, seed) for seed in range(200)]
-    for i, body in enumerate(bodies[:100]):  # 50 system prompts, placed on some endpoints
-        pick_and_accept(service, service.scheduling_request("p", f"w{i}", "m", body, {}))
-    times = []
-    for i in range(picks):
-        body = bodies[i % len(bodies)]
-        begun = time.perf_counter()
-        pick_and_accept(service, service.scheduling_request("p", f"r{i}", "m", body, {}))
-        times.append((time.perf_counter() - begun) * 1e6)
+    times = [t * 1e6 for t in timed_picks(service, 1_000, picks)]
     del service
     return {
         "p50_us": percentile(times, 50),
         "p99_us": percentile(times, 99),
         "picks_per_s": 1e6 / statistics.fmean(times),
         "mib_per_million": (held - empty) / (blocks / 1e6),
-        "service_mib": empty - before,
         "fill_s": filled,
     }
 
