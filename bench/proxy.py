@@ -9,10 +9,11 @@ handler), (f) through kvgate with ``--workers 1`` and ``--workers 2``, as Python
 compiled build (``make compiled``), nginx and kvgate with TLS from the clients
 (``listen.tls``), and kvgate answering from its response cache (the same greedy request each
 time: every one a hit), all in front of two mock upstreams (``bench.mock_upstream``: 16 SSE
-chunks or a small JSON body, no delay). For each: wrk at 32 connections on non-streaming chat
-completions (requests/s, p50, p99), an aiohttp client streaming 2,000 requests at concurrency
-32 over keep-alive connections (time to first chunk, which shows any Nagle-style delay), and the
-peer's CPU time per request. Then RSS of a kvgate worker before and after 100,000 requests.
+chunks, ``--events``, or a small JSON body, no delay). For each: wrk at 32 connections on
+non-streaming chat completions (requests/s, p50, p99), an aiohttp client streaming 2,000
+requests at concurrency 32 over keep-alive connections (time to first chunk, which shows any
+Nagle-style delay), and the peer's CPU time per request. Then RSS of a kvgate worker before
+and after 100,000 requests. ``--only NAME`` runs the named peers (and direct).
 Ratios, not absolute numbers, are what carry over.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shutil
 import ssl
 import sys
@@ -191,11 +193,17 @@ def one_round(
     seconds: float,
     streams: int,
     compiled: Path | None,
+    only: tuple[str, ...] = (),
 ) -> list[Row]:
     """Every peer once, one after the other, in front of the running mocks; kvgate as Python
     and, when ``compiled`` names the tree ``make compiled`` built, compiled; nginx and kvgate
-    also with TLS from the clients (a certificate made here, keep-alive connections)."""
+    also with TLS from the clients (a certificate made here, keep-alive connections);
+    ``only``: the peers named (all when empty; direct always)."""
     rows: list[Row] = []
+
+    def wanted(peer: str) -> bool:
+        return not only or peer in only
+
     authority = CertificateAuthority(directory)
     server = authority.issue("proxy")
     cert = {"cert": server.cert, "key": server.key}
@@ -221,29 +229,27 @@ def one_round(
             )
             argv = ["nginx", "-p", str(directory), "-c", str(conf), "-g", "daemon off;"]
             health = f"{scheme}://127.0.0.1:{port}/health"
+            peer = f"nginx 1 worker{name}"
+            if not wanted(peer):
+                continue
             with external_process(argv, health, tls=verify) as nginx:
                 url = f"{scheme}://127.0.0.1:{port}/v1/chat/completions"
-                peer = f"nginx 1 worker{name}"
                 rows.append(measure(peer, url, nginx.pid, seconds, streams, verify))
     else:
         print("nginx not installed: skipping it (make bench-proxy installs it)", file=sys.stderr)
     envoy, why = envoy_binary()
-    if envoy is not None:  # the data plane GIE deployments run, one worker thread
+    if envoy is None:
+        print(f"no Envoy: skipping it ({why})", file=sys.stderr)
+    elif wanted("envoy 1 worker"):  # the data plane GIE deployments run, one worker thread
         with round_robin_envoy(envoy, ups, directory) as base:
             url = f"{base}/v1/chat/completions"
             rows.append(measure("envoy 1 worker", url, base.pid, seconds, streams))
-    else:
-        print(f"no Envoy: skipping it ({why})", file=sys.stderr)
-    port = free_port()
-    floor = [sys.executable, "-m", "bench.floor_proxy", str(port), f"{ups[0]},{ups[1]}"]
-    with external_process(floor, f"http://127.0.0.1:{port}/health") as proc:
-        url = f"http://127.0.0.1:{port}/v1/chat/completions"
-        rows.append(measure("python floor", url, proc.pid, seconds, streams))
-    port = free_port()
-    layers = [sys.executable, "-m", "bench.layers_proxy", str(port), f"{ups[0]},{ups[1]}"]
-    with external_process(layers, f"http://127.0.0.1:{port}/health") as proc:
-        url = f"http://127.0.0.1:{port}/v1/chat/completions"
-        rows.append(measure("kvgate http layers only", url, proc.pid, seconds, streams))
+    for peer, module in (
+        ("python floor", "floor_proxy"),
+        ("kvgate http layers only", "layers_proxy"),
+    ):
+        if wanted(peer):
+            rows.append(_bench_proxy(peer, module, ups, seconds, streams))
     builds: list[tuple[str, str | None]] = [("", None)]
     if compiled is not None:
         builds.append((", compiled", str(compiled)))
@@ -254,6 +260,10 @@ def one_round(
             (1, server, False),
             (1, None, True),
         ):
+            name = f"kvgate {workers} worker{'s' if workers > 1 else ''}{build}"
+            name += (", TLS" if tls else "") + (", cache hits" if cache else "")
+            if not wanted(name):
+                continue
             port = free_port()
             policy = kvgate_policy(directory, ups, port, workers, tls, cache)
             scheme = "https" if tls else "http"
@@ -262,10 +272,9 @@ def one_round(
             process.health_tls = verify
             with process as gateway:
                 assert gateway.proc is not None
-                name = f"kvgate {workers} worker{'s' if workers > 1 else ''}{build}"
                 rows.append(
                     measure(
-                        name + (", TLS" if tls else "") + (", cache hits" if cache else ""),
+                        name,
                         f"{scheme}://127.0.0.1:{port}/v1/chat/completions",
                         gateway.proc.pid,
                         seconds,
@@ -274,6 +283,15 @@ def one_round(
                     )
                 )
     return rows
+
+
+def _bench_proxy(peer: str, module: str, ups: list[int], seconds: float, streams: int) -> Row:
+    """One of the bench's own Python proxies (``bench.<module> PORT UP1,UP2``), measured."""
+    port = free_port()
+    argv = [sys.executable, "-m", f"bench.{module}", str(port), f"{ups[0]},{ups[1]}"]
+    with external_process(argv, f"http://127.0.0.1:{port}/health") as proc:
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        return measure(peer, url, proc.pid, seconds, streams)
 
 
 def median_row(rows: list[Row]) -> Row:
@@ -293,7 +311,15 @@ def main() -> int:
         default=Path("build/compiled"),
         help="the compiled tree `make compiled` builds (its rows are left out when missing)",
     )
+    parser.add_argument(
+        "--events", type=int, default=16, help="content events per streamed answer (the mocks')"
+    )
+    parser.add_argument(
+        "--only", action="append", default=[], help="a peer's name (repeatable): only those run"
+    )
     args = parser.parse_args()
+    os.environ["KVGATE_MOCK_CHUNKS"] = str(args.events)  # the mocks read it at start
+    only = tuple(args.only)
     compiled: Path | None = args.compiled.resolve()
     if not (args.compiled / ".stamp").exists():
         print(f"no compiled build in {args.compiled} (make compiled): Python rows only")
@@ -309,7 +335,7 @@ def main() -> int:
         external_process([*mock, str(ups[1])], f"http://127.0.0.1:{ups[1]}/health"),
     ):
         rounds = [
-            one_round(directory, ups, up1.pid, args.seconds, args.streams, compiled)
+            one_round(directory, ups, up1.pid, args.seconds, args.streams, compiled, only)
             for _ in range(args.rounds)
         ]
         rows = [median_row([r[i] for r in rounds]) for i in range(len(rounds[0]))]

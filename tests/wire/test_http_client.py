@@ -335,6 +335,31 @@ async def test_push_hands_each_chunk_to_the_sink_as_it_arrives() -> None:
     server.close()
 
 
+async def test_the_chunks_of_one_read_reach_the_sink_together() -> None:
+    """A relay handed the events that arrived together writes them on in one write."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n{}")
+        chunks = b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in (b"ab", b"cd", b"ef"))
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + chunks)
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.write(b"2\r\ngh\r\n0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    server = await loopback_server(serve)
+    pool = ConnectionPool(connect_timeout=1)
+    port = server.sockets[0].getsockname()[1]
+    response = await pool.request(f"127.0.0.1:{port}", "POST", "/", b"", b"{}")
+    sink = Sink()
+    assert await response.push(sink, 2.0)
+    assert sink.taken == [b"abcdef", b"gh"]
+    response.close()
+    pool.close()
+    server.close()
+
+
 async def test_a_sink_that_says_stop_gets_its_task_back_and_the_rest_reads_on() -> None:
     server = await chunked_server(b"ab", b"cd", b"ef")
     pool = ConnectionPool(connect_timeout=1)

@@ -170,6 +170,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._last_data = 0.0
         self._paused = False
         self._sink: Callable[[bytes], bool] | None = None  # takes body chunks as they arrive
+        self._arrived: list[bytes] = []  # body pieces parsed from the bytes being received
         self._sink_error: Exception | None = None
         self._discarding: asyncio.TimerHandle | None = None  # the rest dropped until then
         self._release_pending = False  # released while discarding: the body's end releases it
@@ -199,10 +200,14 @@ class UpstreamConnection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
+            self._take_arrived()  # what came before the malformed bytes is passed on
             self._fail("malformed upstream response")
             return
         except httptools.HttpParserUpgrade:  # a 101: on_headers_complete failed it already
             return
+        finally:
+            if self._arrived:
+                self._take_arrived()
         # httptools buffers an unfinished head whole: bound it (a chunk that completed the head
         # may carry body bytes too: then on_headers_complete counts the headers themselves)
         if self._in_head and self._head_size > MAX_UPSTREAM_HEAD:
@@ -259,6 +264,16 @@ class UpstreamConnection(asyncio.Protocol):
             self._head.set_result(response)
 
     def on_body(self, body: bytes) -> None:
+        # the pieces of one read (a chunked body's chunks) are taken together once it is parsed:
+        # a relay that got several events at once writes them on in one write
+        self._arrived.append(body)
+
+    def _take_arrived(self) -> None:
+        arrived = self._arrived
+        body = arrived[0] if len(arrived) == 1 else b"".join(arrived)
+        arrived.clear()
+        if not body:
+            return
         sink = self._sink
         if sink is not None:
             try:
