@@ -8,7 +8,9 @@ template unless ``chat_template.jinja`` holds it). As vLLM does with transformer
 - a chat request is rendered by the jinja2 template (sandboxed, ``trim_blocks`` and
   ``lstrip_blocks``, ``raise_exception``, ``strftime_now``, a ``tojson`` that keeps non-ASCII)
   with ``add_generation_prompt`` and the special tokens as variables, then encoded *without*
-  special tokens (the template writes BOS itself).
+  special tokens (the template writes BOS itself), piece by piece between the template's
+  special tokens, so a conversation's earlier turns are not encoded again
+  (``kvgate.wire.segment_cache``).
 
 Text content parts of a message are joined with newlines, as vLLM's "string" content format
 does.
@@ -22,6 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from kvgate.wire.segment_cache import SegmentedEncoder
 from kvgate.wire.tokenizer import ChatTemplateError, continued
 
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -45,6 +48,7 @@ class ModelTokenizer:
             self._tokenizer = Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises its own Exception type for a bad file
             raise ValueError(f"cannot load tokenizer {str(path)!r}: {exc}") from exc
+        self.segments = SegmentedEncoder(self._tokenizer)
         config = _read_json(root / "tokenizer_config.json")
         self.special = {
             name: _token_text(config.get(name)) for name in SPECIAL_TOKENS if config.get(name)
@@ -60,7 +64,11 @@ class ModelTokenizer:
         return self._template is not None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        """``text``'s ids; without special tokens (a rendered chat), piece by piece between the
+        added tokens, the pieces seen before taken from memory (``SegmentedEncoder``)."""
+        if not add_special_tokens:
+            return self.segments.encode(text)
+        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=True).ids
         return ids
 
     def render_chat(
