@@ -162,17 +162,18 @@ def running_peer(
     workdir: Path,
     bin_dir: Path | None,
     adapters: tuple[str, ...] = (),
+    tree: Path | None = None,
 ) -> Iterator[tuple[str, int, list[int]]]:
     """``peer`` started in front of ``backends``; yields its base URL, its process id (whose
     tree is the router: a gateway's workers are its children) and the process ids of what it
     needs beside it to reach the backends (Dynamo's relay workers), whose CPU is not the
-    router's."""
+    router's. ``tree``: a kvgate peer runs from that checkout instead."""
     port = free_port()
     if peer.router == "kvgate":
         policy = workdir / f"policy-{port}.yaml"
         policy.write_text(kvgate_policy(peer, backends, model, adapters))
         extra = ("--workers", str(peer.workers)) if peer.workers > 1 else ()
-        tree = compiled_tree() if peer.compiled else None
+        tree = compiled_tree() if peer.compiled else tree
         if peer.compiled and tree is None:
             raise RuntimeError("no compiled build: run `make compiled`")
         gateway = gateway_process(
