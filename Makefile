@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test constraints test-vllm test-compiled compiled lint format prometheus kubectl envoy check-images bench bench-engine bench-proxy bench-routing bench-overload bench-fleet bench-replicas bench-pd bench-crosscheck bench-epp bench-extproc bench-kv-events bench-policy bench-limiter bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
+.PHONY: demo test constraints test-vllm test-compiled compiled lint format prometheus kubectl envoy check-images bench bench-engine bench-proxy bench-routing bench-overload bench-fleet bench-replicas bench-pd bench-crosscheck bench-epp bench-long-prompts bench-extproc bench-kv-events bench-policy bench-limiter bench-inprocess bench-instructions wrk nginx redis valgrind proto clean
 
 # Every install takes its versions from constraints.txt: the set the project is tested with
 # (`make constraints` writes it anew from the newest releases; review its diff, then test).
@@ -172,6 +172,11 @@ bench-replicas: $(STAMP) redis envoy
 # kvgate epp, and the gateway, on the same mocks (bench/extproc.py).
 bench-extproc: $(STAMP) wrk envoy
 	$(BIN)/python -m bench.extproc
+
+# What a long prompt costs each router: 1k-128k tokens, single and multi-turn, kvgate approximate
+# and precise beside sglang-router and vllm-router (bench/long_prompts.py).
+bench-long-prompts: $(STAMP) compiled
+	$(BIN)/python -m bench.long_prompts
 
 bench-epp: $(STAMP)
 	$(BIN)/python -m bench.epp

@@ -127,6 +127,15 @@ def _build(src: Source, source: str, base_dir: Path, plugins: PluginCatalog | No
     auth = load_auth(top, tenants, base_dir)
     check_classes(top, classes, tenants, auth)
     epp = load_epp(top, plugins)
+    if not any(
+        p.type == "prefix-cache-scorer" and p.params.get("mode") == "precise" for p in epp.plugins
+    ):
+        for name in (name for name, pool in pools.items() if pool.tokenized_prompts):
+            top.error(
+                f"pools.{name}.tokenized_prompts",
+                "needs the precise prefix index (a prefix-cache-scorer with mode: precise), whose "
+                "tokenizer makes the ids",
+            )
     for objective in epp.objectives:
         if objective.priority_class is not None and objective.priority_class not in classes:
             top.error(

@@ -31,6 +31,7 @@ POOL_KEYS = {
     "token_ids",
     "capacity",
     "kv_retention",
+    "tokenized_prompts",
 }
 
 
@@ -66,6 +67,7 @@ def load_pools(top: Fields, base_dir: Path) -> dict[str, Pool]:
             metric_names=metric_names,
             token_ids=f.flag("token_ids", False) if f.has("token_ids") else None,
             kv_retention=_kv_retention(f),
+            tokenized_prompts=f.flag("tokenized_prompts", False),
         )
     return pools
 

@@ -156,6 +156,8 @@ class Pool:
     # seconds the engines keep an agent's blocks after an answer that calls a tool (a kv.retain
     # hint on requests that offer tools); 0: no hints
     kv_retention: float = 0.0
+    # completions' text prompts sent as the precise index's token ids (engines tokenize no more)
+    tokenized_prompts: bool = False
 
     @property
     def returns_token_ids(self) -> bool:

@@ -321,6 +321,7 @@ class ServerMetrics(Collector):
             E2E_BUCKETS,
         )
         self.finished: dict[str, int] = {}
+        self.tokenize_seconds = 0.0  # reading requests: rendering and tokenizing their prompts
         self.registry.register(self.engine_collector)
         self.registry.register(self)
 
@@ -339,6 +340,13 @@ class ServerMetrics(Collector):
         for reason, count in sorted(self.finished.items()):
             success.add_metric([*self.labels.values(), reason], float(count))
         yield success
+        tokenize = CounterMetricFamily(
+            "kvgate:request_tokenize_seconds",
+            "CPU seconds spent reading requests: rendering and tokenizing their prompts.",
+            labels=list(self.labels),
+        )
+        tokenize.add_metric(list(self.labels.values()), self.tokenize_seconds)
+        yield tokenize
 
     def on_first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)

@@ -61,13 +61,17 @@ def parse_generation(
     state: ServerState, body: object, *, is_chat: bool
 ) -> tuple[GenerationRequest, str | None]:
     """The request and the LoRA adapter its model names; ``RequestError`` when it is bad."""
-    req = parse_request(
-        body,
-        state.tokenizer,
-        is_chat=is_chat,
-        default_max_tokens=state.default_max_tokens(is_chat),
-        vocab_size=state.vocab_size,
-    )
+    started = time.thread_time()
+    try:
+        req = parse_request(
+            body,
+            state.tokenizer,
+            is_chat=is_chat,
+            default_max_tokens=state.default_max_tokens(is_chat),
+            vocab_size=state.vocab_size,
+        )
+    finally:
+        state.metrics.tokenize_seconds += time.thread_time() - started
     assert isinstance(body, dict)  # parse_request checked it
     tool, retain = forced_tool(body) if is_chat else None, retain_hint(body)
     if tool is not None or retain is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from gateway.base.api import Api
+from gateway.base.api import COMPLETIONS, Api
 from gateway.base.context import RequestContext
 from gateway.base.errors import (
     BadRequest,
@@ -42,7 +42,12 @@ from gateway.request.stored_responses import created, led_by_previous
 from gateway.request.stream_resume import StreamResume, asks_token_ids, may_resume
 from gateway.request.tracing import decision_attributes, span
 from gateway.request.upstream import UpstreamCall, client_request_headers, open_upstream
-from gateway.request.upstream_payload import has_engine_fields, payload_for, retention_hint
+from gateway.request.upstream_payload import (
+    has_engine_fields,
+    payload_for,
+    retention_hint,
+    with_prompt_ids,
+)
 from gateway.response_cache.cache import HEADER as CACHE_HEADER
 from gateway.response_cache.cache import replayed
 from gateway.routing.endpoint_picker import Ranking
@@ -137,7 +142,7 @@ async def _reserve(forward: Forward, pool: str) -> Reservation | None:
             forward.request.path,
             forward.body,
             context_length,
-            lambda: call.picker.prompt_tokens(pool, forward.pick),
+            lambda: len(ids) if (ids := call.picker.prompt_token_ids(pool, forward.pick)) else None,
         )
     if reservation is not None:
         ctx.add_headers(reservation.headers)
@@ -444,6 +449,9 @@ def _upstream_payload(
         return (
             form.with_model(pool.model) if pool.model and pool.model != ctx.model else forward.raw
         )
+    if pool.tokenized_prompts and forward.api is COMPLETIONS:
+        ids = forward.runtime.calls[pool.name].picker.prompt_token_ids(pool.name, forward.pick)
+        body = with_prompt_ids(body, ids) or body
     add_usage = ctx.stream and not forward.client_wants_usage and forward.api.usage_on_request
     add_ids = resumes and asks_token_ids(pool, body)
     add_counts = resumes and not pool.returns_token_ids
@@ -457,12 +465,13 @@ def _upstream_payload(
         or add_ids
         or add_counts
         or forward.rewritten
+        or body is not forward.body
     ):
         return payload_for(
             body,
             pool,
             ctx.model,
-            raw=None if forward.rewritten else forward.raw,
+            raw=None if forward.rewritten or body is not forward.body else forward.raw,
             usage=add_usage,
             counts=add_counts,
             kv_transfer_params=params,

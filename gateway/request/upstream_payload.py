@@ -36,6 +36,15 @@ def retention_hint(pool: Pool, body: Mapping[str, object], owner: str) -> dict[s
     return {"protocol_version": "1", "message_id": "kvgate", "actions": [action]}
 
 
+def with_prompt_ids(body: dict[str, object], ids: list[int] | None) -> dict[str, object] | None:
+    """``body``, a completion, with its text prompt replaced by ``ids`` (the engines' own
+    tokens of it), so the engine tokenizes nothing; None where it has no single text prompt,
+    asks for the prompt echoed (as text), or no ids are known."""
+    if not ids or not isinstance(body.get("prompt"), str) or body.get("echo"):
+        return None
+    return {**body, "prompt": ids}
+
+
 def has_engine_fields(body: Mapping[str, object]) -> bool:
     return KV_TRANSFER in body or KV_HINTS in body
 

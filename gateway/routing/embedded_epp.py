@@ -35,11 +35,11 @@ class EmbeddedEpp:
     async def stop(self) -> None:
         await self.service.stop()
 
-    def prompt_tokens(self, pool: str, request: PickRequest) -> int | None:
+    def prompt_token_ids(self, pool: str, request: PickRequest) -> list[int] | None:
         index = self.service.prefix
         if not isinstance(index, PrecisePrefixCache):
             return None
-        return index.prompt_tokens(self._scheduling(pool, request))
+        return index.token_ids(self._scheduling(pool, request))
 
     def rank(self, pool: str, request: PickRequest) -> Ranking:
         scheduling = self._scheduling(pool, request)

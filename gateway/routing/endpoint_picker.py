@@ -109,9 +109,9 @@ class Ranking(Protocol):
 class EndpointPicker(Protocol):
     """The gateway's contract for choosing endpoints (least-in-flight, or the embedded EPP)."""
 
-    def prompt_tokens(self, pool: str, request: PickRequest) -> int | None:
-        """The prompt's tokens as ``pool``'s engines count them, where this picker tokenizes
-        requests as they do (the precise prefix index); None where it does not."""
+    def prompt_token_ids(self, pool: str, request: PickRequest) -> list[int] | None:
+        """The prompt's token ids as ``pool``'s engines compute them, where this picker
+        tokenizes requests as they do (the precise prefix index); None where it does not."""
         ...
 
     def rank(self, pool: str, request: PickRequest) -> Ranking:
@@ -144,7 +144,7 @@ class LeastInFlightPicker:
         self.pools = pools
         self._random = random.Random(seed)
 
-    def prompt_tokens(self, pool: str, request: PickRequest) -> int | None:
+    def prompt_token_ids(self, pool: str, request: PickRequest) -> list[int] | None:
         return None
 
     def rank(self, pool: str, request: PickRequest) -> Ranking:

@@ -285,3 +285,21 @@ def test_a_pool_asks_its_engines_to_keep_agents_blocks_through_tool_pauses() -> 
     assert errors_of(
         "pools:\n  a: {endpoints: [127.0.0.1:8001], kv_retention: 10m}\n" + ROUTES
     ) == ["pools.a.kv_retention (line 2): must be at most 300s (engines cap it)"]
+
+
+def test_tokenized_prompts_need_the_precise_index_that_makes_the_ids() -> None:
+    pools = "pools:\n  a: {endpoints: [127.0.0.1:8001], tokenized_prompts: true}\n"
+    assert errors_of(pools + ROUTES) == [
+        "pools.a.tokenized_prompts (line 2): needs the precise prefix index (a prefix-cache-scorer "
+        "with "
+        "mode: precise), whose tokenizer makes the ids"
+    ]
+    precise = """
+epp:
+  plugins:
+    - {name: prefix, type: prefix-cache-scorer, params: {mode: precise}}
+    - {name: pick, type: max-score-picker}
+  profiles: [{name: default, plugins: [{ref: prefix}, {ref: pick}]}]
+"""
+    assert load_policy_text(pools + ROUTES + precise).pools["a"].tokenized_prompts
+    assert not load_policy_text(POOLS + ROUTES).pools["a"].tokenized_prompts  # off by default

@@ -42,7 +42,8 @@ class PrecisePrefixCache:
     def routing_limit(self) -> int:
         return 0  # the body is tokenized; no routing text is read
 
-    def _token_ids(self, request: SchedulingRequest) -> list[int]:
+    def token_ids(self, request: SchedulingRequest) -> list[int]:
+        """The prompt's token ids as the engines compute them (worked out once a request)."""
         tokens = self._tokens.get(request)
         if tokens is None:
             tokens = self._tokens.put(request, request_token_ids(request.body, self._tokenizer))
@@ -54,7 +55,7 @@ class PrecisePrefixCache:
             p = self.params
             salt = request.body.get("cache_salt")
             keys = block_keys(
-                self._token_ids(request),
+                self.token_ids(request),
                 p.block_size_tokens,
                 request.lora,
                 max_blocks=p.max_prefix_blocks,
@@ -67,7 +68,7 @@ class PrecisePrefixCache:
         return self.index.match(keys, addresses)
 
     def prompt_tokens(self, request: SchedulingRequest) -> int:
-        return len(self._token_ids(request))
+        return len(self.token_ids(request))
 
     def uncached_tokens(self, request: SchedulingRequest, endpoint: Endpoint) -> int:
         return self.uncached_tokens_each(request, [endpoint])[0]

@@ -54,7 +54,7 @@ class InOrder:
         self.finished: list[str] = []  # the tries the ranking was told are over
         self.started: list[str] = []  # the tries whose first token came back
 
-    def prompt_tokens(self, pool: str, request: PickRequest) -> int | None:
+    def prompt_token_ids(self, pool: str, request: PickRequest) -> list[int] | None:
         return None
 
     def rank(self, pool: str, request: PickRequest) -> Ranking:

@@ -45,10 +45,10 @@ epp:
     picker = EmbeddedEpp(precise, endpoint_states(precise))
     messages = [{"role": "user", "content": "長い質問"}]
     request = PickRequest("m", {"model": "m", "messages": messages}, {}, None)
-    counted = picker.prompt_tokens("p", request)
-    assert counted == len(ReferenceTokenizer().chat_ids(messages))  # what the engine counts
+    ids = picker.prompt_token_ids("p", request)
+    assert ids == ReferenceTokenizer().chat_ids(messages)  # what the engine computes
     assert request.worked_out is not None  # the ranking reuses what was worked out...
     picker.rank("p", request)
     assert [request.worked_out] == [None]  # ... once
     approximate = EmbeddedEpp(POLICY, endpoint_states(POLICY))
-    assert approximate.prompt_tokens("p", request) is None  # no tokenizer known
+    assert approximate.prompt_token_ids("p", request) is None  # no tokenizer known

@@ -305,6 +305,7 @@ def test_metrics_have_vllm_names_and_labels(served: Served) -> None:
         "vllm:inter_token_latency_seconds_bucket",
         "vllm:e2e_request_latency_seconds_count",
         "vllm:request_success_total",
+        "kvgate:request_tokenize_seconds_total",
     ):
         assert name in samples, name
         assert samples[name][0].labels.get("model_name") == served.model
@@ -315,6 +316,7 @@ def test_metrics_have_vllm_names_and_labels(served: Served) -> None:
     expected_blocks = 512 if served.model == "kvgate-sim" else 16 * 2**20 // (16 * 2 * 64 * 4 * 2)
     assert info.labels["num_gpu_blocks"] == str(expected_blocks)
     assert samples["vllm:generation_tokens_total"][0].value >= 1
+    assert samples["kvgate:request_tokenize_seconds_total"][0].value > 0
 
 
 def test_metrics_serve_only_the_series_asked_for(served: Served) -> None:
