@@ -77,11 +77,15 @@ class SSERelay:
         complete = self._complete(chunk)
         if not complete:
             return b""
-        if self._plain(complete):
+        first = self._first_mark(complete)
+        if first < 0:
             out = complete
-        else:
-            kept = [event for event in complete.split(b"\n\n") if event and self._keep(event)]
-            out = b"".join(event + b"\n\n" for event in kept)
+        else:  # the events before the first that may matter are passed on unread
+            cut = -1 if self.failed else complete.rfind(b"\n\n", 0, first)
+            start = cut + 2 if cut >= 0 else 0
+            head, rest = complete[:start], complete[start:]
+            kept = [event for event in rest.split(b"\n\n") if event and self._keep(event)]
+            out = head + b"".join(event + b"\n\n" for event in kept)
         recorded = self.recorded
         if recorded is not None and out:
             recorded.append(out)
@@ -138,9 +142,22 @@ class SSERelay:
         """The event that tells the client its stream failed midway."""
         return sse_error_event(message, code=code).encode()
 
-    def _plain(self, events: bytes) -> bool:
-        """Whether ``events`` are forwarded as they are, unread."""
-        return _USAGE not in events and _DONE not in events and events.find(_ERROR) < 0
+    def passes_unread(self, chunk: bytes) -> bool:
+        """Whether ``chunk`` teaches the relay nothing: whole events (none pending before it)
+        with no usage, ``[DONE]`` or error in them. A reader that only wants the usage may
+        skip ``feed`` for such a chunk."""
+        return (
+            not self._buffer
+            and not self._cr
+            and chunk.endswith(b"\n\n")
+            and chunk.find(b"\r") < 0
+            and self._first_mark(chunk) < 0
+        )
+
+    def _first_mark(self, events: bytes) -> int:
+        """Where the first of what the relay reads (usage, ``[DONE]``, an error) is in
+        ``events``; -1 where none is: they are forwarded as they are, unread."""
+        return _first_of(events, _USAGE, _DONE, _ERROR)
 
     def _keep(self, event: bytes) -> bool:
         if self.failed:
@@ -181,8 +198,8 @@ class ResponsesRelay(SSERelay):
     def error_event(self, message: str, code: str) -> bytes:
         return responses_error_event(message, code).encode()
 
-    def _plain(self, events: bytes) -> bool:
-        return _RESPONSE not in events and _ERROR not in events
+    def _first_mark(self, events: bytes) -> int:
+        return _first_of(events, _RESPONSE, _ERROR, _ERROR)
 
     def _keep(self, event: bytes) -> bool:
         if self.failed:
@@ -218,8 +235,8 @@ class MessagesRelay(SSERelay):
     def error_event(self, message: str, code: str) -> bytes:
         return messages_error_event(message).encode()
 
-    def _plain(self, events: bytes) -> bool:
-        return _USAGE not in events and _MESSAGE_STOP not in events and _ERROR not in events
+    def _first_mark(self, events: bytes) -> int:
+        return _first_of(events, _USAGE, _MESSAGE_STOP, _ERROR)
 
     def _keep(self, event: bytes) -> bool:
         if self.failed:
@@ -324,6 +341,15 @@ def event_object(event: bytes) -> dict[str, object] | None:
     except ValueError:
         return None
     return parsed if isinstance(parsed, dict) else None
+
+
+def _first_of(events: bytes, a: bytes, b: bytes, c: bytes) -> int:
+    """The first position of any of ``a``, ``b``, ``c`` in ``events``; -1 where none is."""
+    first = -1
+    for found in (events.find(a), events.find(b), events.find(c)):
+        if found >= 0 and (first < 0 or found < first):
+            first = found
+    return first
 
 
 def _data_of(event: bytes) -> bytes | None:

@@ -142,3 +142,21 @@ def test_per_chunk_counts_are_recorded_and_stripped_from_what_goes_out() -> None
     assert out.endswith(DONE) and USAGE not in out
     assert relay.recorded == [event + DONE]  # what the engine said, for a continuation
     assert relay.usage == {"prompt_tokens": 3, "completion_tokens": 2}
+
+
+def test_a_reader_that_wants_only_the_usage_may_skip_plain_whole_events() -> None:
+    relay = SSERelay(strip_usage=False)
+    plain = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n' * 3
+    assert relay.passes_unread(plain)
+    for taught in (
+        b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n',
+        b"data: [DONE]\n\n",
+        b'data: {"error":{"message":"boom"}}\n\n',
+        b'data: {"choices":[]}',  # an event not ended yet
+        b'data: {"choices":[]}\r\n\r\n',  # CRLF framing: read to be normalized
+    ):
+        assert not relay.passes_unread(taught), taught
+    relay.feed(b'data: {"choices":')  # an event begun: what follows completes it
+    assert not relay.passes_unread(b"[]}\n\n")
+    relay.feed(b'[]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":7}}\n\n')
+    assert relay.usage == {"prompt_tokens": 7}
