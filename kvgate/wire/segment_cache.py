@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-from array import array
 from collections import OrderedDict
 from typing import Any
 
@@ -30,7 +29,9 @@ class SegmentedEncoder:
         self._tokenizer = tokenizer
         self._cache_chars = cache_chars
         self._cached_chars = 0
-        self._cache: OrderedDict[str, array[int]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        # every piece's ids are the same int objects: a remembered id costs its pointer alone
+        self._shared = tuple(range(tokenizer.get_vocab_size(with_added_tokens=True)))
         config = json.loads(tokenizer.to_str())
         added = [t for t in config.get("added_tokens") or [] if t.get("content")]
         self._ids = {t["content"]: t["id"] for t in added}
@@ -55,7 +56,7 @@ class SegmentedEncoder:
             ids.extend(self._piece(text[start:]))
         return ids
 
-    def _piece(self, piece: str) -> array[int]:
+    def _piece(self, piece: str) -> tuple[int, ...]:
         cache = self._cache
         ids = cache.get(piece)
         if ids is not None:
@@ -63,7 +64,8 @@ class SegmentedEncoder:
             self.hits += 1
             return ids
         self.misses += 1
-        ids = array("i", self._encoded(piece))
+        shared = self._shared
+        ids = tuple([shared[i] if i < len(shared) else i for i in self._encoded(piece)])
         if len(piece) <= self._cache_chars:
             cache[piece] = ids
             self._cached_chars += len(piece)
