@@ -59,6 +59,10 @@ TURN_TOKENS = 600  # what each call of a conversation adds: a tool result and an
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _docs() -> list[str]:
+    return [p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))]
+
+
 def build_tokenizer(out: Path) -> Tokenizer:
     """A byte-level BPE trained on the repository's docs, saved as a model folder."""
     tokenizer = Tokenizer(models.BPE())
@@ -68,8 +72,7 @@ def build_tokenizer(out: Path) -> Tokenizer:
         special_tokens=SPECIAL,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    docs = [p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))]
-    tokenizer.train_from_iterator(docs, trainer)
+    tokenizer.train_from_iterator(_docs(), trainer)
     tokenizer.post_processor = processors.TemplateProcessing(
         single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", 0)]
     )
@@ -85,7 +88,7 @@ class Text:
     """Random text of about a given number of tokens, from the docs' own words."""
 
     def __init__(self, tokenizer: Tokenizer, seed: int) -> None:
-        words = " ".join(p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))).split()
+        words = " ".join(_docs()).split()
         self.words = words
         self.rng = random.Random(seed)
         sample = " ".join(self.rng.choices(words, k=2000))

@@ -51,7 +51,6 @@ class StreamState:
     status: int = 0  # the response's
     new_request_id: bool = False  # the request came without an x-request-id: one was made
     restore: Restore | None = None  # puts the public model name back in what is answered
-    answering: bool = False  # the response's first body chunk came
 
 
 def header_option(key: str, value: str) -> core.HeaderValueOption:

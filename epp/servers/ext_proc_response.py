@@ -52,13 +52,10 @@ class ResponsePath:
         """One chunk of a stream, echoed as it came; where the model name is restored, as the
         complete events it ends (a name Envoy's chunks cut in two is still found)."""
         chunk, end = body.body, body.end_of_stream
-        if chunk and not state.answering and state.dispatch is not None:
-            state.answering = True  # the first token is on its way back
+        if chunk and state.dispatch is not None:  # the first token is on its way back
             self.service.prefilled(state.dispatch)
         out = chunk
-        if not state.usage_unreadable and (
-            state.restore is not None or end or not state.relay.passes_unread(chunk)
-        ):
+        if not state.usage_unreadable:
             relay = state.relay
             try:
                 events = relay.feed(chunk)

@@ -37,13 +37,14 @@ class SegmentedEncoder:
         self._ids = {t["content"]: t["id"] for t in added}
         self.segmented = bool(added) and _independent_pieces(config, added)
         contents = sorted(self._ids, key=len, reverse=True)  # leftmost, longest first
-        self._split = re.compile("|".join(re.escape(c) for c in contents)) if added else None
+        pattern = "|".join(re.escape(c) for c in contents)
+        self._split = re.compile(pattern) if self.segmented else None
         self.hits = 0  # pieces taken from memory
         self.misses = 0  # pieces encoded
 
     def encode(self, text: str) -> list[int]:
         split = self._split
-        if split is None or not self.segmented:
+        if split is None:  # the tokenizer's pieces are not independent: the whole text
             return self._encoded(text)
         ids: list[int] = []
         start = 0

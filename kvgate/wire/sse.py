@@ -142,22 +142,10 @@ class SSERelay:
         """The event that tells the client its stream failed midway."""
         return sse_error_event(message, code=code).encode()
 
-    def passes_unread(self, chunk: bytes) -> bool:
-        """Whether ``chunk`` teaches the relay nothing: whole events (none pending before it)
-        with no usage, ``[DONE]`` or error in them. A reader that only wants the usage may
-        skip ``feed`` for such a chunk."""
-        return (
-            not self._buffer
-            and not self._cr
-            and chunk.endswith(b"\n\n")
-            and chunk.find(b"\r") < 0
-            and self._first_mark(chunk) < 0
-        )
-
     def _first_mark(self, events: bytes) -> int:
         """Where the first of what the relay reads (usage, ``[DONE]``, an error) is in
         ``events``; -1 where none is: they are forwarded as they are, unread."""
-        return _first_of(events, _USAGE, _DONE, _ERROR)
+        return _first_of(events, (_USAGE, _DONE, _ERROR))
 
     def _keep(self, event: bytes) -> bool:
         if self.failed:
@@ -199,7 +187,7 @@ class ResponsesRelay(SSERelay):
         return responses_error_event(message, code).encode()
 
     def _first_mark(self, events: bytes) -> int:
-        return _first_of(events, _RESPONSE, _ERROR, _ERROR)
+        return _first_of(events, (_RESPONSE, _ERROR))
 
     def _keep(self, event: bytes) -> bool:
         if self.failed:
@@ -236,7 +224,7 @@ class MessagesRelay(SSERelay):
         return messages_error_event(message).encode()
 
     def _first_mark(self, events: bytes) -> int:
-        return _first_of(events, _USAGE, _MESSAGE_STOP, _ERROR)
+        return _first_of(events, (_USAGE, _MESSAGE_STOP, _ERROR))
 
     def _keep(self, event: bytes) -> bool:
         if self.failed:
@@ -343,10 +331,11 @@ def event_object(event: bytes) -> dict[str, object] | None:
     return parsed if isinstance(parsed, dict) else None
 
 
-def _first_of(events: bytes, a: bytes, b: bytes, c: bytes) -> int:
-    """The first position of any of ``a``, ``b``, ``c`` in ``events``; -1 where none is."""
+def _first_of(events: bytes, marks: tuple[bytes, ...]) -> int:
+    """The first position of any of ``marks`` in ``events``; -1 where none is."""
     first = -1
-    for found in (events.find(a), events.find(b), events.find(c)):
+    for mark in marks:
+        found = events.find(mark)
         if found >= 0 and (first < 0 or found < first):
             first = found
     return first

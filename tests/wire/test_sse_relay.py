@@ -144,19 +144,18 @@ def test_per_chunk_counts_are_recorded_and_stripped_from_what_goes_out() -> None
     assert relay.usage == {"prompt_tokens": 3, "completion_tokens": 2}
 
 
-def test_a_reader_that_wants_only_the_usage_may_skip_plain_whole_events() -> None:
-    relay = SSERelay(strip_usage=False)
+def test_events_before_the_first_that_matters_pass_unread_and_what_matters_is_read() -> None:
     plain = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n' * 3
-    assert relay.passes_unread(plain)
-    for taught in (
-        b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n',
-        b"data: [DONE]\n\n",
-        b'data: {"error":{"message":"boom"}}\n\n',
-        b'data: {"choices":[]}',  # an event not ended yet
-        b'data: {"choices":[]}\r\n\r\n',  # CRLF framing: read to be normalized
-    ):
-        assert not relay.passes_unread(taught), taught
-    relay.feed(b'data: {"choices":')  # an event begun: what follows completes it
-    assert not relay.passes_unread(b"[]}\n\n")
-    relay.feed(b'[]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":7}}\n\n')
-    assert relay.usage == {"prompt_tokens": 7}
+    relay = SSERelay(strip_usage=True)
+    assert relay.feed(plain) == plain and relay.usage is None
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n'
+    assert relay.feed(plain + usage + DONE) == plain + DONE  # the usage read, and stripped
+    assert relay.usage == {"prompt_tokens": 1} and relay.saw_done
+    failing = SSERelay(strip_usage=False)
+    assert failing.feed(plain + b'data: {"error":{"message":"boom"}}\n\n' + plain) == plain
+    assert failing.failed == "boom"
+    begun = SSERelay(strip_usage=False)
+    assert begun.feed(b'data: {"choices":') == b""  # an event begun: what follows completes it
+    rest = b'[]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":7}}\n\n'
+    assert begun.feed(rest) == b'data: {"choices":' + rest
+    assert begun.usage == {"prompt_tokens": 7}
