@@ -226,3 +226,27 @@ async def test_a_stream_broken_before_its_first_event_is_sent_again_elsewhere(
         async with aiohttp.ClientSession() as session:
             got = [e async for e in _events(session, url + COMPLETIONS, _body(COMPLETIONS))]
     assert got[-1] == "[DONE]" and _text(got) == "ab" and len(set(served)) == 2
+
+
+async def test_a_prompt_sent_as_token_ids_goes_on_from_another_engine_when_its_engine_dies(
+    engines: Callable[[int], list[tuple[int, KvgateProcess]]],
+    start_gateway: Callable[..., tuple[str, KvgateProcess]],
+) -> None:
+    """A pool sent the precise index's token ids instead of the text: its broken stream goes
+    on elsewhere all the same, the joined answer the uninterrupted one's."""
+    running = engines(2)
+    precise = (
+        "epp: {plugins: [{name: prefix, type: prefix-cache-scorer, params: {mode: precise}}, "
+        "{name: pick, type: max-score-picker}], "
+        "profiles: [{name: default, plugins: [{ref: prefix}, {ref: pick}]}]}\n"
+    )
+    policy = _policy([p for p, _ in running], ", tokenized_prompts: true") + precise
+    url, _ = start_gateway(policy)
+    body = _body(COMPLETIONS, stream_options={"include_usage": True})
+    expected = await _uninterrupted(running[0][0], COMPLETIONS, body)
+    got = await _broken_run(url, COMPLETIONS, body, running)
+    assert got[-1] == "[DONE]" and not any('"error"' in e for e in got)
+    assert _text(got) == _text(expected) and len(_text(got)) == 30
+    usages = [json.loads(e)["usage"] for e in got[:-1] if json.loads(e).get("usage")]
+    want = json.loads(expected[-2])["usage"]
+    assert len(usages) == 1 and usages[0]["prompt_tokens"] == want["prompt_tokens"]
