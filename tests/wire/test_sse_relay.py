@@ -147,7 +147,7 @@ def test_per_chunk_counts_are_recorded_and_stripped_from_what_goes_out() -> None
 def test_events_before_the_first_that_matters_pass_unread_and_what_matters_is_read() -> None:
     plain = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n' * 3
     relay = SSERelay(strip_usage=True)
-    assert relay.feed(plain) == plain and relay.usage is None
+    assert relay.feed(plain) == plain and [relay.usage] == [None]
     usage = b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n'
     assert relay.feed(plain + usage + DONE) == plain + DONE  # the usage read, and stripped
     assert relay.usage == {"prompt_tokens": 1} and relay.saw_done
